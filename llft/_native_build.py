@@ -1,0 +1,76 @@
+"""cffi build script for llft._native: the ring and OrderInfo codec of
+native/ring.c, seen from Python (the controller and the tests)."""
+from cffi import FFI
+
+ffibuilder = FFI()
+ffibuilder.cdef("""
+    #define LLFT_ABI_VERSION ...
+    #define LLFT_REC_SIZE ...
+    #define LLFT_DATA_BYTES ...
+    #define LLFT_MAX_GROUP ...
+    #define LLFT_NCLOCKS ...
+    #define LLFT_CTL_BYTES ...
+    #define LLFT_EXIT_DIVERGED ...
+    #define LLFT_EXIT_NOSTREAM ...
+    #define LLFT_REC_OK ...
+    #define LLFT_REC_PENDING ...
+    #define LLFT_REC_CORRUPT ...
+    #define LLFT_REC_BADFIELD ...
+    enum llft_role { LLFT_ROLE_OFF, LLFT_ROLE_PRIMARY, LLFT_ROLE_BACKUP, ... };
+    enum llft_op { LLFT_OP_NONE, LLFT_OP_DATA, LLFT_OP_END, LLFT_OP_MAX, ... };
+
+    typedef struct {
+        uint64_t seq; uint32_t check; uint16_t op; uint16_t nslots;
+        uint32_t tid; uint32_t tn; uint64_t obj; uint64_t turn;
+        int64_t ret; int32_t err; uint32_t aux; int64_t val;
+    } llft_rec_t;
+    typedef struct {
+        uint64_t seq; uint32_t check; uint16_t op; uint16_t len; uint8_t bytes[48];
+    } llft_data_t;
+    typedef struct { uint64_t capacity; uint64_t head; uint64_t tail; uint32_t closed; ...; } llft_ring_t;
+    typedef struct {
+        uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
+        uint32_t stall_timeout_ms; uint32_t end_grace_ms;
+        int64_t clock_offset_ns[16]; int64_t clock_last_ns[16];
+        uint32_t diverged; uint32_t div_tid; uint32_t div_tn; uint16_t div_want_op; uint16_t div_got_op;
+        char div_text[512];
+        ...;
+    } llft_ctl_t;
+
+    uint64_t llft_shm_bytes(uint64_t slots);
+    int llft_shm_format(void *base, uint64_t mapped, uint64_t slots, uint32_t role, uint32_t replica);
+    int llft_shm_check(const void *base, uint64_t mapped);
+    llft_ctl_t *llft_shm_ctl(void *base);
+    llft_ring_t *llft_shm_ring(void *base);
+
+    uint32_t llft_rec_check(const void *slot);
+    void llft_rec_seal(void *slot);
+    int llft_rec_validate(const void *slot, uint64_t expected_seq);
+    int llft_rec_check_fields(const void *slot);
+    long llft_count_groups(const void *slots, long n);
+    int llft_op_valid(int op);
+    const char *llft_op_name(int op);
+    uint32_t llft_data_slots(uint64_t nbytes);
+
+    uint64_t llft_ring_reserve(llft_ring_t *r, uint32_t n, uint64_t *cached_tail);
+    void *llft_ring_slot(llft_ring_t *r, uint64_t pos);
+    void llft_ring_commit(void *slot, uint64_t pos);
+    long llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms);
+    int llft_ring_write_end(llft_ring_t *r, int timeout_ms);
+    long llft_ring_read(llft_ring_t *r, void *out, long max_slots);
+    int llft_ring_wait_data(llft_ring_t *r, int timeout_ms);
+    uint64_t llft_ring_head(const llft_ring_t *r);
+    uint64_t llft_ring_tail(const llft_ring_t *r);
+
+    int llft_disable_aslr(void);
+""")
+ffibuilder.set_source(
+    "llft._native",
+    '#include "ring.h"\nint llft_disable_aslr(void);\n',
+    sources=["native/ring.c", "native/spawn.c"],
+    include_dirs=["native"],
+    extra_compile_args=["-O2", "-D_GNU_SOURCE"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,279 @@
+"""Python's view of the shared-memory ABI in native/: one replica's stream
+file (control block + OrderInfo ring) and the OrderInfo codec.
+
+Everything here goes through the same C code the preload library uses, so a
+record written by the shim decodes here byte for byte."""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from dataclasses import dataclass
+
+from llft._native import ffi, lib
+
+REC_SIZE = lib.LLFT_REC_SIZE
+DATA_BYTES = lib.LLFT_DATA_BYTES
+EXIT_DIVERGED = lib.LLFT_EXIT_DIVERGED
+EXIT_NOSTREAM = lib.LLFT_EXIT_NOSTREAM
+ROLE_OFF, ROLE_PRIMARY, ROLE_BACKUP = lib.LLFT_ROLE_OFF, lib.LLFT_ROLE_PRIMARY, lib.LLFT_ROLE_BACKUP
+ROLE_NAMES = {ROLE_OFF: "off", ROLE_PRIMARY: "primary", ROLE_BACKUP: "backup"}
+DEFAULT_SLOTS = 1 << 18
+
+
+class StreamError(Exception):
+    """A stream file that cannot be used (missing, truncated, foreign)."""
+
+
+class StreamCorrupt(StreamError):
+    """A record that fails its check or has impossible fields."""
+
+
+_VALIDATE_REASONS = {
+    lib.LLFT_REC_CORRUPT: "fails its integrity check (torn or altered)",
+    lib.LLFT_REC_BADFIELD: "has impossible fields (unknown call, bad length)",
+}
+
+
+def op_name(op: int) -> str:
+    return ffi.string(lib.llft_op_name(op)).decode()
+
+
+def op_code(name: str) -> int:
+    """The op number of a call name as the shim reports it (e.g. 'time')."""
+    for op in range(lib.LLFT_OP_MAX):
+        if lib.llft_op_valid(op) and op_name(op) == name:
+            return op
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class OrderInfo:
+    """One (T, O, N, D) entry: thread tid's n-th call, on object obj; the
+    remaining fields are D, the call's outcome."""
+
+    op: int
+    tid: int
+    n: int
+    obj: int = 0
+    turn: int = 0
+    ret: int = 0
+    err: int = 0
+    val: int = 0
+    data: bytes = b""
+
+    @property
+    def name(self) -> str:
+        return op_name(self.op)
+
+    @property
+    def slots(self) -> int:
+        return 1 + lib.llft_data_slots(len(self.data))
+
+
+def encode(entries) -> bytes:
+    """OrderInfo entries -> sealed ring slots (seq left 0: a ring assigns it)."""
+    total = sum(e.slots for e in entries)
+    buf = ffi.new("char[]", total * REC_SIZE)
+    i = 0
+    for e in entries:
+        rec = ffi.cast("llft_rec_t *", buf + i * REC_SIZE)
+        rec.op, rec.nslots, rec.tid, rec.tn = e.op, e.slots, e.tid, e.n
+        rec.obj, rec.turn, rec.ret, rec.err, rec.val = e.obj, e.turn, e.ret, e.err, e.val
+        if e.data:
+            rec.val = len(e.data)
+        lib.llft_rec_seal(rec)
+        for k in range(e.slots - 1):
+            d = ffi.cast("llft_data_t *", buf + (i + 1 + k) * REC_SIZE)
+            chunk = e.data[k * DATA_BYTES:(k + 1) * DATA_BYTES]
+            d.op, d.len = lib.LLFT_OP_DATA, len(chunk)
+            ffi.memmove(d.bytes, chunk, len(chunk))
+            lib.llft_rec_seal(d)
+        i += e.slots
+    return ffi.buffer(buf)[:]
+
+
+def decode(raw) -> list[OrderInfo]:
+    """Ring slots (whole groups) -> OrderInfo entries; StreamCorrupt on a bad slot."""
+    n = len(raw) // REC_SIZE
+    if len(raw) % REC_SIZE:
+        raise StreamCorrupt(f"{len(raw)} bytes is not a whole number of {REC_SIZE}-byte records")
+    buf = ffi.from_buffer(raw)
+    bad = lib.llft_count_groups(buf, n)
+    if bad < 0:
+        index = -bad - 1
+        why = _VALIDATE_REASONS.get(lib.llft_rec_check_fields(buf + index * REC_SIZE),
+                                    "is out of place (a data slot without its header, or a cut-off group)")
+        raise StreamCorrupt(f"record slot {index} {why}")
+    out = []
+    i = 0
+    while i < n:
+        rec = ffi.cast("llft_rec_t *", buf + i * REC_SIZE)
+        data = b""
+        if rec.nslots > 1:
+            parts = []
+            for k in range(1, rec.nslots):
+                d = ffi.cast("llft_data_t *", buf + (i + k) * REC_SIZE)
+                parts.append(ffi.buffer(d.bytes, d.len)[:])
+            data = b"".join(parts)
+        out.append(OrderInfo(op=rec.op, tid=rec.tid, n=rec.tn, obj=rec.obj, turn=rec.turn,
+                             ret=rec.ret, err=rec.err, val=rec.val, data=data))
+        i += rec.nslots
+    return out
+
+
+def count_groups(raw) -> int:
+    n = len(raw) // REC_SIZE
+    groups = lib.llft_count_groups(ffi.from_buffer(raw), n)
+    if groups < 0:
+        raise StreamCorrupt(f"record slot {-groups - 1} is malformed")
+    return groups
+
+
+class StreamFile:
+    """One replica's shared file: control block + OrderInfo ring.
+
+    The controller creates one per replica (create=True); the preload library
+    in the replica attaches to it through $LLFT_SHM."""
+
+    def __init__(self, path, *, create=False, slots=DEFAULT_SLOTS, role=ROLE_BACKUP, replica=0):
+        self.path = os.fspath(path)
+        if create:
+            if slots < lib.LLFT_MAX_GROUP or slots & (slots - 1):
+                raise StreamError(f"ring size {slots} must be a power of two >= {lib.LLFT_MAX_GROUP}")
+            size = lib.llft_shm_bytes(slots)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                self._mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        else:
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except OSError as e:
+                raise StreamError(f"{self.path}: {e.strerror}") from None
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    raise StreamError(f"{self.path}: empty file, not an llft stream")
+                self._mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        self._base = ffi.from_buffer(self._mm)
+        if create:
+            rc = lib.llft_shm_format(self._base, size, slots, role, replica)
+            if rc:
+                raise StreamError(f"{self.path}: cannot format: {os.strerror(-rc)}")
+        else:
+            rc = lib.llft_shm_check(self._base, size)
+            if rc:
+                reason = {-errno.EPROTO: "ABI version mismatch",
+                          -errno.EINVAL: "truncated"}.get(rc, "not an llft stream")
+                self.close()
+                raise StreamError(f"{self.path}: {reason}")
+        self.ctl = lib.llft_shm_ctl(self._base)
+        self.ring = lib.llft_shm_ring(self._base)
+        self._scratch = None
+
+    # -- control block --------------------------------------------------
+    @property
+    def role(self) -> int:
+        return self.ctl.role
+
+    @role.setter
+    def role(self, value: int):
+        self.ctl.role = value
+
+    @property
+    def attached_pid(self) -> int:
+        return self.ctl.attached_pid
+
+    @property
+    def records(self) -> int:
+        return self.ctl.records
+
+    @property
+    def threads(self) -> int:
+        return self.ctl.threads
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.ctl.diverged)
+
+    @property
+    def divergence(self) -> str:
+        return ffi.string(self.ctl.div_text).decode(errors="replace")
+
+    def set_timeouts(self, *, stall_ms: int | None = None, end_grace_ms: int | None = None):
+        if stall_ms is not None:
+            self.ctl.stall_timeout_ms = stall_ms
+        if end_grace_ms is not None:
+            self.ctl.end_grace_ms = end_grace_ms
+
+    def clock_offset_ns(self, clock_id: int) -> int:
+        return self.ctl.clock_offset_ns[clock_id]
+
+    # -- ring -----------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.ring.capacity
+
+    @property
+    def pending(self) -> int:
+        """Slots reserved or written but not yet consumed."""
+        return lib.llft_ring_head(self.ring) - lib.llft_ring_tail(self.ring)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.ring.closed)
+
+    def read(self, max_slots: int = 4096) -> bytes:
+        """Consumes up to max_slots committed slots (whole groups)."""
+        if self._scratch is None or len(self._scratch) < max_slots * REC_SIZE:
+            self._scratch = ffi.new("char[]", max_slots * REC_SIZE)
+        got = lib.llft_ring_read(self.ring, self._scratch, max_slots)
+        if got < 0:
+            pos = lib.llft_ring_tail(self.ring)
+            raise StreamCorrupt(f"{self.path}: record at position {pos} {_VALIDATE_REASONS.get(got, 'is bad')}")
+        return ffi.buffer(self._scratch, got * REC_SIZE)[:] if got else b""
+
+    def write(self, slots, timeout_ms: int = -1) -> int:
+        """Appends raw slots (whole groups); returns how many were written."""
+        n = len(slots) // REC_SIZE
+        return lib.llft_ring_write(self.ring, ffi.from_buffer(slots), n, timeout_ms)
+
+    def write_end(self, timeout_ms: int = 1000) -> bool:
+        return lib.llft_ring_write_end(self.ring, timeout_ms) == 0
+
+    def wait_data(self, timeout_ms: int) -> bool:
+        return bool(lib.llft_ring_wait_data(self.ring, timeout_ms))
+
+    def raw_slot(self, pos: int):
+        """The slot at ring position pos, as a writable cffi buffer (tests)."""
+        return ffi.buffer(lib.llft_ring_slot(self.ring, pos), REC_SIZE)
+
+    def close(self):
+        if self._mm is None:
+            return
+        self.ctl = self.ring = None
+        ffi.release(self._base)
+        self._mm.close()
+        self._mm = None
+
+    def unlink(self):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def disable_aslr():
+    """Called between fork and exec of a replica (preexec_fn)."""
+    lib.llft_disable_aslr()

@@ -1,0 +1,171 @@
+/* Start-up, attaching to the controller's shared file, fork handling and
+ * divergence reports.  Uses raw system calls only: it runs before, and
+ * underneath, the functions it wraps. */
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+__thread struct llft_thread llft_self TLS_IE;
+int llft_state;
+llft_ctl_t *llft_ctl;
+llft_ring_t *llft_ring;
+uint32_t llft_next_tid = 1;
+
+void *llft_resolve(const char *name, const char *version)
+{
+    void *p = version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
+    if (!p) {
+        llft_log("llft: cannot find the real %s: %s", name, dlerror());
+        _exit(LLFT_EXIT_NOSTREAM);
+    }
+    return p;
+}
+
+uint64_t llft_now_ms(void)
+{
+    struct timespec ts;
+    syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void write_all(int fd, const char *s, size_t n)
+{
+    while (n) {
+        long w = syscall(SYS_write, fd, s, n);
+        if (w <= 0)
+            return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+void llft_log(const char *fmt, ...)
+{
+    char buf[768];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof buf - 2)
+        n = sizeof buf - 2;
+    buf[n++] = '\n';
+    write_all(2, buf, (size_t)n);
+}
+
+static __attribute__((noreturn)) void fail_attach(const char *path, const char *why)
+{
+    llft_log("llft: cannot attach the record stream %s: %s", path, why);
+    _exit(LLFT_EXIT_NOSTREAM);
+}
+
+static void attach(const char *path)
+{
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        fail_attach(path, strerror(errno));
+    struct stat st;
+    if (syscall(SYS_fstat, fd, &st) != 0)
+        fail_attach(path, strerror(errno));
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    syscall(SYS_close, fd);
+    if (base == MAP_FAILED)
+        fail_attach(path, strerror(errno));
+    int rc = llft_shm_check(base, (uint64_t)st.st_size);
+    if (rc != 0)
+        fail_attach(path, rc == -EPROTO ? "ABI version mismatch" : "not an llft stream (truncated or foreign file)");
+    llft_ctl_t *ctl = llft_shm_ctl(base);
+    int32_t me = (int32_t)syscall(SYS_getpid), none = 0;
+    /* A program started by the replica (exec) inherits the environment:
+     * only the first process to attach is the replica itself. */
+    if (!__atomic_compare_exchange_n(&ctl->attached_pid, &none, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+        && none != me)
+        return;
+    llft_ring = llft_shm_ring(base);
+    if (ctl->role == LLFT_ROLE_BACKUP)
+        llft_replay_setup();
+    llft_self.tid = 0;
+    llft_self.state = TS_TRACKED;
+    __atomic_store_n(&llft_ctl, ctl, __ATOMIC_RELEASE);
+}
+
+void llft_init_slow(void)
+{
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&llft_state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; /* already running (a nested call passes through) or done */
+    const char *path = getenv("LLFT_SHM");
+    if (path && *path)
+        attach(path);
+    __atomic_store_n(&llft_state, 2, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void llft_ctor(void)
+{
+    if (__atomic_load_n(&llft_state, __ATOMIC_ACQUIRE) == 0)
+        llft_init_slow();
+}
+
+/* A forked child is not a replica: it runs unrecorded. */
+DEFINE_REAL(fork)
+EXPORT pid_t fork(void)
+{
+    pid_t p = REAL(fork)();
+    if (p == 0)
+        llft_ctl = NULL;
+    return p;
+}
+
+void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
+                  int exit_code, const char *fmt, ...)
+{
+    char what[240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    llft_ctl_t *c = llft_ctl;
+    char text[sizeof c->div_text + 256];
+    if (got)
+        snprintf(text, sizeof text,
+                 "replica %u thread %u call #%u: called %s; the primary's next record for this thread is "
+                 "%s (call #%u, object %#llx, turn %llu, result %lld): %s",
+                 c ? c->replica : 0, t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op),
+                 llft_op_name(got->op), got->tn, (unsigned long long)got->obj,
+                 (unsigned long long)got->turn, (long long)got->ret, what);
+    else
+        snprintf(text, sizeof text, "replica %u thread %u call #%u (%s): %s", c ? c->replica : 0,
+                 t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op), what);
+    if (c) {
+        uint32_t zero = 0;
+        if (__atomic_compare_exchange_n(&c->diverged, &zero, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            c->div_tid = t ? t->tid : 0;
+            c->div_tn = t ? t->tn + 1 : 0;
+            c->div_want_op = want_op;
+            c->div_got_op = got ? got->op : 0;
+            memcpy(c->div_text, text, sizeof c->div_text - 1);
+        }
+    }
+    llft_log("llft: %s: %s", exit_code == LLFT_EXIT_DIVERGED ? "divergence" : "incomplete record stream", text);
+    _exit(exit_code);
+}
+
+/* exit(): a backup's exiting thread checks it did all the primary's did. */
+__attribute__((destructor)) static void llft_dtor(void)
+{
+    struct llft_thread *t;
+    if (llft_mode(&t) == LLFT_ROLE_BACKUP)
+        llft_replay_at_exit(t);
+}

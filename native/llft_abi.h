@@ -1,0 +1,132 @@
+/* The shared-memory ABI between the preload library (libllft.so) and the
+ * Python controller: one file per replica holding a control block and a ring
+ * of fixed-size OrderInfo records.  Nothing here allocates or locks. */
+#ifndef LLFT_ABI_H
+#define LLFT_ABI_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define LLFT_ABI_VERSION 1u
+#define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
+#define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
+
+#define LLFT_REC_SIZE   64u   /* one cache line: concurrent writers never share a line */
+#define LLFT_DATA_BYTES 48u   /* payload bytes in one continuation slot */
+#define LLFT_MAX_GROUP  4097u /* slots in one record group: header + 4096 data slots */
+#define LLFT_NCLOCKS    16    /* clock ids that carry a group-clock offset */
+#define LLFT_CTL_BYTES  4096u
+#define LLFT_RING_HDR   512u
+
+enum llft_role { LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2 };
+
+/* Exit codes of a replica stopped by the shim itself. */
+#define LLFT_EXIT_DIVERGED 86
+#define LLFT_EXIT_NOSTREAM 87
+
+/* Operation kinds (the "O" of LLFT's (T, O, N, D) names the object; this
+ * names the call).  Values are part of the wire format: append only. */
+enum llft_op {
+    LLFT_OP_NONE = 0,
+    LLFT_OP_DATA = 1,            /* continuation slot: raw bytes of the preceding record */
+    LLFT_OP_END = 2,             /* end of stream: the primary has exited */
+    LLFT_OP_CLOCK_GETTIME = 10,
+    LLFT_OP_GETTIMEOFDAY = 11,
+    LLFT_OP_TIME = 12,
+    LLFT_OP_THREAD_CREATE = 20,
+    LLFT_OP_THREAD_EXIT = 21,
+    LLFT_OP_MUTEX_LOCK = 30,
+    LLFT_OP_MUTEX_TRYLOCK = 31,
+    LLFT_OP_MUTEX_TIMEDLOCK = 32,
+    LLFT_OP_COND_WAIT = 33,
+    LLFT_OP_COND_TIMEDWAIT = 34,
+    LLFT_OP_RWLOCK_RDLOCK = 40,
+    LLFT_OP_RWLOCK_WRLOCK = 41,
+    LLFT_OP_RWLOCK_TRYRDLOCK = 42,
+    LLFT_OP_RWLOCK_TRYWRLOCK = 43,
+    LLFT_OP_RWLOCK_TIMEDRDLOCK = 44,
+    LLFT_OP_RWLOCK_TIMEDWRLOCK = 45,
+    LLFT_OP_SEM_WAIT = 50,
+    LLFT_OP_SEM_TRYWAIT = 51,
+    LLFT_OP_SEM_TIMEDWAIT = 52,
+    LLFT_OP_GETRANDOM = 60,
+    LLFT_OP_RANDOM_READ = 61,    /* read() of an fd opened on /dev/urandom or /dev/random */
+    LLFT_OP_RANDOM_FREAD = 62,   /* stdio read of a FILE opened on those paths */
+    LLFT_OP_GETENTROPY = 63,
+    LLFT_OP_ARC4RANDOM = 64,
+    LLFT_OP_MAX = 65
+};
+
+/* One OrderInfo entry (T, O, N, D).  seq is written last, with release
+ * ordering: it is the commit marker (ring position + 1; 0 = never written). */
+typedef struct llft_rec {
+    uint64_t seq;
+    uint32_t check;   /* integrity check over bytes 12..63 */
+    uint16_t op;      /* enum llft_op */
+    uint16_t nslots;  /* slots in this group: 1 + continuation slots */
+    uint32_t tid;     /* T: logical thread id (creation order; main = 0) */
+    uint32_t tn;      /* N: this thread's n-th recorded call (1-based) */
+    uint64_t obj;     /* O: logical object id (mutex, clock id, ...) */
+    uint64_t turn;    /* k-th acquisition of obj (1-based); 0 = takes no turn */
+    int64_t  ret;     /* return value */
+    int32_t  err;     /* errno, when the call failed */
+    uint32_t aux;     /* call-specific (e.g. rwlock kind) */
+    int64_t  val;     /* call-specific output: time in ns, child tid, ... */
+} llft_rec_t;
+
+typedef struct llft_data {
+    uint64_t seq;
+    uint32_t check;
+    uint16_t op;      /* LLFT_OP_DATA */
+    uint16_t len;     /* payload bytes used, <= LLFT_DATA_BYTES */
+    uint8_t  bytes[LLFT_DATA_BYTES];
+} llft_data_t;
+
+/* Ring header.  Producer and consumer fields live on separate lines. */
+typedef struct llft_ring {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t rec_size;
+    uint64_t capacity;            /* slots, a power of two */
+    uint64_t _pad0[5];
+    uint64_t head;                /* next position to reserve (producers) */
+    uint64_t _pad1[7];
+    uint64_t tail;                /* next position to consume */
+    uint64_t _pad2[7];
+    uint32_t data_futex;          /* bumped when data arrives and a consumer waits */
+    uint32_t consumer_waiting;
+    uint32_t space_futex;         /* bumped when space frees and a producer waits */
+    uint32_t producer_waiting;
+    uint32_t closed;              /* the producer will write no more */
+    uint32_t _pad3[11];
+} llft_ring_t;
+
+/* Control block: what the controller and the shim tell each other. */
+typedef struct llft_ctl {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t role;                /* enum llft_role; the controller may change it */
+    int32_t  attached_pid;        /* the one process allowed to use this stream */
+    uint32_t replica;
+    uint64_t records;             /* primary: records written; backup: records replayed */
+    uint64_t threads;             /* threads created under llft */
+    uint32_t stall_timeout_ms;    /* backup: a turn not reached by then is a divergence */
+    uint32_t end_grace_ms;        /* backup: how long a call may wait past end of stream */
+    uint64_t _pad0[2];
+    int64_t  clock_offset_ns[LLFT_NCLOCKS]; /* group clock minus local clock */
+    int64_t  clock_last_ns[LLFT_NCLOCKS];   /* last group-clock value handed out */
+    uint32_t diverged;            /* set once by a backup that stopped */
+    uint32_t div_tid;
+    uint32_t div_tn;
+    uint16_t div_want_op;         /* what the backup called */
+    uint16_t div_got_op;          /* what the primary's stream said */
+    char     div_text[512];
+} llft_ctl_t;
+
+/* Layout of one replica's shared file: [ctl][ring header][slots]. */
+static inline uint64_t llft_shm_bytes(uint64_t slots)
+{
+    return LLFT_CTL_BYTES + LLFT_RING_HDR + slots * LLFT_REC_SIZE;
+}
+
+#endif

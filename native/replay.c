@@ -1,0 +1,458 @@
+/* Backup: replaying the primary's OrderInfo stream (LLFT Fig. 11, right).
+ *
+ * The controller writes the primary's records, in the primary's order, into
+ * this replica's ring.  Whichever application thread needs a record and
+ * finds its own queue empty becomes the dispatcher for a moment: it moves
+ * every available record into the queue of the thread that made it (the T
+ * of (T, O, N, D)).  A thread then consumes its own records in N order.
+ * Calls that take a turn on an object (lock acquisitions) also wait on that
+ * object's turnstile until the previous turn is done, so acquisitions of one
+ * lock happen in the primary's order while threads using different locks
+ * run concurrently.  The shim's own locks are spinlocks: it never calls the
+ * functions it wraps. */
+#include "shim.h"
+
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define LOAD(p, o)     __atomic_load_n((p), (o))
+#define STORE(p, v, o) __atomic_store_n((p), (v), (o))
+#define ACQ __ATOMIC_ACQUIRE
+#define REL __ATOMIC_RELEASE
+#define RLX __ATOMIC_RELAXED
+#define SEQ __ATOMIC_SEQ_CST
+
+static void *map_anon(size_t bytes, const char *what)
+{
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+        llft_log("llft: cannot allocate %s", what);
+        _exit(LLFT_EXIT_NOSTREAM);
+    }
+    return m;
+}
+
+/* ---- spinlocks ------------------------------------------------------ */
+
+static inline int spin_try(uint32_t *l)
+{
+    return LOAD(l, RLX) == 0 && __atomic_exchange_n(l, 1, ACQ) == 0;
+}
+
+static inline void spin_lock(uint32_t *l)
+{
+    for (unsigned n = 0; !spin_try(l); n++) {
+        if (n < 64)
+            __builtin_ia32_pause();
+        else
+            sched_yield();
+    }
+}
+
+static inline void spin_unlock(uint32_t *l) { STORE(l, 0, REL); }
+
+/* ---- chunk pool ----------------------------------------------------- */
+
+#define CHUNK_RECS 255
+struct qchunk {
+    struct qchunk *next;
+    uint32_t count;               /* records written (release-published) */
+    uint32_t _pad[13];
+    llft_rec_t recs[CHUNK_RECS];
+};
+
+static uint32_t pool_lock;
+static struct qchunk *pool_free_list;
+
+static struct qchunk *chunk_alloc(void)
+{
+    spin_lock(&pool_lock);
+    struct qchunk *c = pool_free_list;
+    if (!c) {
+        enum { BLOCK = 64 };
+        struct qchunk *b = map_anon(sizeof(struct qchunk) * BLOCK, "replay queues");
+        for (int i = 1; i < BLOCK - 1; i++)
+            b[i].next = &b[i + 1];
+        b[BLOCK - 1].next = NULL;
+        pool_free_list = &b[1];
+        c = &b[0];
+    } else {
+        pool_free_list = c->next;
+    }
+    spin_unlock(&pool_lock);
+    c->next = NULL;
+    c->count = 0;
+    return c;
+}
+
+static void chunk_free(struct qchunk *c)
+{
+    spin_lock(&pool_lock);
+    c->next = pool_free_list;
+    pool_free_list = c;
+    spin_unlock(&pool_lock);
+}
+
+/* ---- per-thread queues --------------------------------------------- */
+
+#define MAX_TIDS (1u << 20)
+enum { Q_UNUSED = 0, Q_LIVE = 1, Q_DEAD = 2 };
+
+struct tqueue {
+    struct qchunk *rd_chunk;      /* consumer (the owning thread) */
+    uint32_t rd;
+    uint32_t state;
+    struct qchunk *wr_chunk;      /* producer (the dispatcher) */
+    uint64_t _pad;
+};
+
+static struct tqueue *queues;
+static uint32_t dispatch_lock;
+static uint32_t epoch;            /* bumped after each dispatch that moved records */
+static uint32_t epoch_waiters;
+static uint32_t stream_ended;
+static uint64_t stream_ended_ms;
+
+static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
+{
+    if (tid >= MAX_TIDS)
+        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "thread id %u is beyond %u threads", tid, MAX_TIDS);
+    struct tqueue *q = &queues[tid];
+    if (q->state == Q_UNUSED) {
+        q->rd_chunk = q->wr_chunk = chunk_alloc();
+        q->rd = 0;
+        STORE(&q->state, Q_LIVE, REL);
+    }
+    return q;
+}
+
+static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
+{
+    struct qchunk *c = q->wr_chunk;
+    if (c->count == CHUNK_RECS) {
+        struct qchunk *n = chunk_alloc();
+        STORE(&c->next, n, REL);
+        q->wr_chunk = c = n;
+    }
+    memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
+    STORE(&c->count, c->count + 1, REL);
+}
+
+static int q_pop(struct tqueue *q, llft_rec_t *out)
+{
+    struct qchunk *c = q->rd_chunk;
+    if (q->rd == CHUNK_RECS) {
+        struct qchunk *n = LOAD(&c->next, ACQ);
+        if (!n)
+            return 0;
+        q->rd_chunk = n;
+        q->rd = 0;
+        chunk_free(c);
+        c = n;
+    }
+    if (q->rd >= LOAD(&c->count, ACQ))
+        return 0;
+    memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
+    return 1;
+}
+
+/* ---- dispatcher ----------------------------------------------------- */
+
+static __attribute__((noreturn)) void corrupt_stream(uint64_t pos, int why)
+{
+    llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "record %llu of the stream is %s",
+                 (unsigned long long)pos, why == LLFT_REC_CORRUPT ? "corrupt (torn or altered)" : "malformed");
+}
+
+/* Moves every complete record group from the ring into thread queues.
+ * Called with the dispatch lock held; returns slots moved. */
+static long drain(void)
+{
+    llft_ring_t *r = llft_ring;
+    uint64_t tail = LOAD(&r->tail, RLX), start = tail;
+    while (tail - start < 4096) {
+        const llft_rec_t *h = llft_ring_slot(r, tail);
+        int v = llft_rec_validate(h, tail + 1);
+        if (v == LLFT_REC_PENDING)
+            break;
+        if (v != LLFT_REC_OK || h->op == LLFT_OP_DATA)
+            corrupt_stream(tail, v != LLFT_REC_OK ? v : LLFT_REC_BADFIELD);
+        if (h->op == LLFT_OP_END) {
+            stream_ended_ms = llft_now_ms();
+            STORE(&stream_ended, 1, REL);
+            tail++;
+            continue;
+        }
+        uint32_t n = h->nslots, i;
+        for (i = 1; i < n; i++) {
+            const llft_rec_t *d = llft_ring_slot(r, tail + i);
+            int dv = llft_rec_validate(d, tail + i + 1);
+            if (dv == LLFT_REC_PENDING)
+                break;
+            if (dv != LLFT_REC_OK || d->op != LLFT_OP_DATA)
+                corrupt_stream(tail + i, dv != LLFT_REC_OK ? dv : LLFT_REC_BADFIELD);
+        }
+        if (i < n)
+            break;
+        struct tqueue *q = queue_for(h->tid);
+        if (q->state == Q_DEAD)
+            llft_diverge(NULL, h->op, h, LLFT_EXIT_DIVERGED,
+                         "the primary recorded a call by thread %u after that thread ended here", h->tid);
+        for (i = 0; i < n; i++)
+            q_push(q, llft_ring_slot(r, tail + i));
+        tail += n;
+    }
+    if (tail != start)
+        llft_ring_release(r, tail);
+    return (long)(tail - start);
+}
+
+static void bump_epoch(void)
+{
+    __atomic_fetch_add(&epoch, 1, SEQ);
+    if (LOAD(&epoch_waiters, SEQ))
+        llft_futex_wake(&epoch);
+}
+
+static long try_dispatch(void)
+{
+    if (!spin_try(&dispatch_lock))
+        return 0;
+    long n = drain();
+    spin_unlock(&dispatch_lock);
+    if (n > 0)
+        bump_epoch();
+    return n;
+}
+
+/* Blocks until this thread's next record is in its queue. */
+static void pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+{
+    unsigned spins = 0;
+    uint64_t ended_wait_from = 0;
+    for (;;) {
+        uint32_t ep = LOAD(&epoch, SEQ);
+        if (q_pop(t->q, out))
+            return;
+        if (try_dispatch() > 0)
+            continue;
+        if (LOAD(&stream_ended, ACQ)) {
+            /* The primary has exited.  A thread racing its process's own
+             * exit may get here legitimately, so allow a grace period
+             * before calling the stream incomplete. */
+            uint64_t now = llft_now_ms();
+            if (!ended_wait_from)
+                ended_wait_from = now;
+            if (now - ended_wait_from > llft_ctl->end_grace_ms)
+                llft_diverge(t, op, NULL, LLFT_EXIT_NOSTREAM,
+                             "the primary's record stream ended without this call");
+            llft_futex_wait(&epoch, ep, 50);
+            continue;
+        }
+        if (++spins < 64) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        if (spins < 72) {
+            sched_yield();
+            continue;
+        }
+        if (spin_try(&dispatch_lock)) {
+            long n = drain();
+            spin_unlock(&dispatch_lock);
+            if (n > 0) {
+                bump_epoch();
+                continue;
+            }
+            llft_ring_wait_data(llft_ring, 20);
+        } else {
+            __atomic_fetch_add(&epoch_waiters, 1, SEQ);
+            llft_futex_wait(&epoch, ep, 20);
+            __atomic_fetch_sub(&epoch_waiters, 1, SEQ);
+        }
+    }
+}
+
+void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+{
+    t->depth++;
+    pop_wait(t, op, out);
+    if (UNLIKELY(out->op != op))
+        llft_diverge(t, op, out, LLFT_EXIT_DIVERGED, "the backup made a different call than the primary");
+    if (UNLIKELY(out->tn != t->tn + 1))
+        llft_diverge(t, op, out, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
+                     t->tn + 1, out->tn - 1);
+    t->tn = out->tn;
+    __atomic_fetch_add(&llft_ctl->records, 1, RLX);
+    t->depth--;
+}
+
+void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
+{
+    llft_rec_t slot;
+    uint64_t off = 0;
+    t->depth++;
+    while (off < len) {
+        pop_wait(t, LLFT_OP_DATA, &slot);
+        const llft_data_t *d = (const llft_data_t *)&slot;
+        if (d->op != LLFT_OP_DATA)
+            llft_diverge(t, LLFT_OP_DATA, &slot, LLFT_EXIT_NOSTREAM, "a data record is missing");
+        uint64_t n = len - off < d->len ? len - off : d->len;
+        memcpy((char *)buf + off, d->bytes, n);
+        off += n;
+    }
+    t->depth--;
+}
+
+/* ---- turnstiles ----------------------------------------------------- */
+
+#define TS_BITS 20
+#define TS_SLOTS (1u << TS_BITS)
+struct turnstile {
+    uint64_t key;                 /* logical object id, 0 = free slot */
+    uint64_t done;                /* turns completed */
+    uint32_t futex;
+    uint32_t waiters;
+    uint64_t _pad;
+};
+static struct turnstile *turnstiles;
+
+static struct turnstile *ts_get(uint64_t obj)
+{
+    uint32_t i = (uint32_t)((obj * 0x9E3779B97F4A7C15ull) >> (64 - TS_BITS));
+    for (uint32_t probes = 0; probes < TS_SLOTS; probes++, i = (i + 1) & (TS_SLOTS - 1)) {
+        struct turnstile *ts = &turnstiles[i];
+        uint64_t k = LOAD(&ts->key, ACQ);
+        if (k == 0) {
+            uint64_t zero = 0;
+            if (__atomic_compare_exchange_n(&ts->key, &zero, obj, 0, __ATOMIC_ACQ_REL, ACQ))
+                return ts;
+            k = zero;
+        }
+        if (k == obj)
+            return ts;
+    }
+    llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u ordered objects", TS_SLOTS);
+}
+
+struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t turn)
+{
+    struct turnstile *ts = ts_get(obj);
+    uint64_t want = turn - 1;
+    uint64_t d = LOAD(&ts->done, ACQ);
+    if (LIKELY(d == want))
+        return ts;
+    t->depth++;
+    uint64_t since = 0;
+    for (unsigned spins = 0;; spins++) {
+        if (d > want)
+            llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
+                         "turn %llu of object %#llx is already taken (%llu turns done)",
+                         (unsigned long long)turn, (unsigned long long)obj, (unsigned long long)d);
+        if (spins < 64) {
+            __builtin_ia32_pause();
+        } else {
+            uint64_t now = llft_now_ms();
+            if (!since)
+                since = now;
+            uint32_t limit = LOAD(&stream_ended, ACQ) ? llft_ctl->end_grace_ms : llft_ctl->stall_timeout_ms;
+            if (now - since > limit)
+                llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
+                             "stalled %llu ms waiting for turn %llu of object %#llx (%llu turns done): "
+                             "the thread that should take the previous turn never did",
+                             (unsigned long long)(now - since), (unsigned long long)turn,
+                             (unsigned long long)obj, (unsigned long long)d);
+            uint32_t f = LOAD(&ts->futex, SEQ);
+            __atomic_fetch_add(&ts->waiters, 1, SEQ);
+            if (LOAD(&ts->done, SEQ) != want)
+                llft_futex_wait(&ts->futex, f, 50);
+            __atomic_fetch_sub(&ts->waiters, 1, SEQ);
+        }
+        d = LOAD(&ts->done, ACQ);
+        if (d == want)
+            break;
+    }
+    t->depth--;
+    return ts;
+}
+
+void llft_turn_done(struct turnstile *ts, uint64_t turn)
+{
+    STORE(&ts->done, turn, REL);
+    __atomic_fetch_add(&ts->futex, 1, SEQ);
+    if (LOAD(&ts->waiters, SEQ))
+        llft_futex_wake(&ts->futex);
+}
+
+/* ---- thread lifecycle ----------------------------------------------- */
+
+void llft_replay_setup(void)
+{
+    queues = map_anon(sizeof(struct tqueue) * MAX_TIDS, "replay queues");
+    turnstiles = map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
+    llft_self.q = NULL;
+    spin_lock(&dispatch_lock);
+    llft_self.q = queue_for(0);
+    spin_unlock(&dispatch_lock);
+}
+
+void llft_replay_thread_start(struct llft_thread *t)
+{
+    spin_lock(&dispatch_lock);
+    t->q = queue_for(t->tid);
+    spin_unlock(&dispatch_lock);
+}
+
+void llft_replay_thread_end(struct llft_thread *t)
+{
+    spin_lock(&dispatch_lock);
+    struct tqueue *q = t->q;
+    llft_rec_t extra;
+    int more = q_pop(q, &extra);
+    if (!more) {
+        struct qchunk *c = q->rd_chunk;
+        while (c) {
+            struct qchunk *n = c->next;
+            chunk_free(c);
+            c = n;
+        }
+        q->rd_chunk = q->wr_chunk = NULL;
+        STORE(&q->state, Q_DEAD, REL);
+    }
+    spin_unlock(&dispatch_lock);
+    if (more)
+        llft_diverge(t, LLFT_OP_THREAD_EXIT, &extra, LLFT_EXIT_DIVERGED,
+                     "this thread ended here but made more calls at the primary");
+    t->q = NULL;
+}
+
+/* The thread calling exit(): at the primary it made no call after this
+ * point, so once the primary's stream has ended this thread's queue must be
+ * empty.  Waits for the end of the stream: a backup never finishes first. */
+void llft_replay_at_exit(struct llft_thread *t)
+{
+    t->depth++;
+    uint32_t ep;
+    for (;;) {
+        ep = LOAD(&epoch, SEQ);
+        llft_rec_t extra;
+        if (q_pop(t->q, &extra))
+            llft_diverge(t, extra.op, &extra, LLFT_EXIT_DIVERGED,
+                         "this thread called exit() but made more calls at the primary");
+        if (try_dispatch() > 0)
+            continue;
+        if (LOAD(&stream_ended, ACQ))
+            break;
+        if (spin_try(&dispatch_lock)) {
+            long n = drain();
+            spin_unlock(&dispatch_lock);
+            if (n == 0)
+                llft_ring_wait_data(llft_ring, 50);
+        } else {
+            llft_futex_wait(&epoch, ep, 50);
+        }
+    }
+    t->depth--;
+}

@@ -1,0 +1,104 @@
+/* Internals of the preload library shared by its wrapper files. */
+#ifndef LLFT_SHIM_H
+#define LLFT_SHIM_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "ring.h"
+
+#include <stdint.h>
+
+#define EXPORT   __attribute__((visibility("default")))
+#define LIKELY(x)   __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define TLS_IE   __attribute__((tls_model("initial-exec")))
+
+enum { TS_UNTRACKED = 0, TS_TRACKED = 1 };
+
+struct tqueue;
+
+/* Per-thread state.  Zero-initialised TLS means "not a thread llft knows". */
+struct llft_thread {
+    uint32_t tid;            /* T */
+    uint32_t tn;             /* N of the last record written (primary) or replayed (backup) */
+    uint32_t state;          /* TS_* */
+    uint32_t depth;          /* > 0 while inside the shim: nested calls pass through */
+    uint64_t cached_tail;    /* primary: last seen ring tail, saves a shared load */
+    struct tqueue *q;        /* backup: this thread's replay queue */
+};
+
+extern __thread struct llft_thread llft_self TLS_IE;
+extern int llft_state;            /* 0 not started, 1 initialising, 2 ready */
+extern llft_ctl_t *llft_ctl;      /* NULL when this process is not replicated */
+extern llft_ring_t *llft_ring;
+extern uint32_t llft_next_tid;    /* primary: next logical thread id */
+
+void  llft_init_slow(void);
+void *llft_resolve(const char *name, const char *version);
+
+/* Resolves the next definition of NAME lazily: never in a constructor, where
+ * other libraries may already be calling us. */
+#define REAL(name) (*(__typeof__(&name))llft_real_##name())
+#define DEFINE_REAL(name) DEFINE_REAL_V(name, NULL)
+#define DEFINE_REAL_V(name, ver)                                              \
+    static void *llft_real_ptr_##name;                                        \
+    static inline void *llft_real_##name(void) {                              \
+        void *p = __atomic_load_n(&llft_real_ptr_##name, __ATOMIC_RELAXED);    \
+        if (UNLIKELY(!p)) {                                                   \
+            p = llft_resolve(#name, ver);                                      \
+            __atomic_store_n(&llft_real_ptr_##name, p, __ATOMIC_RELAXED);      \
+        }                                                                     \
+        return p;                                                             \
+    }
+
+/* Which role the calling thread plays for this call: LLFT_ROLE_OFF means
+ * "just call the real function". */
+static inline int llft_mode(struct llft_thread **tp)
+{
+    if (UNLIKELY(__atomic_load_n(&llft_state, __ATOMIC_ACQUIRE) != 2))
+        llft_init_slow();
+    struct llft_thread *t = &llft_self;
+    if (UNLIKELY(t->state != TS_TRACKED || t->depth || !llft_ctl))
+        return LLFT_ROLE_OFF;
+    *tp = t;
+    return (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
+}
+
+/* ---- primary: recording (record.c) ---- */
+void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
+                 int64_t ret, int32_t err, int64_t val);
+void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, int64_t ret,
+                      int32_t err, const void *buf, uint64_t len);
+
+/* ---- primary: address -> logical object (objtable.c) ---- */
+struct llft_obj {
+    uintptr_t addr;
+    uint64_t id;
+    uint64_t turns;
+};
+struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t);
+static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
+{
+    return __atomic_add_fetch(&o->turns, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- backup: replay (replay.c) ---- */
+void llft_replay_setup(void);
+void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
+void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
+struct turnstile;
+struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t turn);
+void llft_turn_done(struct turnstile *ts, uint64_t turn);
+void llft_replay_thread_start(struct llft_thread *t);
+void llft_replay_thread_end(struct llft_thread *t);
+void llft_replay_at_exit(struct llft_thread *t);
+
+/* ---- divergence (core.c) ---- */
+__attribute__((noreturn, format(printf, 5, 6)))
+void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
+                  int exit_code, const char *fmt, ...);
+void llft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t llft_now_ms(void);
+
+#endif

@@ -1,0 +1,236 @@
+/* Consistent Multi-Threading Service (LLFT §V-C).
+ *
+ * Every acquisition of a mutex, rwlock or semaphore takes a turn on that
+ * object at the primary (counted while the object is held, so turns follow
+ * the real acquisition order) and is recorded with it.  A backup waits for
+ * the same turn, then acquires for real: threads touching different objects
+ * never wait for each other.  A call that failed at the primary (EBUSY,
+ * ETIMEDOUT, EAGAIN, EDEADLK...) is replayed as the same failure without
+ * touching the object: it changed no shared state, so it takes no turn.
+ *
+ * Releases (unlock, post, signal, broadcast) need no record: a backup thread
+ * cannot acquire before its turn, and cannot acquire at its turn until the
+ * previous holder released.  A condition wait's return is the re-acquisition
+ * of its mutex: at a backup it releases the mutex, waits for the primary's
+ * turn and re-acquires, returning the primary's result (0 or ETIMEDOUT). */
+#include "shim.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <time.h>
+
+DEFINE_REAL(pthread_mutex_lock)
+DEFINE_REAL(pthread_mutex_trylock)
+DEFINE_REAL(pthread_mutex_timedlock)
+DEFINE_REAL(pthread_mutex_clocklock)
+DEFINE_REAL(pthread_mutex_unlock)
+DEFINE_REAL_V(pthread_cond_wait, "GLIBC_2.3.2")
+DEFINE_REAL_V(pthread_cond_timedwait, "GLIBC_2.3.2")
+DEFINE_REAL(pthread_cond_clockwait)
+DEFINE_REAL(pthread_rwlock_rdlock)
+DEFINE_REAL(pthread_rwlock_wrlock)
+DEFINE_REAL(pthread_rwlock_tryrdlock)
+DEFINE_REAL(pthread_rwlock_trywrlock)
+DEFINE_REAL(pthread_rwlock_timedrdlock)
+DEFINE_REAL(pthread_rwlock_timedwrlock)
+DEFINE_REAL(pthread_rwlock_clockrdlock)
+DEFINE_REAL(pthread_rwlock_clockwrlock)
+DEFINE_REAL(sem_wait)
+DEFINE_REAL(sem_trywait)
+DEFINE_REAL(sem_timedwait)
+DEFINE_REAL(sem_clockwait)
+
+/* Primary: record an acquisition attempt.  ok means the object is now held;
+ * ret/err are what the caller gets back. */
+static inline void record_acquire(struct llft_thread *t, uint16_t op, const void *obj, int ok, int64_t ret, int err)
+{
+    if (ok) {
+        struct llft_obj *o = llft_obj_get(obj, t);
+        llft_record(t, op, o->id, llft_obj_take_turn(o), ret, 0, 0);
+    } else {
+        llft_record(t, op, 0, 0, ret, err, 0);
+    }
+}
+
+/* Backup: acquire in the primary's order.  block() acquires for real,
+ * waiting as long as needed; it returns 0 on success. */
+static int64_t replay_acquire(struct llft_thread *t, uint16_t op, void *obj, int (*block)(void *))
+{
+    llft_rec_t e;
+    llft_replay_next(t, op, &e);
+    if (e.turn == 0) {
+        if (e.err)
+            errno = e.err;
+        return e.ret;
+    }
+    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    int r = block(obj);
+    llft_turn_done(ts, e.turn);
+    if (UNLIKELY(r != 0))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "acquiring for real failed here (error %d)", r);
+    return e.ret;
+}
+
+static int block_mutex(void *m) { return REAL(pthread_mutex_lock)(m); }
+static int block_rd(void *l) { return REAL(pthread_rwlock_rdlock)(l); }
+static int block_wr(void *l) { return REAL(pthread_rwlock_wrlock)(l); }
+static int block_sem(void *s)
+{
+    int r;
+    while ((r = REAL(sem_wait)(s)) != 0 && errno == EINTR)
+        ;
+    return r ? errno : 0;
+}
+
+/* pthread-style calls return an error number; ok when it is 0. */
+#define PTHREAD_ACQUIRE(op, obj, block, real_call)                                  \
+    do {                                                                            \
+        struct llft_thread *t;                                                      \
+        int role = llft_mode(&t);                                                   \
+        if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
+            int r = real_call;                                                      \
+            record_acquire(t, op, obj, r == 0, r, 0);                               \
+            return r;                                                               \
+        }                                                                           \
+        if (role == LLFT_ROLE_BACKUP)                                               \
+            return (int)replay_acquire(t, op, (void *)(obj), block);                \
+        return real_call;                                                           \
+    } while (0)
+
+EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_LOCK, m, block_mutex, REAL(pthread_mutex_lock)(m));
+}
+
+EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TRYLOCK, m, block_mutex, REAL(pthread_mutex_trylock)(m));
+}
+
+EXPORT int pthread_mutex_timedlock(pthread_mutex_t *restrict m, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_timedlock)(m, at));
+}
+
+EXPORT int pthread_mutex_clocklock(pthread_mutex_t *restrict m, clockid_t c, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_clocklock)(m, c, at));
+}
+
+EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_RDLOCK, l, block_rd, REAL(pthread_rwlock_rdlock)(l));
+}
+
+EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_WRLOCK, l, block_wr, REAL(pthread_rwlock_wrlock)(l));
+}
+
+EXPORT int pthread_rwlock_tryrdlock(pthread_rwlock_t *l)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TRYRDLOCK, l, block_rd, REAL(pthread_rwlock_tryrdlock)(l));
+}
+
+EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TRYWRLOCK, l, block_wr, REAL(pthread_rwlock_trywrlock)(l));
+}
+
+EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *restrict l, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_timedrdlock)(l, at));
+}
+
+EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *restrict l, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_timedwrlock)(l, at));
+}
+
+EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *restrict l, clockid_t c, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_clockrdlock)(l, c, at));
+}
+
+EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *restrict l, clockid_t c, const struct timespec *restrict at)
+{
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_clockwrlock)(l, c, at));
+}
+
+/* Semaphores return -1 and set errno. */
+#define SEM_ACQUIRE(op, s, real_call)                                               \
+    do {                                                                            \
+        struct llft_thread *t;                                                      \
+        int role = llft_mode(&t);                                                   \
+        if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
+            int r = real_call;                                                      \
+            record_acquire(t, op, s, r == 0, r, r ? errno : 0);                     \
+            return r;                                                               \
+        }                                                                           \
+        if (role == LLFT_ROLE_BACKUP)                                               \
+            return (int)replay_acquire(t, op, s, block_sem);                        \
+        return real_call;                                                           \
+    } while (0)
+
+EXPORT int sem_wait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_WAIT, s, REAL(sem_wait)(s)); }
+EXPORT int sem_trywait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_TRYWAIT, s, REAL(sem_trywait)(s)); }
+EXPORT int sem_timedwait(sem_t *restrict s, const struct timespec *restrict at)
+{
+    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_timedwait)(s, at));
+}
+EXPORT int sem_clockwait(sem_t *restrict s, clockid_t c, const struct timespec *restrict at)
+{
+    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_clockwait)(s, c, at));
+}
+
+/* Condition waits: the mutex is held again on return with 0 or ETIMEDOUT. */
+static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, struct llft_thread *t)
+{
+    int held = primary_result == 0 || primary_result == ETIMEDOUT;
+    record_acquire(t, op, m, held, primary_result, 0);
+    return primary_result;
+}
+
+static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t)
+{
+    llft_rec_t e;
+    llft_replay_next(t, op, &e);
+    if (e.turn == 0)
+        return (int)e.ret;
+    REAL(pthread_mutex_unlock)(m);
+    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    int r = REAL(pthread_mutex_lock)(m);
+    llft_turn_done(ts, e.turn);
+    if (UNLIKELY(r != 0))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "re-acquiring the mutex failed here (error %d)", r);
+    return (int)e.ret;
+}
+
+#define COND_WAIT(op, m, real_call)                                                 \
+    do {                                                                            \
+        struct llft_thread *t;                                                      \
+        int role = llft_mode(&t);                                                   \
+        if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
+            return cond_common(op, m, real_call, t);                                \
+        if (role == LLFT_ROLE_BACKUP)                                               \
+            return cond_replay(op, m, t);                                           \
+        return real_call;                                                           \
+    } while (0)
+
+EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m)
+{
+    COND_WAIT(LLFT_OP_COND_WAIT, m, REAL(pthread_cond_wait)(c, m));
+}
+
+EXPORT int pthread_cond_timedwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m,
+                                  const struct timespec *restrict at)
+{
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, at));
+}
+
+EXPORT int pthread_cond_clockwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m, clockid_t clk,
+                                  const struct timespec *restrict at)
+{
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_clockwait)(c, m, clk, at));
+}

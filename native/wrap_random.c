@@ -1,0 +1,269 @@
+/* Randomness: getrandom, getentropy, arc4random*, and reads of
+ * /dev/urandom and /dev/random, whether through an fd (open + read) or
+ * stdio (fopen + fread, whose internal read never reaches a read()
+ * wrapper: such a FILE is served by a cookie that records each read). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+DEFINE_REAL(getrandom)
+DEFINE_REAL(getentropy)
+DEFINE_REAL(arc4random)
+DEFINE_REAL(arc4random_buf)
+DEFINE_REAL(arc4random_uniform)
+DEFINE_REAL(read)
+DEFINE_REAL(close)
+DEFINE_REAL(open)
+DEFINE_REAL(open64)
+DEFINE_REAL(openat)
+DEFINE_REAL(openat64)
+DEFINE_REAL(__open_2)
+DEFINE_REAL(__open64_2)
+DEFINE_REAL(__openat_2)
+DEFINE_REAL(__openat64_2)
+DEFINE_REAL(fopen)
+DEFINE_REAL(fopen64)
+
+#define MAX_RANDOM_READ ((LLFT_MAX_GROUP - 1) * LLFT_DATA_BYTES) /* longer reads return short */
+#define FD_MAX 65536
+static uint8_t random_fd[FD_MAX];
+
+static int random_path(const char *p)
+{
+    return p && (strcmp(p, "/dev/urandom") == 0 || strcmp(p, "/dev/random") == 0);
+}
+
+/* Backup: the primary's bytes for a recorded random read. */
+static int64_t replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, void *buf, uint64_t cap)
+{
+    llft_rec_t e;
+    llft_replay_next(t, op, &e);
+    if (UNLIKELY(e.obj != obj || (uint64_t)e.val > cap))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "asked for %llu random bytes (kind %llu)",
+                     (unsigned long long)cap, (unsigned long long)obj);
+    if (e.val > 0)
+        llft_replay_data(t, buf, (uint64_t)e.val);
+    if (e.err)
+        errno = e.err;
+    return e.ret;
+}
+
+/* A read-like random source: primary records what fill() produced. */
+typedef int64_t (*fill_fn)(void *buf, uint64_t n, uint64_t obj);
+
+static int64_t random_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fill_fn fill)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        if (n > MAX_RANDOM_READ)
+            n = MAX_RANDOM_READ;
+        int64_t r = fill(buf, n, obj);
+        int err = r < 0 ? errno : 0;
+        llft_record_data(t, op, obj, r, err, buf, r > 0 ? (uint64_t)r : 0);
+        if (err)
+            errno = err;
+        return r;
+    }
+    if (role == LLFT_ROLE_BACKUP)
+        return replay_bytes(t, op, obj, buf, n);
+    return fill(buf, n, obj);
+}
+
+static int64_t fill_getrandom(void *buf, uint64_t n, uint64_t flags)
+{
+    return REAL(getrandom)(buf, n, (unsigned)flags);
+}
+
+static int64_t fill_fd(void *buf, uint64_t n, uint64_t fd) { return REAL(read)((int)fd, buf, n); }
+
+static int64_t fill_urandom(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    return REAL(getrandom)(buf, n, 0);
+}
+
+static int64_t fill_getentropy(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    return REAL(getentropy)(buf, n) == 0 ? (int64_t)n : -1;
+}
+
+static int64_t fill_arc4(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    REAL(arc4random_buf)(buf, n);
+    return (int64_t)n;
+}
+
+EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
+{
+    return random_call(LLFT_OP_GETRANDOM, flags, buf, n, fill_getrandom);
+}
+
+EXPORT int getentropy(void *buf, size_t n)
+{
+    if (n > 256) {
+        errno = EIO;
+        return -1;
+    }
+    return random_call(LLFT_OP_GETENTROPY, 0, buf, n, fill_getentropy) < 0 ? -1 : 0;
+}
+
+EXPORT void arc4random_buf(void *buf, size_t n)
+{
+    char *p = buf;
+    while (n) { /* one record per chunk: a record holds at most MAX_RANDOM_READ bytes */
+        size_t k = n < MAX_RANDOM_READ ? n : MAX_RANDOM_READ;
+        random_call(LLFT_OP_ARC4RANDOM, 0, p, k, fill_arc4);
+        p += k;
+        n -= k;
+    }
+}
+
+EXPORT uint32_t arc4random(void)
+{
+    uint32_t v;
+    arc4random_buf(&v, sizeof v);
+    return v;
+}
+
+EXPORT uint32_t arc4random_uniform(uint32_t bound)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        uint32_t v = REAL(arc4random_uniform)(bound);
+        llft_record(t, LLFT_OP_ARC4RANDOM, 1, 0, v, 0, bound);
+        return v;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        llft_replay_next(t, LLFT_OP_ARC4RANDOM, &e);
+        if (e.obj != 1 || e.val != bound)
+            llft_diverge(t, LLFT_OP_ARC4RANDOM, &e, LLFT_EXIT_DIVERGED, "arc4random_uniform(%u)", bound);
+        return (uint32_t)e.ret;
+    }
+    return REAL(arc4random_uniform)(bound);
+}
+
+/* ---- /dev/urandom through file descriptors -------------------------- */
+
+static int track_open(const char *path, int fd)
+{
+    if (fd >= 0 && fd < FD_MAX && random_path(path)) {
+        struct llft_thread *t;
+        if (llft_mode(&t) != LLFT_ROLE_OFF)
+            random_fd[fd] = 1;
+    }
+    return fd;
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+    if (LIKELY((unsigned)fd >= FD_MAX || !random_fd[fd]))
+        return REAL(read)(fd, buf, n);
+    return random_call(LLFT_OP_RANDOM_READ, (uint64_t)fd, buf, n, fill_fd);
+}
+
+EXPORT int close(int fd)
+{
+    if ((unsigned)fd < FD_MAX)
+        random_fd[fd] = 0;
+    return REAL(close)(fd);
+}
+
+static inline mode_t open_mode(int flags, va_list ap)
+{
+    return (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
+}
+
+#define OPEN_WRAPPER(name)                                                          \
+    EXPORT int name(const char *path, int flags, ...)                               \
+    {                                                                               \
+        va_list ap;                                                                 \
+        va_start(ap, flags);                                                        \
+        mode_t mode = open_mode(flags, ap);                                         \
+        va_end(ap);                                                                 \
+        return track_open(path, REAL(name)(path, flags, mode));                     \
+    }
+#define OPENAT_WRAPPER(name)                                                        \
+    EXPORT int name(int dirfd, const char *path, int flags, ...)                    \
+    {                                                                               \
+        va_list ap;                                                                 \
+        va_start(ap, flags);                                                        \
+        mode_t mode = open_mode(flags, ap);                                         \
+        va_end(ap);                                                                 \
+        return track_open(path, REAL(name)(dirfd, path, flags, mode));              \
+    }
+
+OPEN_WRAPPER(open)
+OPEN_WRAPPER(open64)
+OPENAT_WRAPPER(openat)
+OPENAT_WRAPPER(openat64)
+
+/* Fortified variants (-D_FORTIFY_SOURCE) of open without a mode. */
+EXPORT int __open_2(const char *path, int flags) { return track_open(path, REAL(__open_2)(path, flags)); }
+EXPORT int __open64_2(const char *path, int flags) { return track_open(path, REAL(__open64_2)(path, flags)); }
+EXPORT int __openat_2(int d, const char *path, int flags) { return track_open(path, REAL(__openat_2)(d, path, flags)); }
+EXPORT int __openat64_2(int d, const char *path, int flags)
+{
+    return track_open(path, REAL(__openat64_2)(d, path, flags));
+}
+
+/* ---- /dev/urandom through stdio ------------------------------------- */
+
+static ssize_t cookie_read(void *cookie, char *buf, size_t n)
+{
+    (void)cookie;
+    return random_call(LLFT_OP_RANDOM_FREAD, 0, buf, n, fill_urandom);
+}
+
+static int cookie_close(void *cookie)
+{
+    (void)cookie;
+    return 0;
+}
+
+static FILE *random_file(const char *mode)
+{
+    if (strchr(mode, 'w') || strchr(mode, 'a') || strchr(mode, '+')) {
+        errno = EACCES; /* the replicated random source is read-only */
+        return NULL;
+    }
+    cookie_io_functions_t io = {.read = cookie_read, .close = cookie_close};
+    FILE *f = fopencookie(NULL, mode, io);
+    if (f) /* unbuffered: each fread is one recorded read of the size asked */
+        setvbuf(f, NULL, _IONBF, 0);
+    return f;
+}
+
+static inline int replicated(void)
+{
+    struct llft_thread *t;
+    return llft_mode(&t) != LLFT_ROLE_OFF;
+}
+
+EXPORT FILE *fopen(const char *restrict path, const char *restrict mode)
+{
+    if (random_path(path) && replicated())
+        return random_file(mode);
+    return REAL(fopen)(path, mode);
+}
+
+EXPORT FILE *fopen64(const char *restrict path, const char *restrict mode)
+{
+    if (random_path(path) && replicated())
+        return random_file(mode);
+    return REAL(fopen64)(path, mode);
+}

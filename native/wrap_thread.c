@@ -1,0 +1,100 @@
+/* Logical thread identities: the primary numbers threads in creation order
+ * and records each child's number in the parent's pthread_create record, so
+ * a backup gives the same thread the same T whatever its scheduler does. */
+#include "shim.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+DEFINE_REAL(pthread_create)
+DEFINE_REAL(pthread_exit)
+
+struct start {
+    void *(*fn)(void *);
+    void *arg;
+    uint32_t tid;
+};
+
+static void thread_finish(struct llft_thread *t)
+{
+    struct llft_thread *me;
+    int role = llft_mode(&me);
+    if (role == LLFT_ROLE_PRIMARY) {
+        llft_record(t, LLFT_OP_THREAD_EXIT, 0, 0, 0, 0, 0);
+    } else if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        llft_replay_next(t, LLFT_OP_THREAD_EXIT, &e);
+        llft_replay_thread_end(t);
+    }
+    /* Whatever runs after this (TLS destructors) is not replicated. */
+    t->state = TS_UNTRACKED;
+}
+
+static void *trampoline(void *p)
+{
+    struct start s = *(struct start *)p;
+    free(p);
+    struct llft_thread *t = &llft_self;
+    t->tid = s.tid;
+    t->tn = 0;
+    t->depth = 0;
+    t->cached_tail = 0;
+    t->q = NULL;
+    t->state = TS_TRACKED;
+    if (llft_ctl && __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) == LLFT_ROLE_BACKUP)
+        llft_replay_thread_start(t);
+    void *ret = s.fn(s.arg);
+    thread_finish(t);
+    return ret;
+}
+
+static int create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, uint32_t tid)
+{
+    struct start *s = malloc(sizeof *s);
+    if (!s)
+        return EAGAIN;
+    s->fn = fn;
+    s->arg = arg;
+    s->tid = tid;
+    int r = REAL(pthread_create)(th, attr, trampoline, s);
+    if (r != 0)
+        free(s);
+    return r;
+}
+
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        uint32_t tid = __atomic_fetch_add(&llft_next_tid, 1, __ATOMIC_RELAXED);
+        int r = create(th, attr, fn, arg, tid);
+        llft_record(t, LLFT_OP_THREAD_CREATE, 0, 0, r, 0, tid);
+        if (r == 0)
+            __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
+        return r;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e);
+        if (e.ret != 0)
+            return (int)e.ret; /* it failed at the primary: fail the same way */
+        int r = create(th, attr, fn, arg, (uint32_t)e.val);
+        if (r != 0)
+            llft_diverge(t, LLFT_OP_THREAD_CREATE, &e, LLFT_EXIT_DIVERGED,
+                         "pthread_create failed here (error %d) but succeeded at the primary", r);
+        __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    return REAL(pthread_create)(th, attr, fn, arg);
+}
+
+EXPORT void pthread_exit(void *rv)
+{
+    struct llft_thread *t = &llft_self;
+    if (t->state == TS_TRACKED && t->tid != 0)
+        thread_finish(t);
+    REAL(pthread_exit)(rv);
+    __builtin_unreachable();
+}

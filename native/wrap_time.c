@@ -1,0 +1,150 @@
+/* Consistent Time Service (LLFT §V-D): the primary records every clock
+ * reading; a backup returns the primary's value and keeps, per clock, the
+ * offset between the group clock and its own, so that if it becomes primary
+ * the group clock neither goes back nor jumps. */
+#include "shim.h"
+
+#include <errno.h>
+#include <sys/time.h>
+#include <time.h>
+
+DEFINE_REAL(clock_gettime)
+DEFINE_REAL(gettimeofday)
+DEFINE_REAL(time)
+
+#define NS 1000000000LL
+
+/* Clocks that follow wall or monotonic time carry an offset; CPU-time
+ * clocks (2, 3 and negative ids) are per-process and do not. */
+static inline int offset_slot(clockid_t c)
+{
+    return (c >= 0 && c < LLFT_NCLOCKS && c != CLOCK_PROCESS_CPUTIME_ID && c != CLOCK_THREAD_CPUTIME_ID) ? c : -1;
+}
+
+/* Primary: local reading -> group clock.  The offset is 0 until this
+ * replica takes over from a failed primary. */
+static inline int64_t to_group(int slot, int64_t local)
+{
+    if (slot < 0)
+        return local;
+    int64_t off = __atomic_load_n(&llft_ctl->clock_offset_ns[slot], __ATOMIC_RELAXED);
+    if (LIKELY(off == 0))
+        return local;
+    int64_t v = local + off, last = __atomic_load_n(&llft_ctl->clock_last_ns[slot], __ATOMIC_RELAXED);
+    if (v < last)
+        v = last;
+    __atomic_store_n(&llft_ctl->clock_last_ns[slot], v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* Backup: remember how far the group clock is from ours. */
+static inline void note_offset(int slot, int64_t group, int64_t local)
+{
+    if (slot < 0)
+        return;
+    __atomic_store_n(&llft_ctl->clock_offset_ns[slot], group - local, __ATOMIC_RELAXED);
+    __atomic_store_n(&llft_ctl->clock_last_ns[slot], group, __ATOMIC_RELAXED);
+}
+
+static inline int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * NS + ts->tv_nsec; }
+
+static int64_t local_ns(clockid_t c)
+{
+    struct timespec ts;
+    return REAL(clock_gettime)(c, &ts) == 0 ? ts_ns(&ts) : 0;
+}
+
+/* Backup: the primary's reading of clock c, after checking the call matches. */
+static int64_t replay_clock(struct llft_thread *t, uint16_t op, clockid_t c, llft_rec_t *e)
+{
+    llft_replay_next(t, op, e);
+    if (UNLIKELY(e->obj != (uint64_t)(int64_t)c))
+        llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "read clock %d where the primary read clock %lld", (int)c,
+                     (long long)e->obj);
+    if (e->ret == 0)
+        note_offset(offset_slot(c), e->val, local_ns(c));
+    else
+        errno = e->err;
+    return e->val;
+}
+
+EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
+        int r = REAL(clock_gettime)(c, ts);
+        int64_t v = 0;
+        if (LIKELY(r == 0)) {
+            v = to_group(offset_slot(c), ts_ns(ts));
+            ts->tv_sec = v / NS;
+            ts->tv_nsec = v % NS;
+        }
+        llft_record(t, LLFT_OP_CLOCK_GETTIME, (uint64_t)(int64_t)c, 0, r, r ? errno : 0, v);
+        return r;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        int64_t v = replay_clock(t, LLFT_OP_CLOCK_GETTIME, c, &e);
+        if (e.ret == 0) {
+            ts->tv_sec = v / NS;
+            ts->tv_nsec = v % NS;
+        }
+        return (int)e.ret;
+    }
+    return REAL(clock_gettime)(c, ts);
+}
+
+EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
+        int r = REAL(gettimeofday)(tv, tz);
+        int64_t v = 0;
+        if (LIKELY(r == 0)) {
+            v = to_group(CLOCK_REALTIME, (int64_t)tv->tv_sec * NS + (int64_t)tv->tv_usec * 1000);
+            tv->tv_sec = v / NS;
+            tv->tv_usec = (v % NS) / 1000;
+        }
+        llft_record(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, 0, r, r ? errno : 0, v);
+        return r;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        int64_t v = replay_clock(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, &e);
+        if (e.ret == 0) {
+            tv->tv_sec = v / NS;
+            tv->tv_usec = (v % NS) / 1000;
+        }
+        if (tz) { /* obsolete and constant: the local answer is the primary's */
+            struct timeval scratch;
+            REAL(gettimeofday)(&scratch, tz);
+        }
+        return (int)e.ret;
+    }
+    return REAL(gettimeofday)(tv, tz);
+}
+
+EXPORT time_t time(time_t *out)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
+        time_t r = REAL(time)(NULL);
+        int64_t v = r == (time_t)-1 ? -1 : to_group(CLOCK_REALTIME, (int64_t)r * NS);
+        time_t s = v < 0 ? (time_t)-1 : (time_t)(v / NS);
+        llft_record(t, LLFT_OP_TIME, CLOCK_REALTIME, 0, s, s == (time_t)-1 ? errno : 0, v);
+        if (out)
+            *out = s;
+        return s;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        replay_clock(t, LLFT_OP_TIME, CLOCK_REALTIME, &e);
+        if (out)
+            *out = (time_t)e.ret;
+        return (time_t)e.ret;
+    }
+    return REAL(time)(out);
+}

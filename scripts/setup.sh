@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up everything llft needs on a Debian bookworm machine, idempotently:
+# system packages, a virtualenv in .venv with llft installed (which builds
+# native/), and the example programs.  Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftables iptables
+              redis-server redis-tools memcached libmemcached-tools procps)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # The packaged services must not hold the ports the tests use.
+    for svc in redis-server memcached; do
+        $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || $SUDO service "$svc" stop >/dev/null 2>&1 || true
+    done
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q ".[test]"
+make -s -C examples
+echo "setup: ready (.venv/bin/llft-run)"

@@ -1,0 +1,50 @@
+"""Builds llft: the LD_PRELOAD interposition library (native/ -> llft/libllft.so)
+and the cffi module llft._native that gives Python the same ring and codec."""
+import os
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# The preload library: every native/*.c except the controller-only helpers.
+PRELOAD_SOURCES = [
+    "native/core.c",
+    "native/record.c",
+    "native/replay.c",
+    "native/objtable.c",
+    "native/ring.c",
+    "native/wrap_time.c",
+    "native/wrap_thread.c",
+    "native/wrap_lock.c",
+    "native/wrap_random.c",
+]
+PRELOAD_CFLAGS = ["-O2", "-g", "-fPIC", "-fvisibility=hidden", "-D_GNU_SOURCE",
+                  "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
+
+
+class BuildExtWithPreload(build_ext):
+    """Also links native/ into llft/libllft.so, a plain shared library with no
+    Python in it: it is loaded into the replicated program, not into Python."""
+
+    def run(self):
+        super().run()
+        self.build_preload()
+
+    def build_preload(self):
+        from setuptools._distutils.ccompiler import new_compiler
+        from setuptools._distutils.sysconfig import customize_compiler
+
+        cc = new_compiler()
+        customize_compiler(cc)
+        cc.compiler_so = [a for a in cc.compiler_so if a not in ("-O3", "-DNDEBUG")]
+        tmp = os.path.join(self.build_temp, "preload")
+        objects = cc.compile(PRELOAD_SOURCES, output_dir=tmp, extra_preargs=PRELOAD_CFLAGS,
+                             depends=["native/llft_abi.h", "native/ring.h", "native/shim.h"])
+        out_dir = "llft" if self.inplace else os.path.join(self.build_lib, "llft")
+        cc.link_shared_object(objects, os.path.join(out_dir, "libllft.so"),
+                              libraries=["dl", "pthread"], extra_postargs=["-Wl,-z,now"])
+
+
+setup(
+    cffi_modules=["llft/_native_build.py:ffibuilder"],
+    cmdclass={"build_ext": BuildExtWithPreload},
+)
