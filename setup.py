@@ -16,6 +16,7 @@ PRELOAD_SOURCES = [
     "native/wrap_thread.c",
     "native/wrap_lock.c",
     "native/wrap_random.c",
+    "native/wrap_exec.c",
 ]
 PRELOAD_CFLAGS = ["-O2", "-g", "-fPIC", "-fvisibility=hidden", "-D_GNU_SOURCE",
                   "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]

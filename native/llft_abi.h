@@ -35,6 +35,8 @@ enum llft_op {
     LLFT_OP_TIME = 12,
     LLFT_OP_THREAD_CREATE = 20,
     LLFT_OP_THREAD_EXIT = 21,
+    LLFT_OP_EXEC = 22,           /* the program image ends here (execve) */
+    LLFT_OP_EXEC_FAILED = 23,    /* ...unless execve returned: its error */
     LLFT_OP_MUTEX_LOCK = 30,
     LLFT_OP_MUTEX_TRYLOCK = 31,
     LLFT_OP_MUTEX_TIMEDLOCK = 32,

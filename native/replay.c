@@ -113,6 +113,7 @@ static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
 static uint32_t epoch_waiters;
 static uint32_t stream_ended;
+static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 static uint64_t stream_ended_ms;
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
@@ -172,7 +173,7 @@ static long drain(void)
 {
     llft_ring_t *r = llft_ring;
     uint64_t tail = LOAD(&r->tail, RLX), start = tail;
-    while (tail - start < 4096) {
+    while (tail - start < 4096 && !exec_barrier) {
         const llft_rec_t *h = llft_ring_slot(r, tail);
         int v = llft_rec_validate(h, tail + 1);
         if (v == LLFT_REC_PENDING)
@@ -203,6 +204,8 @@ static long drain(void)
         for (i = 0; i < n; i++)
             q_push(q, llft_ring_slot(r, tail + i));
         tail += n;
+        if (h->op == LLFT_OP_EXEC)
+            exec_barrier = 1; /* leave the rest in the ring for the image execve starts */
     }
     if (tail != start)
         llft_ring_release(r, tail);
@@ -384,6 +387,14 @@ void llft_turn_done(struct turnstile *ts, uint64_t turn)
     __atomic_fetch_add(&ts->futex, 1, SEQ);
     if (LOAD(&ts->waiters, SEQ))
         llft_futex_wake(&ts->futex);
+}
+
+/* execve failed here as it did at the primary: this image goes on. */
+void llft_replay_exec_failed(void)
+{
+    spin_lock(&dispatch_lock);
+    exec_barrier = 0;
+    spin_unlock(&dispatch_lock);
 }
 
 /* ---- thread lifecycle ----------------------------------------------- */

@@ -43,6 +43,7 @@ static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_CLOCK_GETTIME] = "clock_gettime", [LLFT_OP_GETTIMEOFDAY] = "gettimeofday",
     [LLFT_OP_TIME] = "time",
     [LLFT_OP_THREAD_CREATE] = "pthread_create", [LLFT_OP_THREAD_EXIT] = "thread-exit",
+    [LLFT_OP_EXEC] = "execve", [LLFT_OP_EXEC_FAILED] = "execve-failed",
     [LLFT_OP_MUTEX_LOCK] = "pthread_mutex_lock", [LLFT_OP_MUTEX_TRYLOCK] = "pthread_mutex_trylock",
     [LLFT_OP_MUTEX_TIMEDLOCK] = "pthread_mutex_timedlock",
     [LLFT_OP_COND_WAIT] = "pthread_cond_wait", [LLFT_OP_COND_TIMEDWAIT] = "pthread_cond_timedwait",

@@ -93,6 +93,7 @@ void llft_turn_done(struct turnstile *ts, uint64_t turn);
 void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
+void llft_replay_exec_failed(void);
 
 /* ---- divergence (core.c) ---- */
 __attribute__((noreturn, format(printf, 5, 6)))

@@ -1,0 +1,137 @@
+"""llft-run: run a program as a replicated group."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from llft import PRELOAD_LIBRARY, rundir
+from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.local_group import GroupOptions, LocalGroup
+from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
+
+PROG = "llft-run"
+log = logging.getLogger("llft.run")
+
+DESCRIPTION = """\
+Run PROGRAM as a replicated group: replica 0 is the primary, the others are
+backups.  Every replica runs the same binary under the llft preload library.
+The primary records the outcome of each non-deterministic call (clocks,
+thread creation, lock acquisitions, condition waits, randomness) and the
+backups replay them, so every replica computes the same thing.
+
+Each replica's stdout and stderr go to RUN_DIR/replica-K/{stdout,stderr};
+the controller's log goes to RUN_DIR/llft.log.
+
+Exit status: the primary's, once every replica has finished; 86 if a backup
+diverged from the primary or its record stream was incomplete (the reason is
+printed); 2 for a bad command line; 128+N if stopped by signal N."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+               usage=f"{PROG} [options] -- PROGRAM [ARGS...]")
+    p.add_argument("--replicas", type=int, default=3, metavar="N",
+                   help="number of replicas, primary included (default 3)")
+    p.add_argument("--run-dir", type=Path, metavar="DIR",
+                   help="where replica output, logs and state go (default ./llft-runs/GROUP-TIME-PID)")
+    p.add_argument("--group", metavar="NAME", help="group name (default: the program's name)")
+    p.add_argument("--ring-slots", type=int, default=DEFAULT_SLOTS, metavar="N",
+                   help=f"OrderInfo ring size per replica, a power of two (default {DEFAULT_SLOTS})")
+    p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a backup thread that waits this long for a turn the primary already took "
+                        "is reported as diverged (default 60)")
+    p.add_argument("--end-grace", type=float, default=3.0, metavar="SECONDS",
+                   help="after the primary exits, how long a backup call may wait for a record "
+                        "before the stream is called incomplete (default 3)")
+    p.add_argument("--backup-exit-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="after the primary exits, how long backups may take to finish (default 60)")
+    p.add_argument("--save-stream", type=Path, metavar="FILE",
+                   help="also write the primary's OrderInfo stream to FILE")
+    p.add_argument("--replay-from", type=Path, metavar="FILE",
+                   help="run no primary: run one backup replaying the stream saved in FILE")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
+                   help="what the controller prints on stderr (default warning; llft.log gets everything)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def resolve_program(name: str) -> str:
+    if "/" in name:
+        if not os.path.exists(name):
+            raise UsageError(f"{name}: no such file")
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise UsageError(f"{name}: not an executable file")
+        return name
+    found = shutil.which(name)
+    if not found:
+        raise UsageError(f"{name}: command not found")
+    return found
+
+
+def parse(argv) -> tuple[argparse.Namespace, list[str]]:
+    args = build_parser().parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        raise UsageError("no program given: llft-run [options] -- PROGRAM [ARGS...]")
+    if args.replicas < 1:
+        raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
+    if args.replicas > 64:
+        raise UsageError(f"--replicas must be at most 64 (got {args.replicas})")
+    slots = args.ring_slots
+    if slots < 8192 or slots & (slots - 1):
+        raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
+    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.replay_from is not None and not args.replay_from.is_file():
+        raise UsageError(f"--replay-from {args.replay_from}: no such file")
+    program[0] = resolve_program(program[0])
+    if not PRELOAD_LIBRARY.exists():
+        raise UsageError(f"the preload library {PRELOAD_LIBRARY} is missing: reinstall llft")
+    return args, program
+
+
+def main(argv=None) -> int:
+    try:
+        args, program = parse(sys.argv[1:] if argv is None else argv)
+        group_name = args.group or Path(program[0]).name
+        run_dir = rundir.prepare(args.run_dir or rundir.default_run_dir(group_name), args.replicas)
+    except (UsageError, rundir.RunDirError) as e:
+        return fail(PROG, str(e))
+
+    setup_logging(args.log_level, run_dir / "llft.log")
+    options = GroupOptions(replicas=args.replicas, ring_slots=args.ring_slots,
+                           stall_timeout_ms=int(args.divergence_timeout * 1000),
+                           end_grace_ms=int(args.end_grace * 1000),
+                           backup_exit_timeout=args.backup_exit_timeout,
+                           save_stream=args.save_stream, replay_from=args.replay_from)
+    group = LocalGroup(program, run_dir, options, group_name)
+
+    def on_signal(sig, _frame):
+        group.interrupted = sig
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    try:
+        group.start()
+        log.info("run dir %s", run_dir)
+        status = group.wait()
+        for replica, problem in group.problems():
+            print(f"{PROG}: replica {replica.index} ({replica.role}): {problem}", file=sys.stderr)
+        if status == EXIT_DIVERGED:
+            print(f"{PROG}: the replicas did not stay consistent; see {run_dir}", file=sys.stderr)
+        return status
+    except (StreamError, OSError) as e:
+        group.stop()
+        return fail(PROG, str(e), 1)
+    finally:
+        group.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Ships the primary's OrderInfo stream to every backup, in order.
+
+This is the boundary the network transport plugs into later: the forwarder
+sees only an ordered stream of record chunks, never application data."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from llft.native import REC_SIZE, StreamError, count_groups
+
+log = logging.getLogger("llft.forwarder")
+
+READ_SLOTS = 4096
+WRITE_TIMEOUT_MS = 100
+
+
+class RecordForwarder(threading.Thread):
+    def __init__(self, source, sinks, saver=None):
+        super().__init__(name="llft-forwarder", daemon=True)
+        self.source = source
+        self.sinks = list(sinks)
+        self.saver = saver
+        self.records = 0
+        self.slots = 0
+        self.error: str | None = None
+        self.torn = 0
+
+    def run(self):
+        try:
+            self._pump()
+        except StreamError as e:
+            self.error = str(e)
+            log.error("the primary's record stream is unusable: %s", e)
+        finally:
+            for sink in self.sinks:
+                if not sink.dead and not sink.stream.write_end(timeout_ms=2000):
+                    log.warning("replica %d: could not mark the end of its stream", sink.replica)
+            if self.saver:
+                self.saver.close()
+
+    def _pump(self):
+        while True:
+            chunk = self.source.read(READ_SLOTS)
+            if chunk:
+                self._deliver(chunk)
+                continue
+            if self.source.finished():
+                while chunk := self.source.read(READ_SLOTS):
+                    self._deliver(chunk)
+                self.torn = self.source.leftover()
+                if self.torn:
+                    log.warning("the primary stopped in the middle of writing %d record slot(s); "
+                                "they are discarded", self.torn)
+                if getattr(self.source, "error", None):
+                    self.error = self.source.error
+                return
+            self.source.wait(20)
+
+    def _deliver(self, chunk: bytes):
+        self.records += count_groups(chunk)
+        self.slots += len(chunk) // REC_SIZE
+        if self.saver:
+            self.saver.write(chunk)
+        for sink in self.sinks:
+            view = memoryview(chunk)
+            while view and not sink.dead:
+                n = sink.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
+                view = view[n * REC_SIZE:]
+                if n == 0 and not sink.alive():
+                    sink.dead = True
+                    log.info("replica %d is gone; no longer feeding it", sink.replica)

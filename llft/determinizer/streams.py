@@ -1,0 +1,119 @@
+"""Sources and sinks of the OrderInfo stream as the controller sees it: an
+ordered sequence of chunks, each a whole number of record groups.
+
+- PrimarySource: the primary's shared ring.
+- SavedStreamWriter / SavedStreamSource: a stream kept in a file, so a
+  backup can be replayed later (debugging, benchmarks, tests).
+- BackupSink: a backup's replay ring."""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+from llft.native import REC_SIZE, StreamError, StreamFile, count_groups
+
+SAVED_MAGIC = b"LLFTSTRM"
+SAVED_VERSION = 1
+_FRAME = struct.Struct("<I")
+
+
+class PrimarySource:
+    def __init__(self, stream: StreamFile):
+        self.stream = stream
+        self.exited = threading.Event()
+
+    def read(self, max_slots: int) -> bytes:
+        return self.stream.read(max_slots)
+
+    def wait(self, timeout_ms: int) -> None:
+        self.stream.wait_data(timeout_ms)
+
+    def finished(self) -> bool:
+        return self.exited.is_set()
+
+    def leftover(self) -> int:
+        """Slots the primary reserved but never committed (it died mid-write)."""
+        return self.stream.pending
+
+
+class SavedStreamWriter:
+    """Appends chunks as frames: [u32 slot count][slots]."""
+
+    def __init__(self, path):
+        self.f = open(path, "wb")
+        self.f.write(SAVED_MAGIC + _FRAME.pack(SAVED_VERSION))
+
+    def write(self, chunk: bytes):
+        self.f.write(_FRAME.pack(len(chunk) // REC_SIZE))
+        self.f.write(chunk)
+
+    def close(self):
+        self.f.close()
+
+
+class SavedStreamSource:
+    """Replays a saved stream; a cut-off or corrupt file ends the stream
+    early with `error` set, and the backup then reports what it lacks."""
+
+    def __init__(self, path):
+        try:
+            self.f = open(path, "rb")
+        except OSError as e:
+            raise StreamError(f"{path}: {e.strerror}") from None
+        head = self.f.read(len(SAVED_MAGIC) + _FRAME.size)
+        if len(head) < len(SAVED_MAGIC) + _FRAME.size or head[:len(SAVED_MAGIC)] != SAVED_MAGIC:
+            raise StreamError(f"{path}: not a saved llft stream")
+        (version,) = _FRAME.unpack(head[len(SAVED_MAGIC):])
+        if version != SAVED_VERSION:
+            raise StreamError(f"{path}: saved stream version {version}, expected {SAVED_VERSION}")
+        self.path = path
+        self.error = None
+        self.done = False
+
+    def read(self, max_slots: int) -> bytes:
+        if self.done:
+            return b""
+        pos = self.f.tell()
+        head = self.f.read(_FRAME.size)
+        if not head:
+            self.done = True
+            return b""
+        chunk = b""
+        if len(head) == _FRAME.size:
+            (n,) = _FRAME.unpack(head)
+            chunk = self.f.read(n * REC_SIZE)
+            if len(chunk) == n * REC_SIZE:
+                try:
+                    count_groups(chunk)
+                    return chunk
+                except StreamError as e:
+                    self.error = f"{self.path}: frame at byte {pos}: {e}"
+        if self.error is None:
+            self.error = f"{self.path}: truncated at byte {pos}"
+        self.done = True
+        return b""
+
+    def wait(self, timeout_ms: int) -> None:
+        pass
+
+    def finished(self) -> bool:
+        return self.done
+
+    def leftover(self) -> int:
+        return 0
+
+
+class BackupSink:
+    def __init__(self, replica: int, stream: StreamFile, alive):
+        self.replica = replica
+        self.stream = stream
+        self.alive = alive
+        self.dead = False
+
+
+def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:
+    """Shared-file path of a replica; the same length for every replica, so
+    that every replica's environment (and so its stack layout) is alike."""
+    base = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    return os.path.join(base, f"llft-{run_id}-r{replica:02d}")

@@ -1,0 +1,159 @@
+"""A replica group on this host: the primary and its backups, each under
+the preload library, with the primary's OrderInfo stream forwarded to the
+backups through shared memory.  (Across hosts the stream rides on the
+messaging protocol instead; the forwarder's interface stays the same.)"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llft import rundir
+from llft.determinizer.forwarder import RecordForwarder
+from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
+                                       stream_path)
+from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY, StreamFile)
+from llft.replica import Replica
+
+log = logging.getLogger("llft.group")
+
+
+@dataclass
+class GroupOptions:
+    replicas: int = 3
+    ring_slots: int = DEFAULT_SLOTS
+    stall_timeout_ms: int = 60_000
+    end_grace_ms: int = 3_000
+    backup_exit_timeout: float = 60.0
+    save_stream: Path | None = None
+    replay_from: Path | None = None
+
+
+class LocalGroup:
+    def __init__(self, argv: list[str], run_dir: Path, options: GroupOptions, group: str):
+        self.argv = argv
+        self.run_dir = run_dir
+        self.opts = options
+        self.group = group
+        self.run_id = f"{os.getpid()}"
+        self.replicas: list[Replica] = []
+        self.forwarder: RecordForwarder | None = None
+        self.source = None
+        self.interrupted: int | None = None
+
+    # -- start ----------------------------------------------------------
+    def start(self):
+        replaying = self.opts.replay_from is not None
+        indices = [1] if replaying else list(range(self.opts.replicas))
+        for k in indices:
+            role = ROLE_PRIMARY if k == 0 else ROLE_BACKUP
+            path = stream_path(self.run_id, k)
+            if os.path.exists(path):
+                os.unlink(path)  # left by an earlier run with our pid
+            stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=k)
+            stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
+            self.replicas.append(Replica(k, stream, self.run_dir / f"replica-{k}"))
+
+        if replaying:
+            self.source = SavedStreamSource(self.opts.replay_from)
+        else:
+            self.source = PrimarySource(self.replicas[0].stream)
+        sinks = [BackupSink(r.index, r.stream, r.alive) for r in self.replicas if r.stream.role == ROLE_BACKUP]
+        saver = SavedStreamWriter(self.opts.save_stream) if self.opts.save_stream else None
+        self.forwarder = RecordForwarder(self.source, sinks, saver)
+
+        env = dict(os.environ)
+        for r in self.replicas:
+            r.start(self.argv, env)
+            log.info("replica %d (%s) started: pid %d", r.index, r.role, r.pid)
+        self.forwarder.start()
+        self.write_state("running")
+
+    def write_state(self, phase: str):
+        rundir.write_state(self.run_dir, {
+            "group": self.group,
+            "phase": phase,
+            "controller_pid": os.getpid(),
+            "argv": self.argv,
+            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "stream": r.stream.path,
+                          "status": r.status} for r in self.replicas],
+        })
+
+    # -- run to completion -----------------------------------------------
+    def wait(self) -> int:
+        """Waits for every replica; returns llft-run's exit status."""
+        primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
+        deadline = None
+        while any(r.alive() for r in self.replicas):
+            if self.interrupted is not None:
+                self.stop()
+                break
+            if primary is not None and not primary.alive() and not self.source.finished():
+                log.info("primary exited with status %d", primary.status)
+                self.source.exited.set()
+            if deadline is None and self.source.finished():
+                deadline = time.monotonic() + self.opts.backup_exit_timeout
+            if deadline is not None and time.monotonic() > deadline:
+                for r in self.replicas:
+                    if r.alive():
+                        r.problems.append(f"did not finish within {self.opts.backup_exit_timeout:g}s "
+                                          "after the primary; killed")
+                        r.kill()
+            time.sleep(0.01)
+        if primary is not None:
+            self.source.exited.set()
+        self.forwarder.join(timeout=10)
+        self.write_state("finished")
+        return self._verdict(primary)
+
+    def stop(self):
+        """Ends every replica: SIGTERM, then SIGKILL after 3 s."""
+        for r in self.replicas:
+            r.signal(signal.SIGTERM)
+        end = time.monotonic() + 3
+        while any(r.alive() for r in self.replicas) and time.monotonic() < end:
+            time.sleep(0.02)
+        for r in self.replicas:
+            if r.alive():
+                r.kill()
+
+    def _verdict(self, primary: Replica | None) -> int:
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        if self.forwarder.error:
+            for r in self.replicas:
+                if r is not primary:
+                    r.problems.append(f"its record stream was cut short: {self.forwarder.error}")
+        expected = primary.status if primary else None
+        for r in self.replicas:
+            if r is primary:
+                continue
+            if r.stream.diverged:
+                r.problems.append(r.stream.divergence)
+            elif r.status == EXIT_DIVERGED:
+                r.problems.append("stopped on a divergence (see its stderr)")
+            elif r.status == EXIT_NOSTREAM:
+                r.problems.append("stopped: its record stream is missing or incomplete (see its stderr)")
+            elif expected is not None and r.status != expected and not r.killed_by_llft:
+                r.problems.append(f"exited with status {r.status}, the primary with {expected}")
+        bad = [r for r in self.replicas if r.problems]
+        for r in self.replicas:
+            replayed = "" if r is primary else f", replayed {r.stream.records} records"
+            log.info("replica %d (%s) exited with status %s%s", r.index, r.role, r.status, replayed)
+        if primary is not None:
+            log.info("the primary recorded %d records (%d threads)", self.forwarder.records,
+                     primary.stream.threads + 1)
+        if bad:
+            return EXIT_DIVERGED
+        return expected if expected is not None else self.replicas[0].status
+
+    def problems(self) -> list[tuple[Replica, str]]:
+        return [(r, p) for r in self.replicas for p in r.problems]
+
+    def cleanup(self):
+        for r in self.replicas:
+            r.stream.close()
+            r.stream.unlink()

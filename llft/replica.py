@@ -1,0 +1,64 @@
+"""Starting one replica of the user's program under the preload library."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llft import PRELOAD_LIBRARY
+from llft.native import ROLE_NAMES, StreamFile, disable_aslr
+
+
+@dataclass
+class Replica:
+    index: int
+    stream: StreamFile
+    out_dir: Path
+    proc: subprocess.Popen | None = None
+    status: int | None = None           # exit status as a shell reports it (128+N for signal N)
+    killed_by_llft: bool = False
+    problems: list[str] = field(default_factory=list)
+    role: str = ""
+
+    def __post_init__(self):
+        self.role = ROLE_NAMES.get(self.stream.role, "?")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, argv: list[str], base_env: dict[str, str]):
+        env = dict(base_env)
+        preload = env.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = f"{PRELOAD_LIBRARY}{' ' + preload if preload else ''}"
+        env["LLFT_SHM"] = self.stream.path
+        env["LLFT_REPLICA"] = str(self.index)
+        with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                         preexec_fn=disable_aslr, start_new_session=True, close_fds=True)
+
+    def poll(self) -> int | None:
+        if self.status is None and self.proc is not None:
+            rc = self.proc.poll()
+            if rc is not None:
+                self.status = rc if rc >= 0 else 128 - rc
+        return self.status
+
+    def alive(self) -> bool:
+        return self.poll() is None
+
+    def signal(self, sig: int):
+        if self.alive():
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self):
+        self.killed_by_llft = True
+        self.signal(signal.SIGKILL)
+        if self.proc:
+            self.proc.wait()
+            self.poll()

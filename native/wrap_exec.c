@@ -1,0 +1,125 @@
+/* execve and friends.  The replica keeps its stream across execve (the
+ * environment carries LD_PRELOAD and LLFT_SHM, and the pid is the same), so
+ * the primary marks where one program image ends: a backup's dispatcher then
+ * never moves the next image's records into queues that execve will wipe.
+ * glibc's execl*, execv* and system() call execve internally, bypassing a
+ * wrapper, so each entry point is wrapped. */
+#include "shim.h"
+
+#include <alloca.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+extern char **environ;
+
+DEFINE_REAL(execve)
+DEFINE_REAL(execvpe)
+DEFINE_REAL(fexecve)
+
+typedef int (*exec_fn)(const void *target, char *const argv[], char *const envp[]);
+
+/* Runs one exec attempt with the EXEC / EXEC_FAILED records around it. */
+static int replicated_exec(exec_fn fn, const void *target, char *const argv[], char *const envp[])
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        llft_record(t, LLFT_OP_EXEC, 0, 0, 0, 0, 0);
+        int r = fn(target, argv, envp);
+        int err = errno;
+        llft_record(t, LLFT_OP_EXEC_FAILED, 0, 0, r, err, 0);
+        errno = err;
+        return r;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        llft_replay_next(t, LLFT_OP_EXEC, &e);
+        int r = fn(target, argv, envp);
+        llft_replay_exec_failed();
+        llft_replay_next(t, LLFT_OP_EXEC_FAILED, &e);
+        if (e.err)
+            errno = e.err;
+        (void)r;
+        return (int)e.ret;
+    }
+    return fn(target, argv, envp);
+}
+
+static int do_execve(const void *path, char *const argv[], char *const envp[])
+{
+    return REAL(execve)(path, argv, envp);
+}
+
+static int do_execvpe(const void *file, char *const argv[], char *const envp[])
+{
+    return REAL(execvpe)(file, argv, envp);
+}
+
+static int do_fexecve(const void *fd, char *const argv[], char *const envp[])
+{
+    return REAL(fexecve)(*(const int *)fd, argv, envp);
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    return replicated_exec(do_execve, path, argv, envp);
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+    return replicated_exec(do_execve, path, argv, environ);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    return replicated_exec(do_execvpe, file, argv, envp);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+    return replicated_exec(do_execvpe, file, argv, environ);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    return replicated_exec(do_fexecve, &fd, argv, envp);
+}
+
+/* execl, execlp, execle: gather the variadic arguments into an argv. */
+#define COLLECT_ARGS(first, argv, ap)                                                \
+    size_t argc = 1;                                                                 \
+    va_start(ap, first);                                                             \
+    while (va_arg(ap, char *))                                                       \
+        argc++;                                                                      \
+    va_end(ap);                                                                      \
+    char **argv = alloca((argc + 1) * sizeof(char *));                               \
+    argv[0] = (char *)(first);                                                       \
+    va_start(ap, first);                                                             \
+    for (size_t i = 1; i <= argc; i++)                                               \
+        argv[i] = va_arg(ap, char *);
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+    va_list ap;
+    COLLECT_ARGS(arg, argv, ap)
+    va_end(ap);
+    return replicated_exec(do_execve, path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    va_list ap;
+    COLLECT_ARGS(arg, argv, ap)
+    va_end(ap);
+    return replicated_exec(do_execvpe, file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+    va_list ap;
+    COLLECT_ARGS(arg, argv, ap)
+    char *const *envp = va_arg(ap, char *const *);
+    va_end(ap);
+    return replicated_exec(do_execve, path, argv, envp);
+}
