@@ -18,6 +18,8 @@ void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn
     t->depth++;
     uint64_t pos = llft_ring_reserve(r, 1, &t->cached_tail);
     llft_rec_t *s = llft_ring_slot(r, pos);
+    /* The controller read this line a lap ago: fetch lines ahead for writing. */
+    __builtin_prefetch(llft_ring_slot(r, pos + 8), 1, 3);
     s->op = op;
     s->nslots = 1;
     s->tid = t->tid;

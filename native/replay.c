@@ -309,18 +309,30 @@ void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
     t->depth--;
 }
 
-/* ---- turnstiles ----------------------------------------------------- */
+/* ---- turnstiles -----------------------------------------------------
+ * One per ordered object.  A thread waiting for turn k parks on a word of
+ * its own and registers (k, word) in a sleeper slot; the thread finishing
+ * turn k-1 wakes exactly that sleeper.  Waking everyone, or waking on every
+ * turn while anyone sleeps, costs a system call per acquisition. */
 
 #define TS_BITS 20
 #define TS_SLOTS (1u << TS_BITS)
+#define SLEEPERS 6
+struct sleeper {
+    uint64_t want;                /* the "done" count this sleeper waits for */
+    uint32_t *park;               /* its park word; NULL = free slot */
+};
 struct turnstile {
     uint64_t key;                 /* logical object id, 0 = free slot */
     uint64_t done;                /* turns completed */
-    uint32_t futex;
-    uint32_t waiters;
-    uint64_t _pad;
+    uint32_t nsleepers;
+    uint32_t crowd;               /* waiters that found no sleeper slot */
+    uint32_t crowd_futex;
+    uint32_t _pad;
+    struct sleeper sleepers[SLEEPERS];
 };
 static struct turnstile *turnstiles;
+static __thread uint32_t park_word TLS_IE;
 
 static struct turnstile *ts_get(uint64_t obj)
 {
@@ -340,6 +352,35 @@ static struct turnstile *ts_get(uint64_t obj)
     llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u ordered objects", TS_SLOTS);
 }
 
+/* Parks until ts->done may equal want (or 50 ms pass).  Returns after a
+ * wake-up, a timeout, or immediately if done moved meanwhile. */
+static void park_until(struct turnstile *ts, uint64_t want)
+{
+    __atomic_fetch_add(&ts->nsleepers, 1, SEQ);
+    struct sleeper *slot = NULL;
+    for (int i = 0; i < SLEEPERS && !slot; i++) {
+        uint32_t *none = NULL;
+        if (!LOAD(&ts->sleepers[i].park, RLX)) {
+            STORE(&ts->sleepers[i].want, want, SEQ);
+            if (__atomic_compare_exchange_n(&ts->sleepers[i].park, &none, &park_word, 0, SEQ, RLX))
+                slot = &ts->sleepers[i];
+        }
+    }
+    if (slot) {
+        uint32_t v = LOAD(&park_word, SEQ);
+        if (LOAD(&ts->done, SEQ) != want)
+            llft_futex_wait(&park_word, v, 50);
+        STORE(&slot->park, NULL, SEQ);
+    } else {
+        uint32_t f = LOAD(&ts->crowd_futex, SEQ);
+        __atomic_fetch_add(&ts->crowd, 1, SEQ);
+        if (LOAD(&ts->done, SEQ) != want)
+            llft_futex_wait(&ts->crowd_futex, f, 5);
+        __atomic_fetch_sub(&ts->crowd, 1, SEQ);
+    }
+    __atomic_fetch_sub(&ts->nsleepers, 1, SEQ);
+}
+
 struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t turn)
 {
     struct turnstile *ts = ts_get(obj);
@@ -356,6 +397,8 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t t
                          (unsigned long long)turn, (unsigned long long)obj, (unsigned long long)d);
         if (spins < 64) {
             __builtin_ia32_pause();
+        } else if (spins < 80) {
+            sched_yield(); /* more threads than cores: let the turn's owner run */
         } else {
             uint64_t now = llft_now_ms();
             if (!since)
@@ -367,11 +410,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t t
                              "the thread that should take the previous turn never did",
                              (unsigned long long)(now - since), (unsigned long long)turn,
                              (unsigned long long)obj, (unsigned long long)d);
-            uint32_t f = LOAD(&ts->futex, SEQ);
-            __atomic_fetch_add(&ts->waiters, 1, SEQ);
-            if (LOAD(&ts->done, SEQ) != want)
-                llft_futex_wait(&ts->futex, f, 50);
-            __atomic_fetch_sub(&ts->waiters, 1, SEQ);
+            park_until(ts, want);
         }
         d = LOAD(&ts->done, ACQ);
         if (d == want)
@@ -383,10 +422,20 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t t
 
 void llft_turn_done(struct turnstile *ts, uint64_t turn)
 {
-    STORE(&ts->done, turn, REL);
-    __atomic_fetch_add(&ts->futex, 1, SEQ);
-    if (LOAD(&ts->waiters, SEQ))
-        llft_futex_wake(&ts->futex);
+    STORE(&ts->done, turn, SEQ);
+    if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
+        return;
+    for (int i = 0; i < SLEEPERS; i++) {
+        uint32_t *p = LOAD(&ts->sleepers[i].park, SEQ);
+        if (p && LOAD(&ts->sleepers[i].want, SEQ) == turn) {
+            __atomic_fetch_add(p, 1, SEQ);
+            llft_futex_wake(p);
+        }
+    }
+    if (LOAD(&ts->crowd, SEQ)) {
+        __atomic_fetch_add(&ts->crowd_futex, 1, SEQ);
+        llft_futex_wake(&ts->crowd_futex);
+    }
 }
 
 /* execve failed here as it did at the primary: this image goes on. */

@@ -76,9 +76,12 @@ EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
         int r = REAL(clock_gettime)(c, ts);
         int64_t v = 0;
         if (LIKELY(r == 0)) {
-            v = to_group(offset_slot(c), ts_ns(ts));
-            ts->tv_sec = v / NS;
-            ts->tv_nsec = v % NS;
+            int64_t local = ts_ns(ts);
+            v = to_group(offset_slot(c), local);
+            if (UNLIKELY(v != local)) { /* only after a failover: divisions are dear */
+                ts->tv_sec = v / NS;
+                ts->tv_nsec = v % NS;
+            }
         }
         llft_record(t, LLFT_OP_CLOCK_GETTIME, (uint64_t)(int64_t)c, 0, r, r ? errno : 0, v);
         return r;
@@ -103,9 +106,12 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
         int r = REAL(gettimeofday)(tv, tz);
         int64_t v = 0;
         if (LIKELY(r == 0)) {
-            v = to_group(CLOCK_REALTIME, (int64_t)tv->tv_sec * NS + (int64_t)tv->tv_usec * 1000);
-            tv->tv_sec = v / NS;
-            tv->tv_usec = (v % NS) / 1000;
+            int64_t local = (int64_t)tv->tv_sec * NS + (int64_t)tv->tv_usec * 1000;
+            v = to_group(CLOCK_REALTIME, local);
+            if (UNLIKELY(v != local)) {
+                tv->tv_sec = v / NS;
+                tv->tv_usec = (v % NS) / 1000;
+            }
         }
         llft_record(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, 0, r, r ? errno : 0, v);
         return r;

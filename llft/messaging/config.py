@@ -1,0 +1,24 @@
+"""Protocol timing and limits.  Seconds and message counts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Config:
+    tick: float = 0.005            # periodic processing (Fig. 6 lines 44-53)
+    rto: float = 0.030             # retransmit an unacked sent message (line 45)
+    ack_delay: float = 0.004       # FirstAck if no message to piggyback the ack on (line 47)
+    first_ack_interval: float = 0.020  # FirstAck retransmission until SecondAck (line 48)
+    nack_interval: float = 0.015   # Nack retransmission while the nack list is non-empty
+    keepalive: float = 0.050       # idle inter-group connection (lines 54-55)
+    heartbeat: float = 0.020       # intra-group connection (lines 56-59)
+    max_ack: int = 4               # MAX_ACK: FirstAcks for one message before flow control (line 65)
+    send_window: int = 256         # messages held in a connection's sent list (flow control)
+    recv_window: int = 512         # received-but-unconsumed messages accepted per connection
+    nack_batch: int = 64           # missing msns named in one Nack
+    order_budget: int = 8192       # bytes of ordering info piggybacked on one message
+    order_fallback: float = 0.040  # after this, the primary ships ordering info to backups itself
+    max_datagram: int = 1472       # UDP payload size (Ethernet MTU)
+    reassembly_bytes: int = 64 << 20
+    reassembly_timeout: float = 5.0

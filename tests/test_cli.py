@@ -1,0 +1,75 @@
+"""Command-line behaviour a user meets first: help, and one clear line for
+each bad invocation, never a traceback."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import tool
+
+
+def run(*args, cwd=None):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+@pytest.mark.parametrize("name", ["llft-run", "llft-kill", "llft-status"])
+def test_help(name):
+    p = run(tool(name), "--help")
+    assert p.returncode == 0 and "usage:" in p.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no program given"),
+    (["--", "/no/such/program"], "no such file"),
+    (["--", "no-such-command-xyz"], "command not found"),
+    (["--replicas", "0", "--", "true"], "at least 1"),
+    (["--replicas", "many", "--", "true"], "invalid int value"),
+    (["--ring-slots", "1000", "--", "true"], "power of two"),
+    (["--replay-from", "/no/such/stream", "--", "true"], "no such file"),
+])
+def test_llft_run_bad_input(args, message, tmp_path):
+    p = run(tool("llft-run"), "--run-dir", str(tmp_path / "rd"), *args)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_llft_run_unwritable_run_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    p = run(tool("llft-run"), "--run-dir", str(blocker / "sub"), "--", "true")
+    assert p.returncode == 2
+    assert "cannot use run dir" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_exit_status_is_the_primary_s(tmp_path):
+    p = run(tool("llft-run"), "--replicas", "2", "--run-dir", str(tmp_path / "rd"), "--", "sh", "-c", "exit 7")
+    assert p.returncode == 7, p.stderr
+
+
+def test_status_and_kill_without_a_group(tmp_path):
+    for name, extra in (("llft-status", []), ("llft-kill", ["--primary"])):
+        p = run(tool(name), *extra, cwd=tmp_path)
+        assert p.returncode == 2 and "no llft run" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_status_json_after_a_run(examples, tmp_path):
+    rd = tmp_path / "rd"
+    assert run(tool("llft-run"), "--replicas", "3", "--run-dir", str(rd), "--", examples / "race", "2", "50").returncode == 0
+    p = run(tool("llft-status"), "--run-dir", str(rd), "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert [m["role"] for m in report["members"]] == ["primary", "backup", "backup"]
+    assert all(m["state"] == "exited" for m in report["members"])
+
+
+def test_kill_unknown_replica(examples, tmp_path):
+    rd = tmp_path / "rd"
+    run(tool("llft-run"), "--replicas", "2", "--run-dir", str(rd), "--", "true")
+    p = run(tool("llft-kill"), "--run-dir", str(rd), "--replica", "5")
+    assert p.returncode == 2 and "no replica 5" in p.stderr
+    p = run(tool("llft-kill"), "--run-dir", str(rd), "--backup", "1")
+    assert p.returncode == 1 and "not running" in p.stderr
