@@ -106,3 +106,11 @@ def test_unreplicated_program_runs_untouched_under_the_library(examples):
     env["LD_PRELOAD"] = str(PRELOAD_LIBRARY)
     proc = subprocess.run([examples / "race", "2", "100"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and "digest=" in proc.stdout
+
+
+def test_thread_per_request_churn(real_python, llft_run):
+    """Hundreds of short-lived threads: queues are created and reclaimed."""
+    run = llft_run([real_python, PROGRAMS / "thread_churn.py", "600"], replicas=3)
+    assert run.status == 0, run.stderr
+    assert run.out(0).startswith("600 ")
+    assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
