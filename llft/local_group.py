@@ -79,7 +79,8 @@ class LocalGroup:
             "controller_pid": os.getpid(),
             "argv": self.argv,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "stream": r.stream.path,
-                          "status": r.status} for r in self.replicas],
+                          "status": r.status, "records": r.stream.records,
+                          "clock_offsets_ns": r.stream.clock_offsets()} for r in self.replicas],
         })
 
     # -- run to completion -----------------------------------------------

@@ -29,6 +29,7 @@ def member_view(entry: dict) -> dict:
     try:
         with StreamFile(path) as s:
             view["records"], view["threads"] = s.records, s.threads + 1
+            view["clock_offsets_ns"] = s.clock_offsets()
             view["divergence"] = s.divergence if s.diverged else None
     except (StreamError, TypeError):
         pass

@@ -19,6 +19,7 @@ EXIT_NOSTREAM = lib.LLFT_EXIT_NOSTREAM
 ROLE_OFF, ROLE_PRIMARY, ROLE_BACKUP = lib.LLFT_ROLE_OFF, lib.LLFT_ROLE_PRIMARY, lib.LLFT_ROLE_BACKUP
 ROLE_NAMES = {ROLE_OFF: "off", ROLE_PRIMARY: "primary", ROLE_BACKUP: "backup"}
 DEFAULT_SLOTS = 1 << 18
+CLOCK_IDS = {"realtime": 0, "monotonic": 1, "monotonic_raw": 4, "boottime": 7}
 
 
 class StreamError(Exception):
@@ -211,8 +212,10 @@ class StreamFile:
         if end_grace_ms is not None:
             self.ctl.end_grace_ms = end_grace_ms
 
-    def clock_offset_ns(self, clock_id: int) -> int:
-        return self.ctl.clock_offset_ns[clock_id]
+    def clock_offsets(self) -> dict[str, int]:
+        """Group clock minus this replica's clock, per clock (Consistent Time
+        Service): 0 at the primary; kept up to date by a replaying backup."""
+        return {name: self.ctl.clock_offset_ns[cid] for name, cid in CLOCK_IDS.items()}
 
     # -- ring -----------------------------------------------------------
     @property

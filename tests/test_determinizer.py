@@ -114,3 +114,20 @@ def test_thread_per_request_churn(real_python, llft_run):
     assert run.status == 0, run.stderr
     assert run.out(0).startswith("600 ")
     assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
+
+
+def test_backups_keep_group_clock_offsets(examples, llft_run):
+    """Consistent Time Service bookkeeping: the primary's offset is 0; each
+    backup tracks group clock minus its own clock.  On one host both read
+    the same clocks, the primary earlier, so the offset is small and <= 0."""
+    import json
+    run = llft_run([examples / "race", "2", "500"], replicas=3)
+    assert run.status == 0, run.stderr
+    state = json.loads((run.run_dir / "llft-run.json").read_text())
+    primary, *backups = state["replicas"]
+    assert set(primary["clock_offsets_ns"].values()) == {0}
+    for b in backups:
+        for clock in ("realtime", "monotonic"):
+            off = b["clock_offsets_ns"][clock]
+            assert -5_000_000_000 < off <= 0, (clock, off)
+        assert b["clock_offsets_ns"]["monotonic"] != 0, "a replaying backup must record its offset"
