@@ -21,4 +21,4 @@ class Config:
     order_fallback: float = 0.040  # after this, the primary ships ordering info to backups itself
     max_datagram: int = 1472       # UDP payload size (Ethernet MTU)
     reassembly_bytes: int = 64 << 20
-    reassembly_timeout: float = 5.0
+    reassembly_timeout: float = 1.0   # a partial message with no new fragment for this long is dropped

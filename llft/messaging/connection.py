@@ -1,0 +1,31 @@
+"""Per-connection state of one member: both halves plus the acknowledgment,
+keep-alive, flow-control and reflection state around them."""
+from __future__ import annotations
+
+from llft.messaging.ids import ConnId
+from llft.messaging.ordering import Reflector
+from llft.messaging.recvside import RecvSide
+from llft.messaging.sendside import SendSide
+from llft.wire import Role
+
+
+class Connection:
+    def __init__(self, cid: ConnId, group: int, recv_window: int, now: float):
+        self.id = cid
+        self.role: Role = cid.role_of(group)
+        self.remote = cid.remote(group)
+        self.tx = SendSide()
+        self.rx = RecvSide(recv_window)
+        # acknowledgments we owe (as primary receiver)
+        self.ack_sent = 0          # highest ack carried by anything we sent
+        self.ack_due_since: float | None = None  # when receivedUpTo first passed ack_sent
+        self.first_ack = 0         # FirstAck outstanding until a SecondAck covers it
+        self.first_ack_tx = 0.0
+        self.last_tx = now         # for KeepAlive
+        self.last_nack = -1.0
+        # intra-group flow control (line 66): blocked until backups generated this msn
+        self.throttle_msn = 0
+        self.blocked = False       # a send was refused; tell the app when writable again
+        # ordering information (§III-C)
+        self.refl_seen = 0         # our own entries seen reflected back on this connection
+        self.reflector = Reflector()

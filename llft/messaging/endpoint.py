@@ -1,0 +1,270 @@
+"""GroupEndpoint: one replica's end of the Low Latency Messaging Protocol.
+
+The upper interface the rest of llft uses:
+
+    ep = GroupEndpoint(view, member_id, clock, transport, keyring)
+    conn = ep.connect(server_group, conn_seq)      # client side; servers accept implicitly
+    if ep.writable(conn): ep.send(conn, payload, order_info=b"...")
+    ep.recv() -> (conn, payload) | None            # or ep.on_deliver = fn(conn, payload)
+    ep.recv_order() -> [blob, ...]                 # backups: the primary's ordering info, in order
+    ep.events / ep.on_event(name, info)            # connection, reset-and-rejoin, remote-primary-changed, ...
+    ep.stats() -> dict                             # counts, drops by reason, buffer sizes
+
+The protocol itself is split by concern: inbound.py (messages from the remote
+group, Fig. 6 lines 18-33, 60-75), intragroup.py (Heartbeats, backup Nacks,
+precedence, watermarks), periodic.py (lines 44-59).
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Any, Callable
+
+from llft import wire
+from llft.messaging.clock import Clock
+from llft.messaging.config import Config
+from llft.messaging.connection import Connection
+from llft.messaging.fragments import Codec
+from llft.messaging.ids import ConnId, View
+from llft.messaging.inbound import InboundMixin
+from llft.messaging.intragroup import IntraGroupMixin
+from llft.messaging.ordering import OrderLog, OrderSequencer
+from llft.messaging.periodic import PeriodicMixin
+from llft.messaging.sendside import SentEntry
+from llft.wire import MsgType, Piggyback, Role
+
+
+class WindowFull(BlockingIOError):
+    """send() on a connection whose flow-control window is closed; wait for
+    `on_writable` (or poll `writable`)."""
+
+
+class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
+    MAX_CONNECTIONS = 4096
+
+    def __init__(self, view: View, member: int, clock: Clock, transport, keyring,
+                 config: Config | None = None, *, extra_groups=()):
+        self.view = view
+        self.group = view.group
+        self.me = member
+        self.clock = clock
+        self.transport = transport       # .send_group(group_id, [datagram, ...])
+        self.config = config or Config()
+        self.codec = Codec(keyring, {self.group, *extra_groups}, self.config)
+        self.drops = self.codec.drops
+        self.conns: dict[ConnId, Connection] = {}
+        self.lamport = 0                 # myTimestamp
+        self.order_log = OrderLog()
+        self.sequencer = OrderSequencer()
+        self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
+        self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
+        self.primary_gwm: dict[ConnId, int] = {}             # backups: group watermarks from the primary
+        self.competitors: set[tuple[int, int, int]] = set()
+        self.counters: Counter = Counter()
+        self._ready: deque[Connection] = deque()             # one entry per deliverable message
+        self._order_out: deque[bytes] = deque()
+        self.events: deque[tuple[str, dict]] = deque(maxlen=1000)
+        self.on_deliver: Callable[[ConnId, bytes], None] | None = None
+        self.on_order: Callable[[bytes], None] | None = None
+        self.on_event: Callable[[str, dict], None] | None = None
+        self.on_writable: Callable[[ConnId], None] | None = None
+        self._last_hb = -1.0
+        self._timer = None
+        self.closed = False
+
+    # --- role ---------------------------------------------------------------
+
+    @property
+    def is_primary(self) -> bool:
+        return self.view.primary == self.me
+
+    @property
+    def only_primary(self) -> bool:
+        return self.is_primary and not self.view.backups()
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def start(self) -> "GroupEndpoint":
+        self._timer = self.clock.call_later(0, self._tick)
+        return self
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    # --- upper interface ----------------------------------------------------
+
+    def connect(self, server_group: int, conn_seq: int) -> ConnId:
+        if server_group == self.group:
+            raise ValueError("a group does not open a connection to itself")
+        cid = ConnId(self.group, server_group, conn_seq)
+        self._conn(cid)
+        return cid
+
+    def connections(self) -> list[ConnId]:
+        return list(self.conns)
+
+    def writable(self, cid: ConnId) -> bool:
+        c = self.conns[cid]
+        return len(c.tx.sent) < self.config.send_window and not c.throttle_msn
+
+    def send(self, cid: ConnId, payload: bytes, order_info: bytes = b"") -> int:
+        """Send an application message (Fig. 6 lines 1-17); returns its msn.
+
+        The primary multicasts it to the remote group; a backup only logs it
+        (semi-active replication).  `order_info` is appended to this group's
+        ordering information before the message is built, so it rides on it.
+        """
+        c = self.conns[cid]
+        if not self.writable(cid):
+            c.blocked = True
+            raise WindowFull(cid)
+        if order_info and self.is_primary:
+            self.add_order_info(order_info)
+        msn = c.tx.next_msn()
+        now = self.clock.now()
+        self.counters["app_sent"] += 1
+        if not self.is_primary:
+            c.tx.append(SentEntry(msn, 0, payload, now))
+            return msn
+        mtype = self._app_type(c)
+        msg = self._header(mtype, c, msn=msn, payload=payload)
+        data = wire.encode_message(msg)
+        c.first_ack = 0  # the ack now rides on a reliable message
+        c.tx.append(SentEntry(msn, msg.timestamp, data, now))
+        self._transmit_data(c.remote, data, mtype)
+        return msn
+
+    def add_order_info(self, blob: bytes) -> int:
+        """Primary: queue ordering information not tied to a message (it
+        rides on the next message, KeepAlive or Heartbeat)."""
+        return self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
+
+    def recv(self) -> tuple[ConnId, bytes] | None:
+        """Next message in msgSeqNum order on its connection, or None."""
+        if not self._ready:
+            return None
+        c = self._ready.popleft()
+        e = c.rx.take()
+        self.counters["delivered"] += 1
+        return c.id, e.msg.payload
+
+    def pending(self) -> int:
+        return len(self._ready)
+
+    def recv_order(self) -> list[bytes]:
+        out = list(self._order_out)
+        self._order_out.clear()
+        return out
+
+    # --- internals shared by the mixins --------------------------------------
+
+    def _conn(self, cid: ConnId) -> Connection | None:
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.MAX_CONNECTIONS:
+                self.drops.count("too-many-connections")
+                return None
+            c = self.conns[cid] = Connection(cid, self.group, self.config.recv_window, self.clock.now())
+            if cid.client != self.group:
+                self._event("connection", conn=cid)
+        return c
+
+    def _stamp(self) -> int:
+        self.lamport += 1
+        return self.lamport
+
+    def _app_type(self, c: Connection) -> MsgType:
+        return MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
+
+    def _header(self, mtype: MsgType, c: Connection, ack: int | None = None, **kw: Any) -> wire.Message:
+        """A message on connection c with the header of Fig. 6 lines 9-14."""
+        cfg = self.config
+        pb = None
+        if self.is_primary:
+            budget = cfg.order_budget
+            of, own = self.order_log.slice(c.refl_seen, budget)
+            rf, refl = c.reflector.slice(budget)
+            pb = Piggyback(of, own, rf, refl, c.refl_seen)
+        rv = self.remote_views.get(c.remote, (0, 0))
+        if ack is None:
+            ack = c.rx.received_upto
+            if self.is_primary and ack > c.ack_sent:
+                c.ack_sent, c.ack_due_since = ack, None
+        c.last_tx = self.clock.now()
+        return wire.make(
+            mtype, src_group=self.group, dst_group=c.remote, conn_seq=c.id.seq, role=int(c.role),
+            sender=self.me, pvn=self.view.pvn, precedence=self.view.primary_precedence,
+            ack_pvn=rv[0], ack=ack, back=self._group_wm(c), timestamp=self._stamp(),
+            last_msn=c.tx.msg_seq_count, piggyback=pb, **kw)
+
+    def _intra(self, mtype: MsgType, **kw: Any) -> wire.Message:
+        return wire.make(
+            mtype, src_group=self.group, dst_group=self.group, role=int(Role.INTRA),
+            sender=self.me, pvn=self.view.pvn, precedence=self.view.primary_precedence,
+            timestamp=self._stamp(), **kw)
+
+    def _transmit(self, msg: wire.Message) -> None:
+        self._transmit_data(msg.dst_group, wire.encode_message(msg), msg.TYPE)
+
+    def _transmit_data(self, group: int, data: bytes, mtype: MsgType) -> None:
+        self.counters[f"tx_{mtype.name.lower()}"] += 1
+        self.transport.send_group(group, self.codec.split(group, data))
+
+    def _event(self, name: str, **info: Any) -> None:
+        self.events.append((name, info))
+        self.counters[f"event_{name}"] += 1
+        if self.on_event is not None:
+            self.on_event(name, info)
+
+    def _deliverable(self, c: Connection, before: int) -> None:
+        """Queue messages that became in-order deliverable (line 53)."""
+        for _ in range(c.rx.received_upto - before):
+            if self.on_deliver is not None:
+                e = c.rx.take()
+                self.counters["delivered"] += 1
+                self.on_deliver(c.id, e.msg.payload)
+            else:
+                self._ready.append(c)
+
+    def _order_delivered(self, blobs: list[bytes]) -> None:
+        for b in blobs:
+            self.counters["order_delivered"] += 1
+            if self.on_order is not None:
+                self.on_order(b)
+            else:
+                self._order_out.append(b)
+
+    def _maybe_writable(self, c: Connection) -> None:
+        if c.blocked and self.writable(c.id):
+            c.blocked = False
+            if self.on_writable is not None:
+                self.on_writable(c.id)
+
+    # --- observation --------------------------------------------------------
+
+    def buffers(self) -> dict[str, int]:
+        """Sizes of every buffer; all zero once traffic has stopped and drained."""
+        cs = self.conns.values()
+        return {
+            "sent": sum(len(c.tx.sent) for c in cs),
+            "received": sum(len(c.rx.received) for c in cs),
+            "delivered": sum(len(c.rx.delivered) for c in cs),
+            "nack": sum(len(c.rx.nacks) for c in cs),
+            "ready": len(self._ready),
+            "order_log": len(self.order_log.entries),
+            "reflect": sum(len(c.reflector.entries) for c in cs),
+            "order_pending": len(self.sequencer.pending) + len(self._order_out),
+            "reassembly": len(self.codec.reassembler),
+        }
+
+    def stats(self) -> dict:
+        wms = [c.rx.rw for c in self.conns.values()]
+        return {
+            "group": self.group, "member": self.me, "primary": self.is_primary,
+            "pvn": self.view.pvn, "connections": len(self.conns),
+            "myTimestamp": self.lamport,
+            "myTimestampWatermark": min(wms) if wms else self.lamport,
+            "counters": dict(self.counters), "drops": self.drops.snapshot(),
+            "buffers": self.buffers(),
+        }

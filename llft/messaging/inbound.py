@@ -1,0 +1,136 @@
+"""Receiving: datagrams in, and messages from the remote group of a
+connection (Fig. 6 lines 18-33 and 60-75)."""
+from __future__ import annotations
+
+from llft import wire
+from llft.messaging.connection import Connection
+from llft.messaging.ids import conn_of
+from llft.messaging.recvside import RecvEntry
+from llft.wire import APPLICATION_TYPES, DropError, DropReason, MsgType
+
+# Sent only by a primary; their timestamps and last_msn describe the
+# primary's stream.  (A SecondAck may come from a backup.)
+_FROM_PRIMARY = APPLICATION_TYPES | {MsgType.FIRST_ACK, MsgType.KEEP_ALIVE, MsgType.NACK}
+
+
+class InboundMixin:
+    def datagram_received(self, datagram: bytes, addr=None) -> None:
+        """The receive loop's only entry point: never raises on bad input."""
+        if self.closed:
+            return
+        r = self.codec.decode(datagram, self.clock.now())
+        if r is None:
+            return
+        msg, data = r
+        try:
+            if msg.src_group == self.group:
+                self._on_intra(msg, data)
+            else:
+                self._on_remote(msg, data)
+        except DropError as e:
+            self.drops.count(e.reason)
+
+    def _on_remote(self, msg: wire.Message, data: bytes) -> None:
+        t = msg.TYPE
+        self.counters[f"rx_{t.name.lower()}"] += 1
+        if not self._check_remote_view(msg):
+            return
+        if msg.timestamp > self.lamport:
+            self.lamport = msg.timestamp
+        if t not in _FROM_PRIMARY and t != MsgType.SECOND_ACK:
+            self._event("membership-message", msg=msg)   # Fig. 7: later issue
+            return
+        c = self._conn(conn_of(msg))
+        if c is None:
+            return
+        if t == MsgType.SECOND_ACK:
+            self._on_second_ack(c, msg)
+            return
+        before = c.rx.received_upto
+        if t in APPLICATION_TYPES:
+            if msg.msn == 0:
+                raise DropError(DropReason.MALFORMED, "application message without msn")
+            self._on_application(c, msg, data)
+        self._on_primary_header(c, msg)
+        if t == MsgType.FIRST_ACK:
+            self._on_first_ack(c, msg)
+        elif t == MsgType.NACK and self.is_primary:
+            _, msns = wire.parse_nack_body(msg.body)
+            self._retransmit_sent(c, msns)
+        self._deliverable(c, before)
+
+    def _check_remote_view(self, msg: wire.Message) -> bool:
+        """Track the remote group's primary view; drop messages of an older one."""
+        g = msg.src_group
+        cur = self.remote_views.get(g)
+        new = (msg.pvn, msg.precedence)
+        if cur is None:
+            self.remote_views[g] = new
+        elif msg.pvn < cur[0]:
+            self.drops.count("stale-view")
+            return False
+        elif new > cur:
+            self.remote_views[g] = new
+            self._event("remote-primary-changed", group=g, pvn=msg.pvn, precedence=msg.precedence)
+        return True
+
+    def _on_application(self, c: Connection, msg: wire.Message, data: bytes) -> None:
+        """Lines 21-33: received list, placeholders, nack list."""
+        outcome = c.rx.receive(RecvEntry(msg.msn, msg.timestamp, data, msg))
+        if outcome == "duplicate":
+            self.counters["duplicates_discarded"] += 1
+        elif outcome == "window":
+            self.counters["flow_window_drops"] += 1
+
+    def _on_primary_header(self, c: Connection, msg: wire.Message) -> None:
+        """ack, back, last_msn and piggybacked ordering information of a
+        message from the remote primary."""
+        c.tx.on_ack(msg.ack, msg.timestamp)
+        if c.tx.on_back(msg.back):
+            self._maybe_writable(c)
+        c.rx.note_control(msg.last_msn, msg.timestamp)
+        pb = msg.piggyback
+        if pb is None:
+            return
+        if self.is_primary:
+            c.reflector.add(pb.own_first, pb.own)
+            c.reflector.ack(pb.refl_ack)
+            if pb.refl and pb.refl_first <= c.refl_seen + 1:
+                c.refl_seen = max(c.refl_seen, pb.refl_first + len(pb.refl) - 1)
+        elif pb.refl:
+            self._order_delivered(self.sequencer.add(pb.refl_first, pb.refl))
+
+    def _on_first_ack(self, c: Connection, msg: wire.Message) -> None:
+        """Lines 60-68."""
+        k = msg.ack
+        if k == 0:
+            return
+        if self.is_primary:
+            e = c.tx.sent.get(k)
+            if e is not None and k == c.tx.msg_seq_count:
+                e.first_acks += 1
+                if e.first_acks > self.config.max_ack and self.view.backups() and not c.throttle_msn:
+                    c.throttle_msn = k              # line 66: let the backups catch up
+                    self.counters["flow_throttled"] += 1
+                    self._event("throttle", conn=c.id, msn=k)
+        if (not self.is_primary and c.tx.msg_seq_count >= k) or self.only_primary:
+            # A SecondAck names the message its FirstAck acknowledged.
+            self._transmit(self._header(MsgType.SECOND_ACK, c, ack=k))
+
+    def _on_second_ack(self, c: Connection, msg: wire.Message) -> None:
+        """Lines 69-72."""
+        if self.is_primary:
+            if c.first_ack and msg.ack >= c.first_ack:
+                c.first_ack = 0                      # line 71
+        elif msg.ack > c.rx.highest:
+            c.rx.learn_highest(msg.ack)              # line 72: a message we never saw
+
+    def _retransmit_sent(self, c: Connection, msns) -> None:
+        """Lines 73-75 for the sender: retransmit from the sent list."""
+        now = self.clock.now()
+        for m in msns[: self.config.nack_batch]:
+            e = c.tx.sent.get(m)
+            if e is not None:
+                e.last_tx = now
+                self.counters["retransmissions"] += 1
+                self._transmit_data(c.remote, e.data, self._app_type(c))

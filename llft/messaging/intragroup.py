@@ -1,0 +1,141 @@
+"""The intra-group connection: Heartbeats carrying watermarks and order
+progress (lines 56-59), backup Nacks answered by the primary (lines 51-52,
+73-75), the precedence check (lines 18-20), and the group watermarks used to
+free buffers (lines 76-84).
+
+Watermarks are kept per connection: a member's report for connection X is
+the timestamp below which it holds every message of X, and the group
+watermark of X is the minimum over the members.  The paper's single
+myTimestampWatermark/myGroupWatermark is the minimum of these over all
+connections (still reported in stats); per-connection values free exactly the
+same messages when every member knows every connection, and stay safe when a
+member has not yet heard of a new connection (it reports nothing for it, so
+the group watermark of that connection stays 0)."""
+from __future__ import annotations
+
+from llft import wire
+from llft.messaging.ids import ConnId
+from llft.wire import MsgType
+
+
+class IntraGroupMixin:
+    def _on_intra(self, msg: wire.Message, data: bytes) -> None:
+        if msg.sender == self.me:
+            return  # our own multicast looped back
+        self.counters[f"rx_{msg.TYPE.name.lower()}"] += 1
+        if msg.timestamp > self.lamport:
+            self.lamport = msg.timestamp
+        if msg.pvn >= self.view.pvn and msg.precedence > self.view.primary_precedence:
+            self._competing_primary(msg, data)
+            return
+        if msg.sender not in self.view:
+            self.drops.count("not-a-member")
+            return
+        t = msg.TYPE
+        if t == MsgType.HEARTBEAT:
+            if self.is_primary:
+                self._backup_heartbeat(msg)
+            elif msg.sender == self.view.primary:
+                self._primary_heartbeat(msg)
+        elif t == MsgType.NACK:
+            if self.is_primary:
+                self._answer_backup_nack(msg)
+        else:
+            self._event("membership-message", msg=msg)  # Fig. 7: later issue
+
+    def _competing_primary(self, msg: wire.Message, data: bytes) -> None:
+        """Lines 18-20: make sure every member saw it, then reset and rejoin
+        (the rejoin is the membership protocol's; we surface it)."""
+        key = (msg.pvn, msg.precedence, msg.sender)
+        if key in self.competitors:
+            return
+        self.competitors.add(key)
+        self.transport.send_group(self.group, self.codec.split(self.group, data))
+        self._event("reset-and-rejoin", pvn=msg.pvn, precedence=msg.precedence, sender=msg.sender)
+
+    # --- watermarks ------------------------------------------------------------
+
+    def _group_wm(self, c) -> int:
+        """Primary: myGroupWatermark of this connection; backup: its own."""
+        wm = c.rx.rw
+        if self.is_primary:
+            for b in self.view.backups():
+                wm = min(wm, self.backup_reports.get(b, {}).get("rw", {}).get(c.id, 0))
+        return wm
+
+    # --- heartbeats ------------------------------------------------------------
+
+    def _send_heartbeat(self, now: float) -> None:
+        cfg = self.config
+        if self.is_primary:
+            rows = [[*cid, self._group_wm(c)] for cid, c in self.conns.items()]
+            of, blobs = self.order_log.older_than(self._min_oupto(), now - cfg.order_fallback,
+                                                  cfg.order_budget)
+            body = {"gwm": rows, "of": of, "ord": blobs}
+            back = min((r[3] for r in rows), default=self.lamport)
+        else:
+            rows = [[*cid, c.rx.rw, c.tx.msg_seq_count] for cid, c in self.conns.items()]
+            body = {"rw": rows, "oupto": self.sequencer.upto}
+            back = min((r[3] for r in rows), default=self.lamport)
+        self._transmit(self._intra(MsgType.HEARTBEAT, back=back, body=body))
+
+    def _min_oupto(self) -> int:
+        return min((self.backup_reports.get(b, {}).get("oupto", 0) for b in self.view.backups()),
+                   default=self.order_log.next_oseq)
+
+    def _backup_heartbeat(self, msg: wire.Message) -> None:
+        rows = wire.parse_int_rows(msg.body.get("rw") if isinstance(msg.body, dict) else None, 5, "heartbeat")
+        oupto = wire.uint_field(msg.body, "oupto", "heartbeat")
+        self.backup_reports[msg.sender] = {
+            "rw": {ConnId(*r[:3]): r[3] for r in rows},
+            "gen": {ConnId(*r[:3]): r[4] for r in rows},
+            "oupto": oupto,
+        }
+        self.order_log.confirm(self._min_oupto())
+        for c in self.conns.values():
+            if c.throttle_msn and all(
+                    self.backup_reports.get(b, {}).get("gen", {}).get(c.id, 0) >= c.throttle_msn
+                    for b in self.view.backups()):
+                c.throttle_msn = 0
+                self._event("unthrottle", conn=c.id)
+                self._maybe_writable(c)
+
+    def _primary_heartbeat(self, msg: wire.Message) -> None:
+        body = msg.body
+        rows = wire.parse_int_rows(body.get("gwm") if isinstance(body, dict) else None, 4, "heartbeat")
+        for r in rows:
+            cid = ConnId(*r[:3])
+            self.primary_gwm[cid] = r[3]
+            c = self.conns.get(cid)
+            if c is not None:
+                c.rx.gc(r[3])
+        blobs = body.get("ord", [])
+        if blobs:
+            of = wire.uint_field(body, "of", "heartbeat")
+            if not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
+                raise wire.DropError(wire.DropReason.MALFORMED, "heartbeat order")
+            self._order_delivered(self.sequencer.add(of, blobs))
+
+    # --- backup Nacks --------------------------------------------------------------
+
+    def _send_nack(self, c, now: float) -> None:
+        msns = sorted(c.rx.nacks)[: self.config.nack_batch]
+        body = wire.nack_body(c.id, msns)
+        c.last_nack = now
+        if self.is_primary:   # line 50: to the remote group
+            self._transmit(self._header(MsgType.NACK, c, body=body))
+        else:                 # line 52: to our own group
+            self._transmit(self._intra(MsgType.NACK, body=body))
+
+    def _answer_backup_nack(self, msg: wire.Message) -> None:
+        """Line 73-75 for a receiver: the primary re-multicasts, byte for
+        byte, what a backup missed from the remote group."""
+        cid, msns = wire.parse_nack_body(msg.body)
+        c = self.conns.get(ConnId(*cid))
+        if c is None:
+            return
+        for m in msns[: self.config.nack_batch]:
+            e = c.rx.lookup(m)
+            if e is not None:
+                self.counters["retransmissions_intra"] += 1
+                self._transmit_data(self.group, e.data, e.msg.TYPE)

@@ -1,0 +1,45 @@
+"""Periodic processing (Fig. 6 lines 44-59): retransmission, FirstAck,
+Nacks, KeepAlive, Heartbeat, buffer freeing, reassembly expiry."""
+from __future__ import annotations
+
+from llft.wire import MsgType
+
+
+class PeriodicMixin:
+    def _tick(self) -> None:
+        if self.closed:
+            return
+        now = self.clock.now()
+        cfg = self.config
+        primary = self.is_primary
+        for c in self.conns.values():
+            if primary:
+                for e in c.tx.due(now, cfg.rto, cfg.nack_batch):        # lines 44-46
+                    e.last_tx = now
+                    self.counters["retransmissions"] += 1
+                    self._transmit_data(c.remote, e.data, self._app_type(c))
+                self._tick_first_ack(c, now)                           # lines 47-48
+            if c.rx.nacks and now - c.last_nack >= cfg.nack_interval:  # lines 49-52
+                self._send_nack(c, now)
+            if primary:
+                if now - c.last_tx >= cfg.keepalive:                   # lines 54-55
+                    self._transmit(self._header(MsgType.KEEP_ALIVE, c))
+                c.rx.gc(self._group_wm(c))                             # lines 82-84
+        if now - self._last_hb >= cfg.heartbeat:                       # lines 56-59
+            self._last_hb = now
+            self._send_heartbeat(now)
+        self.codec.reassembler.expire(now)
+        self._timer = self.clock.call_later(cfg.tick, self._tick)
+
+    def _tick_first_ack(self, c, now: float) -> None:
+        cfg = self.config
+        if c.rx.received_upto > c.ack_sent:
+            if c.ack_due_since is None:
+                c.ack_due_since = now
+                return
+            if now - c.ack_due_since < cfg.ack_delay:
+                return
+        elif not (c.first_ack and now - c.first_ack_tx >= cfg.first_ack_interval):
+            return
+        self._transmit(self._header(MsgType.FIRST_ACK, c))
+        c.first_ack, c.first_ack_tx, c.ack_due_since = c.ack_sent, now, None

@@ -1,0 +1,101 @@
+"""The receiving half of a connection: received list with placeholders,
+nack list, receivedUpToMsn, delivered list (Fig. 6 lines 18-43, 82-84)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class RecvEntry:
+    __slots__ = ("msn", "ts", "data", "msg")
+
+    def __init__(self, msn: int, ts: int, data: bytes, msg):
+        self.msn, self.ts, self.data, self.msg = msn, ts, data, msg
+
+
+class RecvSide:
+    def __init__(self, window: int):
+        self.window = window
+        self.received: dict[int, RecvEntry | None] = {}  # None is a placeholder
+        self.nacks: set[int] = set()                      # the nack list
+        self.received_upto = 0   # receivedUpToMsn
+        self.highest = 0         # highest msn known to exist
+        self.consumed = 0        # msns <= this were handed to the application
+        self.delivered: OrderedDict[int, RecvEntry] = OrderedDict()  # the delivered list
+        self.rw = 0              # timestamp watermark of this connection at this member
+
+    def _limit(self) -> int:
+        # Flow control: never hold more than `window` unconsumed messages.
+        return self.consumed + self.window
+
+    def learn_highest(self, msn: int) -> None:
+        """A message up to `msn` exists: create placeholders and Nacks for the
+        gap (lines 22-24; a lost tail is found from last_msn or a SecondAck)."""
+        msn = min(msn, self._limit())
+        if msn > self.highest:
+            for m in range(max(self.highest, self.received_upto) + 1, msn + 1):
+                if m not in self.received:
+                    self.received[m] = None
+                    self.nacks.add(m)
+            self.highest = msn
+
+    def receive(self, entry: RecvEntry) -> str:
+        """Insert an application message; returns 'new', 'duplicate' or 'window'."""
+        m = entry.msn
+        if m <= self.received_upto or self.received.get(m) is not None:
+            return "duplicate"                     # line 30: discard retransmission
+        if m > self._limit():
+            return "window"
+        self.learn_highest(m - 1)
+        self.received[m] = entry                   # lines 25, 28, 31
+        self.nacks.discard(m)                      # line 29
+        if m > self.highest:
+            self.highest = m
+        self._advance()
+        return "new"
+
+    def _advance(self) -> None:
+        # line 32: update receivedUpToMsn
+        got = self.received
+        while True:
+            e = got.get(self.received_upto + 1)
+            if e is None:
+                return
+            self.received_upto += 1
+            if e.ts > self.rw:
+                self.rw = e.ts
+
+    def note_control(self, last_msn: int, ts: int) -> None:
+        """The remote primary had sent msns <= last_msn when it stamped a
+        control message `ts`: if we hold them all, nothing earlier than ts is
+        missing (advances the watermark of an idle connection)."""
+        if last_msn <= self.received_upto and ts > self.rw:
+            self.rw = ts
+        elif last_msn > self.highest:
+            self.learn_highest(last_msn)
+
+    def ready(self) -> bool:
+        return self.consumed < self.received_upto
+
+    def take(self) -> RecvEntry:
+        """Move the next in-order message to the delivered list (line 43)."""
+        self.consumed += 1
+        e = self.received.pop(self.consumed)
+        self.delivered[e.msn] = e
+        return e
+
+    def lookup(self, msn: int) -> RecvEntry | None:
+        return self.received.get(msn) or self.delivered.get(msn)
+
+    def gc(self, group_wm: int) -> int:
+        """Free delivered messages with ts <= group watermark (lines 82-84)."""
+        freed, d = 0, self.delivered
+        while d:
+            e = next(iter(d.values()))
+            if e.ts > group_wm:
+                break
+            d.popitem(last=False)
+            freed += 1
+        return freed
+
+    def buffered(self) -> int:
+        return len(self.received) + len(self.delivered)

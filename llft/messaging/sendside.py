@@ -1,0 +1,77 @@
+"""The sending half of a connection: msgSeqCount and the sent list
+(Fig. 6 lines 1-17, 44-46, 73-81)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class SentEntry:
+    """A message this member originated.  At the primary `data` is the
+    encoded message (retransmitted byte for byte) and `ts` its timestamp.  A
+    backup logs the payload without multicasting it and does not know the
+    primary's timestamp, so it keeps `bound`: the timestamp of the first
+    message from the remote primary that acknowledged this msn, which is
+    greater than the primary's timestamp for it (Lamport)."""
+
+    __slots__ = ("msn", "ts", "data", "last_tx", "first_acks", "bound")
+
+    def __init__(self, msn: int, ts: int, data: bytes, now: float):
+        self.msn, self.ts, self.data, self.last_tx = msn, ts, data, now
+        self.first_acks = 0
+        self.bound = 0
+
+
+class SendSide:
+    def __init__(self) -> None:
+        self.msg_seq_count = 0
+        self.sent: OrderedDict[int, SentEntry] = OrderedDict()  # the sent list
+        self.remote_ack = 0    # remote primary has received all msns <= this
+        self.remote_back = 0   # remote group watermark for this connection
+        self._bounded_upto = 0  # backups: entries <= this have a bound
+
+    def next_msn(self) -> int:
+        self.msg_seq_count += 1
+        return self.msg_seq_count
+
+    def append(self, entry: SentEntry) -> None:
+        self.sent[entry.msn] = entry
+
+    def on_ack(self, ack: int, ts: int) -> None:
+        if ack > self.remote_ack:
+            self.remote_ack = ack
+        # Backups: every logged message up to `ack` was received by the
+        # remote primary before it sent this message stamped `ts`.
+        hi = min(self.remote_ack, self.msg_seq_count)
+        for msn in range(self._bounded_upto + 1, hi + 1):
+            e = self.sent.get(msn)
+            if e is not None and e.ts == 0:
+                e.bound = ts
+        if hi > self._bounded_upto:
+            self._bounded_upto = hi
+
+    def on_back(self, back: int) -> int:
+        """Record the remote group watermark and free (lines 79-81); returns
+        how many entries were freed."""
+        if back > self.remote_back:
+            self.remote_back = back
+        freed = 0
+        sent, wm = self.sent, self.remote_back
+        while sent:
+            e = next(iter(sent.values()))
+            ts = e.ts or e.bound
+            if not ts or ts > wm:
+                break
+            sent.popitem(last=False)
+            freed += 1
+        return freed
+
+    def due(self, now: float, rto: float, limit: int) -> list[SentEntry]:
+        """Unacknowledged entries whose retransmission timer expired (line 45)."""
+        out = []
+        for msn in range(self.remote_ack + 1, self.msg_seq_count + 1):
+            e = self.sent.get(msn)
+            if e is not None and now - e.last_tx >= rto:
+                out.append(e)
+                if len(out) >= limit:
+                    break
+        return out
