@@ -29,11 +29,17 @@ ffibuilder.cdef("""
     } llft_data_t;
     typedef struct { uint64_t capacity; uint64_t head; uint64_t tail; uint32_t closed; ...; } llft_ring_t;
     typedef struct {
+        uint64_t conn_id; uint16_t family; uint16_t port; uint32_t _pad; uint8_t addr[16];
+    } llft_conn_header_t;
+    typedef struct { uint32_t state; uint16_t port; uint16_t family; char name[48]; } llft_listener_t;
+    typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms;
         int64_t clock_offset_ns[16]; int64_t clock_last_ns[16];
         uint32_t diverged; uint32_t div_tid; uint32_t div_tn; uint16_t div_want_op; uint16_t div_got_op;
         char div_text[512];
+        uint32_t nlisteners;
+        llft_listener_t listeners[16];
         ...;
     } llft_ctl_t;
 

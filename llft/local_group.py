@@ -4,11 +4,12 @@ backups through shared memory.  (Across hosts the stream rides on the
 messaging protocol instead; the forwarder's interface stays the same.)"""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import rundir
@@ -17,6 +18,8 @@ from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSou
                                        stream_path)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY, StreamFile)
 from llft.replica import Replica
+from llft.serving.gateway import Gateway
+from llft.serving.relay import ReplicaRelay
 
 log = logging.getLogger("llft.group")
 
@@ -30,6 +33,9 @@ class GroupOptions:
     backup_exit_timeout: float = 60.0
     save_stream: Path | None = None
     replay_from: Path | None = None
+    port_map: dict[int, int] = field(default_factory=dict)   # program port -> public port (0: any)
+    host: str | None = None
+    log_output: bool = False
 
 
 class LocalGroup:
@@ -43,6 +49,8 @@ class LocalGroup:
         self.forwarder: RecordForwarder | None = None
         self.source = None
         self.interrupted: int | None = None
+        self.relays: list[ReplicaRelay] = []
+        self.gateway: Gateway | None = None
 
     # -- start ----------------------------------------------------------
     def start(self):
@@ -80,13 +88,45 @@ class LocalGroup:
             "argv": self.argv,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "stream": r.stream.path,
                           "status": r.status, "records": r.stream.records,
-                          "clock_offsets_ns": r.stream.clock_offsets()} for r in self.replicas],
+                          "clock_offsets_ns": r.stream.clock_offsets(),
+                          "outputs": rl.output_summary() if rl else {}}
+                         for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
+            "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
         })
 
     # -- run to completion -----------------------------------------------
     def wait(self) -> int:
-        """Waits for every replica; returns llft-run's exit status."""
+        """Serves clients until every replica has finished; returns llft-run's exit status."""
+        try:
+            import uvloop
+            return uvloop.run(self._serve())
+        except ImportError:
+            return asyncio.run(self._serve())
+
+    async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
+        self.relays = [ReplicaRelay(r, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
+                       for r in self.replicas]
+        tasks = [asyncio.create_task(rl.run()) for rl in self.relays]
+        self.gateway = None
+        if primary is not None:
+            self.gateway = Gateway(self.relays, self.relays[0], self.opts.port_map, self.opts.host)
+            tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
+        try:
+            await self._wait_replicas(primary)
+        finally:
+            if self.gateway:
+                self.gateway.close()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if primary is not None:
+            self.source.exited.set()
+        self.forwarder.join(timeout=10)
+        self.write_state("finished")
+        return self._verdict(primary)
+
+    async def _wait_replicas(self, primary):
         deadline = None
         while any(r.alive() for r in self.replicas):
             if self.interrupted is not None:
@@ -103,12 +143,7 @@ class LocalGroup:
                         r.problems.append(f"did not finish within {self.opts.backup_exit_timeout:g}s "
                                           "after the primary; killed")
                         r.kill()
-            time.sleep(0.01)
-        if primary is not None:
-            self.source.exited.set()
-        self.forwarder.join(timeout=10)
-        self.write_state("finished")
-        return self._verdict(primary)
+            await asyncio.sleep(0.01)
 
     def stop(self):
         """Ends every replica: SIGTERM, then SIGKILL after 3 s."""

@@ -212,6 +212,15 @@ class StreamFile:
         if end_grace_ms is not None:
             self.ctl.end_grace_ms = end_grace_ms
 
+    def listeners(self) -> list[tuple[int, int, str]]:
+        """Ports the program listens on: (port, family, abstract unix name)."""
+        out = []
+        for i in range(min(self.ctl.nlisteners, 16)):
+            entry = self.ctl.listeners[i]
+            if entry.state == 1:
+                out.append((entry.port, entry.family, ffi.string(entry.name).decode()))
+        return out
+
     def clock_offsets(self) -> dict[str, int]:
         """Group clock minus this replica's clock, per clock (Consistent Time
         Service): 0 at the primary; kept up to date by a replaying backup."""
@@ -275,6 +284,23 @@ class StreamFile:
 
     def __exit__(self, *exc):
         self.close()
+
+
+CONN_HEADER_SIZE = ffi.sizeof("llft_conn_header_t")
+
+
+def conn_header(conn_id: int, host: str, port: int) -> bytes:
+    """What the controller writes first on each connection to a program's
+    listener: which client connection it is, and who the client is."""
+    import ipaddress
+    import socket
+    h = ffi.new("llft_conn_header_t *")
+    ip = ipaddress.ip_address(host)
+    h.conn_id = conn_id
+    h.family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    h.port = socket.htons(port)
+    ffi.memmove(h.addr, ip.packed, len(ip.packed))
+    return ffi.buffer(h)[:]
 
 
 def disable_aslr():

@@ -21,6 +21,7 @@ int llft_state;
 llft_ctl_t *llft_ctl;
 llft_ring_t *llft_ring;
 uint32_t llft_next_tid = 1;
+char llft_stream_name[64]; /* basename of the stream file: names this replica's sockets */
 
 void *llft_resolve(const char *name, const char *version)
 {
@@ -94,6 +95,8 @@ static void attach(const char *path)
         && none != me)
         return;
     llft_ring = llft_shm_ring(base);
+    const char *slash = strrchr(path, '/');
+    snprintf(llft_stream_name, sizeof llft_stream_name, "%s", slash ? slash + 1 : path);
     if (ctl->role == LLFT_ROLE_BACKUP)
         llft_replay_setup();
     llft_self.tid = 0;

@@ -56,8 +56,36 @@ enum llft_op {
     LLFT_OP_RANDOM_FREAD = 62,   /* stdio read of a FILE opened on those paths */
     LLFT_OP_GETENTROPY = 63,
     LLFT_OP_ARC4RANDOM = 64,
-    LLFT_OP_MAX = 65
+    LLFT_OP_ACCEPT = 70,         /* val: connection id; data: the connection header */
+    LLFT_OP_READ = 71,           /* read/recv*: byte count (data only for counter fds) */
+    LLFT_OP_WRITE = 72,          /* write/send*: byte count */
+    LLFT_OP_POLL = 73,           /* poll/ppoll: data: revents of each pollfd */
+    LLFT_OP_SELECT = 74,         /* select/pselect: data: the three result sets */
+    LLFT_OP_EPOLL_WAIT = 75,     /* epoll_wait/pwait: data: (fd, events) pairs */
+    LLFT_OP_MAX = 76
 };
+
+/* What the controller writes first on each connection it makes to a
+ * program's listening socket: which client connection it is. */
+typedef struct llft_conn_header {
+    uint64_t conn_id;
+    uint16_t family;              /* AF_INET or AF_INET6 of the client */
+    uint16_t port;                /* client port, network byte order */
+    uint32_t _pad;
+    uint8_t  addr[16];            /* client address, network byte order */
+} llft_conn_header_t;
+
+#define LLFT_MAX_LISTENERS 16
+#define LLFT_LISTENER_NAME 48
+
+/* A TCP port the program listens on; the socket is really an AF_UNIX
+ * socket bound to the abstract name, which the controller connects to. */
+typedef struct llft_listener {
+    uint32_t state;               /* 0 free, 1 listening, 2 closed; written last */
+    uint16_t port;                /* host byte order */
+    uint16_t family;
+    char     name[LLFT_LISTENER_NAME]; /* abstract unix name, without the leading NUL */
+} llft_listener_t;
 
 /* One OrderInfo entry (T, O, N, D).  seq is written last, with release
  * ordering: it is the commit marker (ring position + 1; 0 = never written). */
@@ -123,6 +151,9 @@ typedef struct llft_ctl {
     uint16_t div_want_op;         /* what the backup called */
     uint16_t div_got_op;          /* what the primary's stream said */
     char     div_text[512];
+    uint32_t nlisteners;
+    uint32_t _pad1;
+    llft_listener_t listeners[LLFT_MAX_LISTENERS];
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

@@ -14,6 +14,12 @@ static inline void ring_bell(llft_ring_t *r)
 void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
                  int64_t ret, int32_t err, int64_t val)
 {
+    llft_record_aux(t, op, obj, turn, ret, err, val, 0);
+}
+
+void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
+                     int64_t ret, int32_t err, int64_t val, uint32_t aux)
+{
     llft_ring_t *r = llft_ring;
     t->depth++;
     uint64_t pos = llft_ring_reserve(r, 1, &t->cached_tail);
@@ -28,15 +34,21 @@ void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn
     s->turn = turn;
     s->ret = ret;
     s->err = err;
-    s->aux = 0;
+    s->aux = aux;
     s->val = val;
     llft_ring_commit(s, pos);
     ring_bell(r);
     t->depth--;
 }
 
-void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, int64_t ret,
+void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
                       int32_t err, const void *buf, uint64_t len)
+{
+    llft_record_data_aux(t, op, obj, turn, ret, err, buf, len, 0);
+}
+
+void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
+                          int32_t err, const void *buf, uint64_t len, uint32_t aux)
 {
     llft_ring_t *r = llft_ring;
     uint32_t nd = llft_data_slots(len);
@@ -48,10 +60,10 @@ void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, int64_t 
     s->tid = t->tid;
     s->tn = ++t->tn;
     s->obj = obj;
-    s->turn = 0;
+    s->turn = turn;
     s->ret = ret;
     s->err = err;
-    s->aux = 0;
+    s->aux = aux;
     s->val = (int64_t)len;
     for (uint32_t i = 0; i < nd; i++) {
         llft_data_t *d = llft_ring_slot(r, pos + 1 + i);

@@ -68,7 +68,11 @@ static inline int llft_mode(struct llft_thread **tp)
 /* ---- primary: recording (record.c) ---- */
 void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
                  int64_t ret, int32_t err, int64_t val);
-void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, int64_t ret,
+void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
+                     int64_t ret, int32_t err, int64_t val, uint32_t aux);
+void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
+                          int32_t err, const void *buf, uint64_t len, uint32_t aux);
+void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
                       int32_t err, const void *buf, uint64_t len);
 
 /* ---- primary: address -> logical object (objtable.c) ---- */

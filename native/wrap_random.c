@@ -5,7 +5,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "shim.h"
+#include "fdtable.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +22,6 @@ DEFINE_REAL(arc4random)
 DEFINE_REAL(arc4random_buf)
 DEFINE_REAL(arc4random_uniform)
 DEFINE_REAL(read)
-DEFINE_REAL(close)
 DEFINE_REAL(open)
 DEFINE_REAL(open64)
 DEFINE_REAL(openat)
@@ -35,8 +34,6 @@ DEFINE_REAL(fopen)
 DEFINE_REAL(fopen64)
 
 #define MAX_RANDOM_READ ((LLFT_MAX_GROUP - 1) * LLFT_DATA_BYTES) /* longer reads return short */
-#define FD_MAX 65536
-static uint8_t random_fd[FD_MAX];
 
 static int random_path(const char *p)
 {
@@ -70,7 +67,7 @@ static int64_t random_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fil
             n = MAX_RANDOM_READ;
         int64_t r = fill(buf, n, obj);
         int err = r < 0 ? errno : 0;
-        llft_record_data(t, op, obj, r, err, buf, r > 0 ? (uint64_t)r : 0);
+        llft_record_data(t, op, obj, 0, r, err, buf, r > 0 ? (uint64_t)r : 0);
         if (err)
             errno = err;
         return r;
@@ -161,26 +158,18 @@ EXPORT uint32_t arc4random_uniform(uint32_t bound)
 
 static int track_open(const char *path, int fd)
 {
-    if (fd >= 0 && fd < FD_MAX && random_path(path)) {
+    if (fd >= 0 && random_path(path)) {
         struct llft_thread *t;
         if (llft_mode(&t) != LLFT_ROLE_OFF)
-            random_fd[fd] = 1;
+            llft_fd_set(fd, FD_RANDOM);
     }
     return fd;
 }
 
-EXPORT ssize_t read(int fd, void *buf, size_t n)
+/* read() of an fd opened on a random device (called by wrap_io.c). */
+int64_t llft_random_read(int fd, void *buf, size_t n)
 {
-    if (LIKELY((unsigned)fd >= FD_MAX || !random_fd[fd]))
-        return REAL(read)(fd, buf, n);
     return random_call(LLFT_OP_RANDOM_READ, (uint64_t)fd, buf, n, fill_fd);
-}
-
-EXPORT int close(int fd)
-{
-    if ((unsigned)fd < FD_MAX)
-        random_fd[fd] = 0;
-    return REAL(close)(fd);
 }
 
 static inline mode_t open_mode(int flags, va_list ap)

@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the primary's OrderInfo stream to FILE")
     p.add_argument("--replay-from", type=Path, metavar="FILE",
                    help="run no primary: run one backup replaying the stream saved in FILE")
+    p.add_argument("--port", metavar="[PROG:]PUBLIC", action="append", default=[],
+                   help="serve clients on PUBLIC instead of the port the program binds; PROG:PUBLIC maps one "
+                        "of several ports (default: the program's own ports)")
+    p.add_argument("--host", metavar="ADDR", help="address the gateway listens on (default: all)")
+    p.add_argument("--log-output", action="store_true",
+                   help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
                    help="what the controller prints on stderr (default warning; llft.log gets everything)")
     p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -90,6 +96,15 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.replay_from is not None and not args.replay_from.is_file():
         raise UsageError(f"--replay-from {args.replay_from}: no such file")
+    args.port_map = {}
+    for spec in args.port:
+        prog, _, public = spec.rpartition(":")
+        try:
+            args.port_map[int(prog) if prog else 0] = int(public)
+        except ValueError:
+            raise UsageError(f"--port {spec}: expected PORT or PROG:PORT") from None
+        if not 0 < int(public) < 65536:
+            raise UsageError(f"--port {spec}: port out of range")
     program[0] = resolve_program(program[0])
     if not PRELOAD_LIBRARY.exists():
         raise UsageError(f"the preload library {PRELOAD_LIBRARY} is missing: reinstall llft")
@@ -109,7 +124,8 @@ def main(argv=None) -> int:
                            stall_timeout_ms=int(args.divergence_timeout * 1000),
                            end_grace_ms=int(args.end_grace * 1000),
                            backup_exit_timeout=args.backup_exit_timeout,
-                           save_stream=args.save_stream, replay_from=args.replay_from)
+                           save_stream=args.save_stream, replay_from=args.replay_from,
+                           port_map=args.port_map, host=args.host, log_output=args.log_output)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):

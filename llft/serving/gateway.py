@@ -1,0 +1,97 @@
+"""The gateway: plain TCP clients connect here, as they would to the
+program itself.  Each client connection becomes a numbered connection into
+every replica (LLFT's client-side endpoint of a virtual connection): the
+client's bytes go to all of them in the same order, and only the primary's
+replies come back, once."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+
+log = logging.getLogger("llft.gateway")
+
+READ_CHUNK = 65536
+
+
+class Gateway:
+    def __init__(self, relays, primary_relay, port_map: dict[int, int] | None = None, host: str | None = None):
+        self.relays = relays
+        self.primary = primary_relay
+        self.port_map = port_map or {}
+        self.host = host
+        self.servers: dict[int, asyncio.base_events.Server] = {}
+        self.clients: dict[int, asyncio.StreamWriter] = {}
+        self.ids = itertools.count(1)
+        self.errors: list[str] = []
+        self.stats = {"connections": 0, "bytes_in": 0, "bytes_out": 0}
+        primary_relay.on_output = self._reply
+        primary_relay.on_close = self._server_closed
+
+    async def watch(self, stream, interval: float = 0.01):
+        """Opens a public port for each port the primary listens on."""
+        while True:
+            for port, family, _name in stream.listeners():
+                if port not in self.servers:
+                    await self._serve(port, family)
+            await asyncio.sleep(interval)
+
+    async def _serve(self, port: int, family: int):
+        public = self.port_map.get(port, self.port_map.get(0, port))
+        host = self.host or ("::" if family == socket.AF_INET6 else "0.0.0.0")
+        try:
+            server = await asyncio.start_server(lambda r, w: self._client(r, w, port), host, public,
+                                                reuse_address=True)
+        except OSError as e:
+            msg = f"cannot listen on {host} port {public} for the program's port {port}: {e.strerror}"
+            log.error(msg)
+            self.errors.append(msg)
+            self.servers[port] = None
+            return
+        self.servers[port] = server
+        log.info("serving clients on %s port %d (the program's port %d)", host, public, port)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int):
+        conn_id = next(self.ids)
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        host, cport = peer[0], peer[1]
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.clients[conn_id] = writer
+        self.stats["connections"] += 1
+        for r in self.relays:
+            r.open(conn_id, port, host, cport)
+        try:
+            while True:
+                for r in self.relays:  # bounded memory: a slow replica slows the client down
+                    await r.room.wait()
+                chunk = await reader.read(READ_CHUNK)
+                if not chunk:
+                    break
+                self.stats["bytes_in"] += len(chunk)
+                for r in self.relays:
+                    r.data(conn_id, chunk)
+        except (ConnectionError, OSError):
+            pass  # the client went away mid-request: the program sees the end of its input
+        for r in self.relays:
+            r.eof(conn_id)
+
+    def _reply(self, conn_id: int, chunk: bytes):
+        w = self.clients.get(conn_id)
+        if w is not None and not w.is_closing():
+            self.stats["bytes_out"] += len(chunk)
+            w.write(chunk)
+
+    def _server_closed(self, conn_id: int):
+        w = self.clients.pop(conn_id, None)
+        if w is not None:
+            w.close()
+
+    def close(self):
+        for s in self.servers.values():
+            if s is not None:
+                s.close()
+        for w in self.clients.values():
+            w.close()

@@ -1,0 +1,150 @@
+"""One replica's side of the client connections.
+
+For each client connection, in connection order, the relay connects to the
+program's virtual listener (an abstract AF_UNIX name the preload library
+publishes in the replica's control block), writes the connection header,
+then the client's bytes.  Whatever the program sends is collected: the
+primary's goes back to the client; a backup's is only digested (and logged
+with --log-output), as semi-active replication requires, and kept for
+comparison with the primary's."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from llft.native import conn_header
+
+log = logging.getLogger("llft.relay")
+
+CONNECT_RETRY_S = 0.005
+
+
+@dataclass
+class OutputLog:
+    """What a replica sent on one connection."""
+    bytes: int = 0
+    sha256: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    closed: bool = False
+
+    def summary(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self.sha256.hexdigest(), "closed": self.closed}
+
+
+class ReplicaRelay:
+    def __init__(self, replica, on_output: Callable[[int, bytes], None] | None = None,
+                 on_close: Callable[[int], None] | None = None, log_dir: Path | None = None,
+                 queue_limit: int = 8 << 20):
+        self.replica = replica
+        self.on_output = on_output
+        self.on_close = on_close
+        self.log_dir = log_dir
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.queued_bytes = 0
+        self.queue_limit = queue_limit
+        self.room = asyncio.Event()
+        self.room.set()
+        self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.outputs: dict[int, OutputLog] = {}
+        self.pumps: set[asyncio.Task] = set()
+
+    # -- what the gateway calls ------------------------------------------
+    def open(self, conn_id: int, port: int, host: str, client_port: int):
+        self.events.put_nowait(("open", conn_id, port, host, client_port))
+
+    def data(self, conn_id: int, chunk: bytes):
+        self.queued_bytes += len(chunk)
+        if self.queued_bytes > self.queue_limit:
+            self.room.clear()
+        self.events.put_nowait(("data", conn_id, chunk))
+
+    def eof(self, conn_id: int):
+        self.events.put_nowait(("eof", conn_id))
+
+    # -- the relay's own loop --------------------------------------------
+    async def run(self):
+        while True:
+            event = await self.events.get()
+            kind, conn_id = event[0], event[1]
+            try:
+                if kind == "open":
+                    await self._open(conn_id, *event[2:])
+                elif kind == "data":
+                    self.queued_bytes -= len(event[2])
+                    if self.queued_bytes <= self.queue_limit // 2:
+                        self.room.set()
+                    w = self.writers.get(conn_id)
+                    if w is not None:
+                        w.write(event[2])
+                        await w.drain()
+                elif kind == "eof":
+                    w = self.writers.get(conn_id)
+                    if w is not None and w.can_write_eof():
+                        w.write_eof()
+            except (ConnectionError, OSError) as e:
+                log.debug("replica %d connection %d: %s", self.replica.index, conn_id, e)
+                self.writers.pop(conn_id, None)
+
+    async def _listener(self, port: int) -> str | None:
+        while self.replica.alive():
+            for p, _family, name in self.replica.stream.listeners():
+                if p == port:
+                    return name
+            await asyncio.sleep(CONNECT_RETRY_S)
+        return None
+
+    async def _open(self, conn_id: int, port: int, host: str, client_port: int):
+        while True:
+            name = await self._listener(port)
+            if name is None:
+                return
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                # Connected here, not by open_unix_connection: uvloop takes a
+                # path as a C string, which cuts an abstract name short.
+                await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
+                reader, writer = await asyncio.open_unix_connection(sock=sock)
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                sock.close()
+                await asyncio.sleep(CONNECT_RETRY_S)  # not listening yet at this replica
+        writer.write(conn_header(conn_id, host, client_port))
+        self.writers[conn_id] = writer
+        self.outputs[conn_id] = OutputLog()
+        task = asyncio.create_task(self._pump(conn_id, reader))
+        self.pumps.add(task)
+        task.add_done_callback(self.pumps.discard)
+
+    async def _pump(self, conn_id: int, reader: asyncio.StreamReader):
+        out = self.outputs[conn_id]
+        logfile = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            logfile = open(self.log_dir / f"conn-{conn_id}", "wb")
+        try:
+            while chunk := await reader.read(65536):
+                out.bytes += len(chunk)
+                out.sha256.update(chunk)
+                if logfile:
+                    logfile.write(chunk)
+                if self.on_output:
+                    self.on_output(conn_id, chunk)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            out.closed = True
+            if logfile:
+                logfile.close()
+            w = self.writers.pop(conn_id, None)
+            if w is not None:
+                w.close()
+            if self.on_close:
+                self.on_close(conn_id)
+
+    def output_summary(self) -> dict[str, dict]:
+        return {str(k): v.summary() for k, v in sorted(self.outputs.items())}

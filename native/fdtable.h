@@ -1,0 +1,52 @@
+/* What the shim knows about each file descriptor of the program. */
+#ifndef LLFT_FDTABLE_H
+#define LLFT_FDTABLE_H
+
+#include "shim.h"
+
+#define LLFT_FD_MAX 65536
+
+enum llft_fd_kind {
+    FD_LOCAL = 0,     /* files, terminals: each replica's own, not recorded */
+    FD_RANDOM,        /* /dev/urandom, /dev/random */
+    FD_VSOCK,         /* a TCP socket of the program, not yet listening (an AF_UNIX socket) */
+    FD_LISTEN,        /* ...listening: the controller connects here per client connection */
+    FD_CONN,          /* a client connection accepted from a virtual listener */
+    FD_IPC,           /* pipes and socketpairs between the program's threads */
+    FD_COUNTER,       /* eventfd, timerfd: a read returns an 8-byte value */
+    FD_EPOLL,
+};
+
+struct llft_fd {
+    uint8_t kind;
+    uint8_t family;          /* AF_INET / AF_INET6 the program asked for */
+    uint16_t port;           /* bound port (host order) */
+    uint8_t addr[16];        /* bound address */
+    llft_conn_header_t peer; /* FD_CONN: who the client is */
+    uint64_t *epoll_data;    /* FD_EPOLL: the program's epoll_data, indexed by fd */
+};
+
+extern struct llft_fd llft_fds[LLFT_FD_MAX];
+
+static inline int llft_fd_kind(int fd)
+{
+    return (unsigned)fd < LLFT_FD_MAX ? llft_fds[fd].kind : FD_LOCAL;
+}
+
+void llft_fd_set(int fd, int kind);
+void llft_fd_forget(int fd);
+void llft_fd_copy(int from, int to);
+
+/* Identity of an fd as an ordered object (reads, writes, accepts on one fd
+ * take turns).  Not an address: a tag in the object table. */
+static inline const void *llft_fd_object(int fd)
+{
+    return (const void *)(uintptr_t)(0xF000000000000000ull | (unsigned)fd);
+}
+
+/* Backup helpers: move exactly n bytes, waiting as long as needed, whatever
+ * the fd's blocking mode.  Return 0, or an errno. */
+int llft_read_exact(int fd, void *buf, size_t n, int peek);
+int llft_write_exact(int fd, const void *buf, size_t n);
+
+#endif

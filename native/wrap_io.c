@@ -1,0 +1,279 @@
+/* Consistent Socket Communication Service, the data path: reads and writes
+ * on the program's connections, pipes, socketpairs, eventfds and timerfds.
+ *
+ * The primary records each call's result: a byte count (the bytes
+ * themselves are in the connection's stream, which every replica receives),
+ * EAGAIN, EOF or an error; a counter fd's 8-byte value.  Transfers take a
+ * turn on the fd, so reads of one fd happen in the primary's order.  A
+ * backup moves exactly the recorded number of bytes through its own socket,
+ * waiting for them if need be, and returns the primary's result.  Files
+ * (FD_LOCAL) pass straight through. */
+#include "fdtable.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+DEFINE_REAL(read)
+DEFINE_REAL(readv)
+DEFINE_REAL(recv)
+DEFINE_REAL(recvfrom)
+DEFINE_REAL(recvmsg)
+DEFINE_REAL(write)
+DEFINE_REAL(writev)
+DEFINE_REAL(send)
+DEFINE_REAL(sendto)
+DEFINE_REAL(sendmsg)
+
+int64_t llft_random_read(int fd, void *buf, size_t n); /* wrap_random.c */
+
+static inline int recorded_kind(int kind) { return kind == FD_CONN || kind == FD_IPC || kind == FD_COUNTER; }
+
+/* ---- primary -------------------------------------------------------- */
+
+static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize_t r, int err, const void *buf)
+{
+    if (r > 0) {
+        struct llft_obj *o = llft_obj_get(llft_fd_object(fd), t);
+        uint64_t turn = llft_obj_take_turn(o);
+        if (op == LLFT_OP_READ && llft_fd_kind(fd) == FD_COUNTER && r == 8)
+            llft_record_data_aux(t, op, o->id, turn, r, 0, buf, 8, (uint32_t)fd);
+        else
+            llft_record_aux(t, op, o->id, turn, r, 0, 0, (uint32_t)fd);
+    } else {
+        llft_record_aux(t, op, 0, 0, r, r < 0 ? err : 0, 0, (uint32_t)fd);
+    }
+    if (r < 0)
+        errno = err;
+    return r;
+}
+
+/* ---- backup --------------------------------------------------------- */
+
+static size_t iov_total(const struct iovec *iov, int n)
+{
+    size_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += iov[i].iov_len;
+    return s;
+}
+
+/* Replays one transfer of the primary's: exactly its byte count through
+ * this replica's fd, into or out of the caller's buffers. */
+static ssize_t replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
+                               int peek)
+{
+    llft_rec_t e;
+    llft_replay_next(t, op, &e);
+    if (UNLIKELY(e.aux != (uint32_t)fd))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "used fd %d where the primary used fd %u", fd, e.aux);
+    if (e.ret <= 0) {
+        if (e.ret < 0)
+            errno = e.err;
+        return (ssize_t)e.ret;
+    }
+    size_t want = (size_t)e.ret;
+    if (UNLIKELY(want > iov_total(iov, niov)))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "buffer of %zu bytes where the primary moved %zu",
+                     iov_total(iov, niov), want);
+    uint8_t value[8];
+    int counter = op == LLFT_OP_READ && llft_fd_kind(fd) == FD_COUNTER && e.nslots > 1;
+    if (counter)
+        llft_replay_data(t, value, sizeof value);
+    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    int err = 0;
+    size_t left = want;
+    for (int i = 0; i < niov && left && !err; i++) {
+        size_t n = iov[i].iov_len < left ? iov[i].iov_len : left;
+        err = op == LLFT_OP_READ ? llft_read_exact(fd, iov[i].iov_base, n, peek)
+                                 : llft_write_exact(fd, iov[i].iov_base, n);
+        left -= n;
+        if (peek)
+            break; /* a peek fills the first buffer only */
+    }
+    llft_turn_done(ts, e.turn);
+    if (UNLIKELY(err))
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "could not %s the %zu bytes the primary did here (error %d)",
+                     op == LLFT_OP_READ ? "read" : "write", want, err);
+    if (counter) /* the kernel's count here may differ: hand out the primary's */
+        memcpy(iov[0].iov_base, value, sizeof value);
+    return (ssize_t)want;
+}
+
+/* The role for a transfer on fd, or OFF when it is not recorded. */
+static inline int transfer_mode(int fd, struct llft_thread **t)
+{
+    return recorded_kind(llft_fd_kind(fd)) ? llft_mode(t) : LLFT_ROLE_OFF;
+}
+
+/* recvfrom/recvmsg source address: the client for a connection (as TCP
+ * reports it through getpeername, which is ours), none for a pipe. */
+static void no_peer_address(int fd, struct sockaddr *addr, socklen_t *len)
+{
+    if (!addr || !len)
+        return;
+    if (llft_fd_kind(fd) == FD_CONN)
+        getpeername(fd, addr, len);
+    else
+        *len = 0;
+}
+
+/* ---- reads ---------------------------------------------------------- */
+
+EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+    int kind = llft_fd_kind(fd);
+    if (LIKELY(kind == FD_LOCAL))
+        return REAL(read)(fd, buf, n);
+    if (kind == FD_RANDOM)
+        return llft_random_read(fd, buf, n);
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(read)(fd, buf, n);
+        return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        struct iovec v = {buf, n};
+        return replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0);
+    }
+    return REAL(read)(fd, buf, n);
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(readv)(fd, iov, niov);
+        return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
+    }
+    if (role == LLFT_ROLE_BACKUP)
+        return replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0);
+    return REAL(readv)(fd, iov, niov);
+}
+
+EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(recv)(fd, buf, n, flags);
+        return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        struct iovec v = {buf, n};
+        return replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK);
+    }
+    return REAL(recv)(fd, buf, n, flags);
+}
+
+EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct sockaddr *restrict addr,
+                        socklen_t *restrict len)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_OFF)
+        return REAL(recvfrom)(fd, buf, n, flags, addr, len);
+    ssize_t r;
+    if (role == LLFT_ROLE_PRIMARY) {
+        r = REAL(recvfrom)(fd, buf, n, flags, NULL, NULL);
+        r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
+    } else {
+        struct iovec v = {buf, n};
+        r = replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK);
+    }
+    if (r >= 0)
+        no_peer_address(fd, addr, len);
+    return r;
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_OFF)
+        return REAL(recvmsg)(fd, msg, flags);
+    ssize_t r;
+    if (role == LLFT_ROLE_PRIMARY) {
+        r = REAL(recvmsg)(fd, msg, flags);
+        r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
+    } else {
+        r = replay_transfer(t, LLFT_OP_READ, fd, msg->msg_iov, (int)msg->msg_iovlen, flags & MSG_PEEK);
+        msg->msg_controllen = 0; /* ancillary data is not replicated */
+        msg->msg_flags = 0;
+    }
+    if (r >= 0)
+        no_peer_address(fd, msg->msg_name, &msg->msg_namelen);
+    return r;
+}
+
+/* ---- writes --------------------------------------------------------- */
+
+EXPORT ssize_t write(int fd, const void *buf, size_t n)
+{
+    int kind = llft_fd_kind(fd);
+    if (LIKELY(kind == FD_LOCAL))
+        return REAL(write)(fd, buf, n);
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(write)(fd, buf, n);
+        return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        struct iovec v = {(void *)buf, n};
+        return replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0);
+    }
+    return REAL(write)(fd, buf, n);
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(writev)(fd, iov, niov);
+        return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
+    }
+    if (role == LLFT_ROLE_BACKUP)
+        return replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0);
+    return REAL(writev)(fd, iov, niov);
+}
+
+EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL);
+        return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        struct iovec v = {(void *)buf, n};
+        return replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0);
+    }
+    return REAL(send)(fd, buf, n, flags);
+}
+
+EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len)
+{
+    if (recorded_kind(llft_fd_kind(fd)))
+        return send(fd, buf, n, flags); /* a connected stream ignores the address */
+    return REAL(sendto)(fd, buf, n, flags, addr, len);
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(fd, &t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL);
+        return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
+    }
+    if (role == LLFT_ROLE_BACKUP)
+        return replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0);
+    return REAL(sendmsg)(fd, msg, flags);
+}

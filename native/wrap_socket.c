@@ -1,0 +1,365 @@
+/* Consistent Socket Communication Service, the socket calls (LLFT §V-E).
+ *
+ * A TCP socket of the program is really an AF_UNIX stream socket: bind()
+ * binds it to an abstract name of this replica and listen() publishes the
+ * port in the control block.  For each client connection the controller
+ * connects to that name and first writes an llft_conn_header_t; accept()
+ * consumes it, so the program sees an ordinary TCP connection from the
+ * client's address while its bytes come from the controller.  At the
+ * primary the kernel decides readiness and ordering; the accept is recorded
+ * with the connection id, and a backup accepts the same connection, checks
+ * its id, and gives it the primary's fd number. */
+#include "fdtable.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+DEFINE_REAL(socket)
+DEFINE_REAL(socketpair)
+DEFINE_REAL(bind)
+DEFINE_REAL(listen)
+DEFINE_REAL(accept)
+DEFINE_REAL(accept4)
+DEFINE_REAL(connect)
+DEFINE_REAL(getsockname)
+DEFINE_REAL(getpeername)
+DEFINE_REAL(setsockopt)
+DEFINE_REAL(getsockopt)
+DEFINE_REAL(close)
+DEFINE_REAL(poll)
+DEFINE_REAL(dup3)
+DEFINE_REAL(fcntl)
+
+extern char llft_stream_name[]; /* core.c: this replica's stream, e.g. llft-123-r01 */
+
+static inline int replicated(void)
+{
+    if (UNLIKELY(__atomic_load_n(&llft_state, __ATOMIC_ACQUIRE) != 2))
+        llft_init_slow();
+    return llft_ctl != NULL;
+}
+
+static inline int virtual_kind(int kind) { return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN; }
+
+EXPORT int socket(int domain, int type, int protocol)
+{
+    if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_STREAM && replicated()) {
+        int fd = REAL(socket)(AF_UNIX, type, 0);
+        if (fd >= 0) {
+            llft_fd_set(fd, FD_VSOCK);
+            llft_fds[fd].family = (uint8_t)domain;
+        }
+        return fd;
+    }
+    return REAL(socket)(domain, type, protocol);
+}
+
+EXPORT int socketpair(int domain, int type, int protocol, int sv[2])
+{
+    int r = REAL(socketpair)(domain, type, protocol, sv);
+    if (r == 0 && replicated()) {
+        llft_fd_set(sv[0], FD_IPC);
+        llft_fd_set(sv[1], FD_IPC);
+    }
+    return r;
+}
+
+/* ---- addresses ------------------------------------------------------ */
+
+static socklen_t make_sockaddr(int family, uint16_t port_host, const uint8_t *addr, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof *out);
+    if (family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)out;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(port_host);
+        memcpy(&a->sin6_addr, addr, 16);
+        return sizeof *a;
+    }
+    struct sockaddr_in *a = (struct sockaddr_in *)out;
+    a->sin_family = AF_INET;
+    a->sin_port = htons(port_host);
+    memcpy(&a->sin_addr, addr, 4);
+    return sizeof *a;
+}
+
+static int give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a)
+{
+    if (!addr || !len)
+        return 0;
+    struct sockaddr_storage ss;
+    socklen_t n = make_sockaddr(family, port_host, a, &ss);
+    memcpy(addr, &ss, *len < n ? *len : n);
+    *len = n;
+    return 0;
+}
+
+static socklen_t abstract_name(uint16_t port, struct sockaddr_un *un)
+{
+    memset(un, 0, sizeof *un);
+    un->sun_family = AF_UNIX;
+    int n = snprintf(un->sun_path + 1, sizeof un->sun_path - 1, "%s-p%u", llft_stream_name, port);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* ---- bind / listen -------------------------------------------------- */
+
+static uint16_t next_ephemeral = 49152;
+
+EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    if (llft_fd_kind(fd) != FD_VSOCK)
+        return REAL(bind)(fd, addr, len);
+    struct llft_fd *f = &llft_fds[fd];
+    uint16_t port;
+    if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        port = ntohs(a->sin_port);
+        memcpy(f->addr, &a->sin_addr, 4);
+    } else if (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        port = ntohs(a->sin6_port);
+        memcpy(f->addr, &a->sin6_addr, 16);
+    } else {
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    if (port == 0) /* the same in every replica: binds happen in the same order */
+        port = next_ephemeral++;
+    struct sockaddr_un un;
+    socklen_t ulen = abstract_name(port, &un);
+    int r = REAL(bind)(fd, (struct sockaddr *)&un, ulen);
+    if (r == 0) {
+        f->port = port;
+        f->family = (uint8_t)addr->sa_family;
+    }
+    return r;
+}
+
+static void publish_listener(const struct llft_fd *f)
+{
+    llft_ctl_t *c = llft_ctl;
+    for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
+        llft_listener_t *l = &c->listeners[i];
+        uint32_t st = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
+        if (st == 1)
+            continue;
+        l->port = f->port;
+        l->family = f->family;
+        snprintf(l->name, sizeof l->name, "%s-p%u", llft_stream_name, f->port);
+        __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
+        if ((uint32_t)i + 1 > c->nlisteners)
+            __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    llft_log("llft: more than %d listening ports; port %u is not reachable", LLFT_MAX_LISTENERS, f->port);
+}
+
+void llft_listener_closed(int fd)
+{
+    if (!llft_ctl)
+        return;
+    for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
+        llft_listener_t *l = &llft_ctl->listeners[i];
+        if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port)
+            __atomic_store_n(&l->state, 2, __ATOMIC_RELEASE);
+    }
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+    if (llft_fd_kind(fd) != FD_VSOCK)
+        return REAL(listen)(fd, backlog);
+    struct llft_fd *f = &llft_fds[fd];
+    if (f->port == 0) { /* listen() on an unbound socket binds an ephemeral port */
+        struct sockaddr_storage ss;
+        static const uint8_t any[16];
+        socklen_t n = make_sockaddr(f->family ? f->family : AF_INET, 0, any, &ss);
+        if (bind(fd, (struct sockaddr *)&ss, n) != 0)
+            return -1;
+    }
+    int r = REAL(listen)(fd, backlog);
+    if (r == 0) {
+        f->kind = FD_LISTEN;
+        publish_listener(f);
+    }
+    return r;
+}
+
+/* ---- accept --------------------------------------------------------- */
+
+static void conn_setup(int fd, int lfd, const llft_conn_header_t *h)
+{
+    llft_fd_set(fd, FD_CONN);
+    llft_fds[fd].family = llft_fds[lfd].family;
+    llft_fds[fd].port = llft_fds[lfd].port;
+    memcpy(llft_fds[fd].addr, llft_fds[lfd].addr, 16);
+    llft_fds[fd].peer = *h;
+}
+
+static int give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h)
+{
+    return give_addr(addr, len, h->family, ntohs(h->port), h->addr);
+}
+
+/* Backup: the next connection the controller made, however the listening
+ * socket is set to block. */
+static int accept_blocking(int lfd, int flags)
+{
+    for (;;) {
+        int fd = REAL(accept4)(lfd, NULL, NULL, flags);
+        if (fd >= 0 || (errno != EAGAIN && errno != EINTR))
+            return fd;
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        REAL(poll)(&p, 1, 100);
+    }
+}
+
+static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_PRIMARY) {
+        int fd = REAL(accept4)(lfd, NULL, NULL, flags);
+        llft_conn_header_t h;
+        if (fd >= 0 && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
+            REAL(close)(fd); /* the controller gave up on it before saying who it is */
+            fd = -1;
+            errno = ECONNABORTED;
+        }
+        if (fd < 0) {
+            int err = errno;
+            llft_record(t, LLFT_OP_ACCEPT, 0, 0, -1, err, 0);
+            errno = err;
+            return -1;
+        }
+        conn_setup(fd, lfd, &h);
+        struct llft_obj *o = llft_obj_get(llft_fd_object(lfd), t);
+        llft_record_data(t, LLFT_OP_ACCEPT, o->id, llft_obj_take_turn(o), fd, 0, &h, sizeof h);
+        give_peer(addr, len, &h);
+        return fd;
+    }
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        llft_replay_next(t, LLFT_OP_ACCEPT, &e);
+        if (e.ret < 0) {
+            errno = e.err;
+            return -1;
+        }
+        llft_conn_header_t want, h;
+        llft_replay_data(t, &want, sizeof want);
+        struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+        int fd = accept_blocking(lfd, flags);
+        if (fd < 0 || llft_read_exact(fd, &h, sizeof h, 0) != 0)
+            llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED, "no connection to accept here (error %d)", errno);
+        if (h.conn_id != want.conn_id)
+            llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
+                         "accepted connection %llu where the primary accepted %llu",
+                         (unsigned long long)h.conn_id, (unsigned long long)want.conn_id);
+        if (fd != (int)e.ret) {
+            if (REAL(fcntl)((int)e.ret, F_GETFD) != -1)
+                llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
+                             "the primary's fd %lld for this connection is in use here", (long long)e.ret);
+            REAL(dup3)(fd, (int)e.ret, (flags & SOCK_CLOEXEC) ? O_CLOEXEC : 0);
+            REAL(close)(fd);
+            fd = (int)e.ret;
+        }
+        llft_turn_done(ts, e.turn);
+        conn_setup(fd, lfd, &h);
+        give_peer(addr, len, &h);
+        return fd;
+    }
+    return REAL(accept4)(lfd, addr, len, flags);
+}
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    if (llft_fd_kind(fd) != FD_LISTEN)
+        return REAL(accept4)(fd, addr, len, flags);
+    return accept_common(fd, addr, len, flags);
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+    if (llft_fd_kind(fd) != FD_LISTEN)
+        return REAL(accept)(fd, addr, len);
+    return accept_common(fd, addr, len, 0);
+}
+
+/* ---- the rest of the socket API on virtual sockets ------------------- */
+
+EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    if (llft_fd_kind(fd) != FD_VSOCK)
+        return REAL(connect)(fd, addr, len);
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        llft_log("llft: outgoing TCP connections are not replicated yet; connect() fails with EOPNOTSUPP");
+    errno = EOPNOTSUPP;
+    return -1;
+}
+
+EXPORT int getsockname(int fd, struct sockaddr *restrict addr, socklen_t *restrict len)
+{
+    int kind = llft_fd_kind(fd);
+    if (!virtual_kind(kind))
+        return REAL(getsockname)(fd, addr, len);
+    const struct llft_fd *f = &llft_fds[fd];
+    return give_addr(addr, len, f->family ? f->family : AF_INET, f->port, f->addr);
+}
+
+EXPORT int getpeername(int fd, struct sockaddr *restrict addr, socklen_t *restrict len)
+{
+    int kind = llft_fd_kind(fd);
+    if (!virtual_kind(kind))
+        return REAL(getpeername)(fd, addr, len);
+    if (kind != FD_CONN) {
+        errno = ENOTCONN;
+        return -1;
+    }
+    return give_peer(addr, len, &llft_fds[fd].peer);
+}
+
+/* TCP and IP options mean nothing on the AF_UNIX socket underneath: accept
+ * them, as a TCP socket would. */
+EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+    if (!virtual_kind(llft_fd_kind(fd)))
+        return REAL(setsockopt)(fd, level, name, val, len);
+    if (level != SOL_SOCKET)
+        return 0;
+    int r = REAL(setsockopt)(fd, level, name, val, len);
+    if (r != 0 && (errno == ENOPROTOOPT || errno == EOPNOTSUPP || errno == EINVAL))
+        return 0;
+    return r;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *restrict val, socklen_t *restrict len)
+{
+    if (!virtual_kind(llft_fd_kind(fd)))
+        return REAL(getsockopt)(fd, level, name, val, len);
+    int v;
+    if (level == SOL_SOCKET && name == SO_DOMAIN)
+        v = llft_fds[fd].family ? llft_fds[fd].family : AF_INET;
+    else if (level == SOL_SOCKET && name == SO_PROTOCOL)
+        v = IPPROTO_TCP;
+    else if (level == SOL_SOCKET)
+        return REAL(getsockopt)(fd, level, name, val, len);
+    else
+        v = (level == IPPROTO_TCP && name == TCP_NODELAY) ? 1 : 0;
+    if (val && len && *len >= sizeof v) {
+        memcpy(val, &v, sizeof v);
+        *len = sizeof v;
+    }
+    return 0;
+}
