@@ -49,6 +49,7 @@ class LocalGroup:
         self.forwarder: RecordForwarder | None = None
         self.source = None
         self.interrupted: int | None = None
+        self.failed: str | None = None
         self.relays: list[ReplicaRelay] = []
         self.gateway: Gateway | None = None
 
@@ -132,6 +133,10 @@ class LocalGroup:
             if self.interrupted is not None:
                 self.stop()
                 break
+            if self.gateway is not None and self.gateway.errors:
+                self.failed = self.gateway.errors[0]  # clients could never reach the group
+                self.stop()
+                break
             if primary is not None and not primary.alive() and not self.source.finished():
                 log.info("primary exited with status %d", primary.status)
                 self.source.exited.set()
@@ -159,6 +164,8 @@ class LocalGroup:
     def _verdict(self, primary: Replica | None) -> int:
         if self.interrupted is not None:
             return 128 + self.interrupted
+        if self.failed is not None:
+            return 1
         if self.forwarder.error:
             for r in self.replicas:
                 if r is not primary:

@@ -12,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
+PROGRAMS_DIR = Path(__file__).with_name("programs")
 
 
 def tool(name: str) -> str:

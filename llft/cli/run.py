@@ -137,6 +137,8 @@ def main(argv=None) -> int:
         group.start()
         log.info("run dir %s", run_dir)
         status = group.wait()
+        if group.failed:
+            return fail(PROG, f"{group.failed}; the group was stopped", 1)
         for replica, problem in group.problems():
             print(f"{PROG}: replica {replica.index} ({replica.role}): {problem}", file=sys.stderr)
         if status == EXIT_DIVERGED:

@@ -1,0 +1,72 @@
+"""Helpers for tests that serve real clients through llft-run's gateway."""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import tool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"llft-run exited early with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+class ServingGroup:
+    """llft-run in the background, serving on a free public port."""
+
+    def __init__(self, run_dir: Path, argv, replicas=3, extra=()):
+        self.port = free_port()
+        self.run_dir = run_dir
+        cmd = [tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(run_dir),
+               "--port", str(self.port), *extra, "--", *map(str, argv)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_port(self.port, self.proc)
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
+
+    def finish(self, timeout=60) -> dict:
+        """Waits for llft-run to end; returns the run's state."""
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self.stderr = self.proc.stderr.read()
+        return json.loads((self.run_dir / "llft-run.json").read_text())
+
+
+def line_client(sock: socket.socket, lines: list[str]) -> tuple[list[str], bytes]:
+    """Sends each line, reads its one-line reply; returns replies and all bytes received."""
+    f = sock.makefile("rwb")
+    replies, raw = [], b""
+    for line in lines:
+        f.write(line.encode() + b"\n")
+        f.flush()
+        r = f.readline()
+        raw += r
+        replies.append(r.decode().rstrip("\n"))
+    return replies, raw
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
