@@ -1,16 +1,16 @@
 """Shared harness for messaging tests: two groups on a simulated network,
-a deterministic client/server workload at every member, and the checks."""
+the deterministic client/server workload at every member, and the checks."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from llft.auth import Keyring
 from llft.messaging.clock import SimClock
 from llft.messaging.config import Config
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.history import CheckFailed, check_streams, make_payload, parse_payload
+from llft.messaging.history import CheckFailed, check_streams
 from llft.messaging.lossy import LossPolicy
 from llft.messaging.simnet import SimNetwork, make_group
+from llft.messaging.workload import REPLY_STREAM, ReplicaApp
 
 CLIENT, SERVER = 10, 20
 KEY = Keyring(b"k" * 32)
@@ -18,23 +18,12 @@ KEY = Keyring(b"k" * 32)
 
 @dataclass
 class Workload:
-    sizes: list[int]                  # request i has size sizes[i]
+    sizes: list[int]                     # request i has size sizes[i]
     conns: int = 1
-    reply_size: int | None = 40       # None: one-way
+    reply_size: int | None = 40          # None: one-way
     consume_per_tick: int | None = None  # slow receiver: messages consumed per app tick
-    backup_lag: float = 0.0           # backups' application runs this much later
+    backup_lag: float = 0.0              # backups' application starts this much later
     order_info: bool = True
-
-
-@dataclass
-class Member:
-    ep: GroupEndpoint
-    name: str
-    todo: list = field(default_factory=list)     # (conn, payload, order_info) still to send
-    history: list = field(default_factory=list)  # (stream, index) delivered
-    orders: list = field(default_factory=list)   # ordering blobs delivered (backups)
-    attached: list = field(default_factory=list)  # ordering blobs attached (primary)
-    peak: dict = field(default_factory=dict)
 
 
 class SimCluster:
@@ -46,54 +35,38 @@ class SimCluster:
         self.net = SimNetwork(self.clock, policy)
         self.config = config or Config()
         self.work = work
-        mk = lambda g, n: make_group(self.net, g, n, KEY, self.config, endpoint_cls)
-        self.clients = [Member(ep, f"C{i}") for i, ep in enumerate(mk(CLIENT, sizes[0]))]
-        self.servers = [Member(ep, f"S{i}") for i, ep in enumerate(mk(SERVER, sizes[1]))]
-        n = len(work.sizes)
+
+        def group(g, n, prefix):
+            eps = make_group(self.net, g, n, KEY, self.config, endpoint_cls)
+            return [ReplicaApp(ep, f"{prefix}{i}", reply_size=work.reply_size,
+                               consume_per_step=work.consume_per_tick, order_info=work.order_info)
+                    for i, ep in enumerate(eps)]
+        self.clients = group(CLIENT, sizes[0], "C")
+        self.servers = group(SERVER, sizes[1], "S")
         for m in self.clients:
-            cids = [m.ep.connect(SERVER, k + 1) for k in range(work.conns)]
-            for i, size in enumerate(work.sizes):
-                k = i % work.conns
-                m.todo.append((cids[k], make_payload(k, i // work.conns, size), b"c%d" % i))
-        # expected deliveries per stream: requests on stream k, replies on stream 100+k
+            m.todo = ReplicaApp.requests([m.ep.connect(SERVER, k + 1) for k in range(work.conns)], work.sizes)
+        n = len(work.sizes)
         self.expected = {k: len(range(k, n, work.conns)) for k in range(work.conns)}
         if work.reply_size is not None:
-            self.expected.update({100 + k: v for k, v in self.expected.items()})
+            self.expected.update({REPLY_STREAM + k: v for k, v in self.expected.items()})
         for m in self.members:
-            lag = work.backup_lag if not m.ep.is_primary else 0.0
-            self.clock.call_later(lag, self._app, m)
+            self.clock.call_later(0.0 if m.ep.is_primary else work.backup_lag, self._app, m)
 
     @property
-    def members(self) -> list[Member]:
+    def members(self) -> list[ReplicaApp]:
         return self.clients + self.servers
 
-    def _app(self, m: Member) -> None:
-        ep, w = m.ep, self.work
-        budget = w.consume_per_tick if w.consume_per_tick is not None else 1 << 30
-        while budget > 0:
-            got = ep.recv()
-            if got is None:
-                break
-            budget -= 1
-            conn, payload = got
-            stream, index = parse_payload(payload)
-            m.history.append((stream, index))
-            if ep.group == SERVER and w.reply_size is not None:
-                m.todo.append((conn, make_payload(100 + stream, index, w.reply_size), b"s%d.%d" % (stream, index)))
-        m.orders.extend(ep.recv_order())
-        while m.todo and ep.writable(m.todo[0][0]):
-            conn, payload, oi = m.todo.pop(0)
-            ep.send(conn, payload, order_info=oi if w.order_info else b"")
-            if ep.is_primary and w.order_info:
-                m.attached.append(oi)
-        for k, v in ep.buffers().items():
-            m.peak[k] = max(m.peak.get(k, 0), v)
+    def _app(self, m: ReplicaApp) -> None:
+        m.step()
         self.clock.call_later(self.APP_TICK, self._app, m)
 
+    def _streams(self, m: ReplicaApp) -> set[int]:
+        replies = m in self.clients
+        return {k for k in self.expected if (k >= REPLY_STREAM) == replies}
+
     def delivered_all(self) -> bool:
-        return (all(len(m.history) == sum(self.expected[k] for k in range(self.work.conns)) for m in self.servers)
-                and all(len(m.history) == sum(v for k, v in self.expected.items() if k >= 100) for m in self.clients)
-                and not any(m.todo for m in self.members))
+        return all(len(m.history) == sum(self.expected[k] for k in self._streams(m)) and not m.todo
+                   for m in self.members)
 
     def drained(self) -> bool:
         return all(not any(m.ep.buffers().values()) for m in self.members)
@@ -112,9 +85,8 @@ class SimCluster:
     def check(self) -> None:
         """Exactly once, in order, at every member; ordering info intact;
         every buffer empty."""
-        streams = {m.name: set(k for k in self.expected if k < 100) for m in self.servers}
-        streams.update({m.name: set(k for k in self.expected if k >= 100) for m in self.clients})
-        check_streams(self.expected, {m.name: m.history for m in self.members}, streams)
+        check_streams(self.expected, {m.name: m.history for m in self.members},
+                      {m.name: self._streams(m) for m in self.members})
         for group in (self.clients, self.servers):
             want = group[0].attached
             for b in group[1:]:
@@ -124,3 +96,53 @@ class SimCluster:
             left = {k: v for k, v in m.ep.buffers().items() if v}
             if left:
                 raise CheckFailed(f"{m.name} buffers not drained: {left}")
+
+
+# --- real-socket runs: specs for llft.messaging.node and their checks ---------
+
+def member_specs(tmpdir, addresses: dict, *, mode: str, n: int, key: bytes = b"k" * 32,
+                 conns: int = 2, reply_size: int = 40, lossy: dict | None = None,
+                 deadline: float = 150, linger: float = 3.0, port: int = 17400) -> list[dict]:
+    """One spec per member.  addresses: {(group, member): (ip, port)}."""
+    groups = []
+    for g in (CLIENT, SERVER):
+        members = {str(m): list(a) for (gg, m), a in addresses.items() if gg == g}
+        groups.append({"group": g, "port": port + g, "members": members})
+    specs = []
+    for (g, m), (ip, _) in sorted(addresses.items()):
+        spec = {"mode": mode, "groups": groups, "key": key.hex(), "group": g, "member": m,
+                "interface": ip, "n": n, "conns": conns, "reply_size": reply_size,
+                "sizes_seed": 7, "history": str(tmpdir / f"g{g}m{m}.jsonl"),
+                "deadline": deadline, "linger": linger}
+        if g == CLIENT:
+            spec["peer"] = SERVER
+        if lossy:
+            spec["lossy"] = dict(lossy, seed=lossy.get("seed", 0) * 100 + g + m)
+        specs.append(spec)
+    return specs
+
+
+def check_histories(specs: list[dict]) -> dict:
+    """Read every member's history and check it: each server member got
+    requests 0..n-1 of each stream exactly once in order, each client member
+    the replies, the ordering information is the same at every member."""
+    import json
+    histories, finals, streams, expected = {}, {}, {}, {}
+    for spec in specs:
+        name = f"g{spec['group']}m{spec['member']}"
+        with open(spec["history"]) as f:
+            lines = [json.loads(line) for line in f]
+        if not lines or not lines[-1].get("final"):
+            raise CheckFailed(f"{name}: no final line (crashed?)")
+        finals[name] = lines[-1]
+        histories[name] = [(x["s"], x["i"]) for x in lines[:-1]]
+        n, k = spec["n"], spec["conns"]
+        for s in range(k):
+            expected[s] = expected[REPLY_STREAM + s] = len(range(s, n, k))
+        streams[name] = {REPLY_STREAM + s if spec["group"] == CLIENT else s for s in range(k)}
+    check_streams(expected, histories, streams)
+    for g in (CLIENT, SERVER):
+        digests = {name: f["order_digest"] for name, f in finals.items() if name.startswith(f"g{g}m")}
+        if len(set(digests.values())) != 1:
+            raise CheckFailed(f"group {g} ordering information differs: {digests}")
+    return finals

@@ -7,9 +7,13 @@ from dataclasses import dataclass
 @dataclass
 class Config:
     tick: float = 0.005            # periodic processing (Fig. 6 lines 44-53)
-    rto: float = 0.030             # retransmit an unacked sent message (line 45)
+    rto: float = 0.030             # initial retransmission timeout (line 45), then RTT-based
+    rto_min: float = 0.010
+    rto_max: float = 1.0
+    retransmit_burst: int = 1      # on timeout retransmit the first unacked message only (as TCP): later gaps are Nacked
     ack_delay: float = 0.004       # FirstAck if no message to piggyback the ack on (line 47)
     first_ack_interval: float = 0.020  # FirstAck retransmission until SecondAck (line 48)
+    nack_delay: float = 0.008      # a gap younger than this may be reordering: not Nacked yet
     nack_interval: float = 0.015   # Nack retransmission while the nack list is non-empty
     keepalive: float = 0.050       # idle inter-group connection (lines 54-55)
     heartbeat: float = 0.020       # intra-group connection (lines 56-59)

@@ -10,12 +10,12 @@ from llft.wire import Role
 
 
 class Connection:
-    def __init__(self, cid: ConnId, group: int, recv_window: int, now: float):
+    def __init__(self, cid: ConnId, group: int, config, now: float):
         self.id = cid
         self.role: Role = cid.role_of(group)
         self.remote = cid.remote(group)
-        self.tx = SendSide()
-        self.rx = RecvSide(recv_window)
+        self.tx = SendSide(config.rto, config.rto_min, config.rto_max)
+        self.rx = RecvSide(config.recv_window)
         # acknowledgments we owe (as primary receiver)
         self.ack_sent = 0          # highest ack carried by anything we sent
         self.ack_due_since: float | None = None  # when receivedUpTo first passed ack_sent
@@ -23,9 +23,11 @@ class Connection:
         self.first_ack_tx = 0.0
         self.last_tx = now         # for KeepAlive
         self.last_nack = -1.0
-        # intra-group flow control (line 66): blocked until backups generated this msn
+        # intra-group flow control (lines 61-66): FirstAcks for our last msn,
+        # and the msn our backups must generate before we send again
+        self.acked_msn = 0
+        self.acked_count = 0
         self.throttle_msn = 0
         self.blocked = False       # a send was refused; tell the app when writable again
         # ordering information (§III-C)
-        self.refl_seen = 0         # our own entries seen reflected back on this connection
         self.reflector = Reflector()

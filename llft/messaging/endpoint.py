@@ -54,7 +54,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.conns: dict[ConnId, Connection] = {}
         self.lamport = 0                 # myTimestamp
         self.order_log = OrderLog()
-        self.sequencer = OrderSequencer()
+        self.sequencer = OrderSequencer()   # backups: ordering info received
+        self.reflected = OrderSequencer()   # primary: own entries seen reflected back
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
         self.primary_gwm: dict[ConnId, int] = {}             # backups: group watermarks from the primary
@@ -67,6 +68,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.on_order: Callable[[bytes], None] | None = None
         self.on_event: Callable[[str, dict], None] | None = None
         self.on_writable: Callable[[ConnId], None] | None = None
+        self.on_ready: Callable[[], None] | None = None       # recv() has something
         self._last_hb = -1.0
         self._timer = None
         self.closed = False
@@ -128,7 +130,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
             c.tx.append(SentEntry(msn, 0, payload, now))
             return msn
         mtype = self._app_type(c)
-        msg = self._header(mtype, c, msn=msn, payload=payload)
+        msg = self._header(mtype, c, msn=msn, payload=payload, reliable=True)
         data = wire.encode_message(msg)
         c.first_ack = 0  # the ack now rides on a reliable message
         c.tx.append(SentEntry(msn, msg.timestamp, data, now))
@@ -165,7 +167,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
             if len(self.conns) >= self.MAX_CONNECTIONS:
                 self.drops.count("too-many-connections")
                 return None
-            c = self.conns[cid] = Connection(cid, self.group, self.config.recv_window, self.clock.now())
+            c = self.conns[cid] = Connection(cid, self.group, self.config, self.clock.now())
             if cid.client != self.group:
                 self._event("connection", conn=cid)
         return c
@@ -177,15 +179,22 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
     def _app_type(self, c: Connection) -> MsgType:
         return MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
 
-    def _header(self, mtype: MsgType, c: Connection, ack: int | None = None, **kw: Any) -> wire.Message:
-        """A message on connection c with the header of Fig. 6 lines 9-14."""
+    def _header(self, mtype: MsgType, c: Connection, ack: int | None = None,
+                reliable: bool = False, **kw: Any) -> wire.Message:
+        """A message on connection c with the header of Fig. 6 lines 9-14
+        (`reliable`: an application message, retransmitted until acked)."""
         cfg = self.config
         pb = None
         if self.is_primary:
-            budget = cfg.order_budget
-            of, own = self.order_log.slice(c.refl_seen, budget)
-            rf, refl = c.reflector.slice(budget)
-            pb = Piggyback(of, own, rf, refl, c.refl_seen)
+            budget, log = cfg.order_budget, self.order_log
+            seen = self.reflected.upto
+            if reliable:
+                of, own = log.for_message(budget)
+                rf, refl = c.reflector.for_message(budget)
+            else:
+                of, own = log.for_control(seen, budget)
+                rf, refl = c.reflector.for_control(budget)
+            pb = Piggyback(of, own, rf, refl, max(seen, log.confirmed))
         rv = self.remote_views.get(c.remote, (0, 0))
         if ack is None:
             ack = c.rx.received_upto
@@ -226,6 +235,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
                 self.on_deliver(c.id, e.msg.payload)
             else:
                 self._ready.append(c)
+        if self._ready and self.on_ready is not None:
+            self.on_ready()
 
     def _order_delivered(self, blobs: list[bytes]) -> None:
         for b in blobs:

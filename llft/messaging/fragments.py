@@ -16,11 +16,15 @@ from llft import wire
 from llft.wire import DropCounters
 
 
+def message_id(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") or 1
+
+
 def split(keyring, dst_group: int, data: bytes, max_datagram: int) -> list[bytes]:
     room = max_datagram - wire.FRAME_OVERHEAD
     if len(data) <= room:
         return [wire.encode_frame(keyring, dst_group, 0, 0, 1, data)]
-    msg_id = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") or 1
+    msg_id = message_id(data)
     count = -(-len(data) // room)
     return [wire.encode_frame(keyring, dst_group, msg_id, i, count, data[i * room:(i + 1) * room])
             for i in range(count)]
@@ -38,12 +42,20 @@ class _Partial:
 
 class Reassembler:
     """Bounded reassembly: total bytes capped (oldest evicted), and partial
-    messages that make no progress for `timeout` seconds are dropped."""
+    messages that make no progress for `timeout` seconds are dropped.
+
+    Fragments of a message completed recently are ignored: they are late
+    duplicates or a retransmission someone else asked for, and would only
+    leave an orphan partial behind."""
+
+    COMPLETED = 8192
 
     def __init__(self, drops: DropCounters, max_bytes: int, timeout: float):
         self.drops, self.max_bytes, self.timeout = drops, max_bytes, timeout
         self._partials: OrderedDict[tuple, _Partial] = OrderedDict()
+        self._completed: OrderedDict[tuple, None] = OrderedDict()
         self._bytes = 0
+        self.late_fragments = 0
 
     def __len__(self) -> int:
         return len(self._partials)
@@ -58,6 +70,9 @@ class Reassembler:
         key = (frame.dst_group, frame.msg_id, frame.count)
         p = self._partials.get(key)
         if p is None:
+            if key in self._completed:
+                self.late_fragments += 1
+                return None
             p = self._partials[key] = _Partial(frame.count, now)
         elif p.chunks[frame.index] is not None:
             return None  # duplicate fragment
@@ -70,10 +85,17 @@ class Reassembler:
         if p.have == frame.count:
             del self._partials[key]
             self._bytes -= p.size
+            self._completed[key] = None
+            if len(self._completed) > self.COMPLETED:
+                self._completed.popitem(last=False)
             return b"".join(p.chunks)  # type: ignore[arg-type]
         while self._bytes > self.max_bytes:
             self._evict("reassembly-overflow")
         return None
+
+    def forget(self, dst_group: int, data: bytes, count: int) -> None:
+        """The message was not kept after all: accept its fragments again."""
+        self._completed.pop((dst_group, message_id(data), count), None)
 
     def _evict(self, reason: str) -> None:
         _, p = self._partials.popitem(last=False)
@@ -99,6 +121,12 @@ class Codec:
 
     def encode(self, msg: wire.Message) -> list[bytes]:
         return self.split(msg.dst_group, wire.encode_message(msg))
+
+    def forget(self, data: bytes) -> None:
+        msg = wire.decode_message(data)
+        room = self.max_datagram - wire.FRAME_OVERHEAD
+        if len(data) > room:
+            self.reassembler.forget(msg.dst_group, data, -(-len(data) // room))
 
     def split(self, dst_group: int, data: bytes) -> list[bytes]:
         return split(self.keyring, dst_group, data, self.max_datagram)

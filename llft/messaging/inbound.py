@@ -76,27 +76,29 @@ class InboundMixin:
 
     def _on_application(self, c: Connection, msg: wire.Message, data: bytes) -> None:
         """Lines 21-33: received list, placeholders, nack list."""
-        outcome = c.rx.receive(RecvEntry(msg.msn, msg.timestamp, data, msg))
+        outcome = c.rx.receive(RecvEntry(msg.msn, msg.timestamp, data, msg), self.clock.now())
         if outcome == "duplicate":
             self.counters["duplicates_discarded"] += 1
         elif outcome == "window":
             self.counters["flow_window_drops"] += 1
+            self.codec.forget(data)  # we will want its fragments again
 
     def _on_primary_header(self, c: Connection, msg: wire.Message) -> None:
         """ack, back, last_msn and piggybacked ordering information of a
         message from the remote primary."""
-        c.tx.on_ack(msg.ack, msg.timestamp)
+        c.tx.on_ack(msg.ack, msg.timestamp, self.clock.now())
         if c.tx.on_back(msg.back):
             self._maybe_writable(c)
-        c.rx.note_control(msg.last_msn, msg.timestamp)
+        c.rx.note_control(msg.last_msn, msg.timestamp, self.clock.now())
         pb = msg.piggyback
         if pb is None:
             return
         if self.is_primary:
             c.reflector.add(pb.own_first, pb.own)
             c.reflector.ack(pb.refl_ack)
-            if pb.refl and pb.refl_first <= c.refl_seen + 1:
-                c.refl_seen = max(c.refl_seen, pb.refl_first + len(pb.refl) - 1)
+            if pb.refl:
+                self.reflected.skip_to(self.order_log.confirmed)
+                self.reflected.add(pb.refl_first, [b""] * len(pb.refl))
         elif pb.refl:
             self._order_delivered(self.sequencer.add(pb.refl_first, pb.refl))
 
@@ -105,14 +107,14 @@ class InboundMixin:
         k = msg.ack
         if k == 0:
             return
-        if self.is_primary:
-            e = c.tx.sent.get(k)
-            if e is not None and k == c.tx.msg_seq_count:
-                e.first_acks += 1
-                if e.first_acks > self.config.max_ack and self.view.backups() and not c.throttle_msn:
-                    c.throttle_msn = k              # line 66: let the backups catch up
-                    self.counters["flow_throttled"] += 1
-                    self._event("throttle", conn=c.id, msn=k)
+        if self.is_primary and k == c.tx.msg_seq_count:
+            # Counted per connection, not on the sent-list entry: the entry
+            # may already be freed by the watermark while backups lag.
+            c.acked_msn, c.acked_count = k, (c.acked_count + 1 if c.acked_msn == k else 1)
+            if c.acked_count > self.config.max_ack and self.view.backups() and not c.throttle_msn:
+                c.throttle_msn = k              # line 66: let the backups catch up
+                self.counters["flow_throttled"] += 1
+                self._event("throttle", conn=c.id, msn=k)
         if (not self.is_primary and c.tx.msg_seq_count >= k) or self.only_primary:
             # A SecondAck names the message its FirstAck acknowledged.
             self._transmit(self._header(MsgType.SECOND_ACK, c, ack=k))
@@ -123,14 +125,18 @@ class InboundMixin:
             if c.first_ack and msg.ack >= c.first_ack:
                 c.first_ack = 0                      # line 71
         elif msg.ack > c.rx.highest:
-            c.rx.learn_highest(msg.ack)              # line 72: a message we never saw
+            c.rx.learn_highest(msg.ack, self.clock.now())  # line 72: a message we never saw
 
     def _retransmit_sent(self, c: Connection, msns) -> None:
         """Lines 73-75 for the sender: retransmit from the sent list."""
         now = self.clock.now()
         for m in msns[: self.config.nack_batch]:
             e = c.tx.sent.get(m)
-            if e is not None:
-                e.last_tx = now
-                self.counters["retransmissions"] += 1
-                self._transmit_data(c.remote, e.data, self._app_type(c))
+            if e is not None and not c.tx.recently_sent(e, now):
+                self.counters["retransmit_nacked"] += 1
+                self._retransmit(c, e, now)
+
+    def _retransmit(self, c: Connection, e, now: float) -> None:
+        c.tx.retransmitted(e, now)
+        self.counters["retransmissions"] += 1
+        self._transmit_data(c.remote, e.data, self._app_type(c))

@@ -118,8 +118,7 @@ class IntraGroupMixin:
 
     # --- backup Nacks --------------------------------------------------------------
 
-    def _send_nack(self, c, now: float) -> None:
-        msns = sorted(c.rx.nacks)[: self.config.nack_batch]
+    def _send_nack(self, c, msns: list[int], now: float) -> None:
         body = wire.nack_body(c.id, msns)
         c.last_nack = now
         if self.is_primary:   # line 50: to the remote group
@@ -134,8 +133,11 @@ class IntraGroupMixin:
         c = self.conns.get(ConnId(*cid))
         if c is None:
             return
+        now = self.clock.now()
+        quiet = max(self.config.nack_interval, c.tx.srtt)  # Nacks of several backups cross
         for m in msns[: self.config.nack_batch]:
             e = c.rx.lookup(m)
-            if e is not None:
+            if e is not None and now - e.last_tx >= quiet:
+                e.last_tx = now
                 self.counters["retransmissions_intra"] += 1
                 self._transmit_data(self.group, e.data, e.msg.TYPE)

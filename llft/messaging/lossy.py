@@ -61,3 +61,21 @@ def message_matches(predicate: Callable) -> Target:
         except (wire.DropError, struct.error):
             return False
     return target
+
+
+class LossyTransport:
+    """Wraps anything with `send_group(group, datagrams)` (a UdpTransport,
+    a SimNetwork) and applies a LossPolicy to each datagram, delaying with
+    the given clock.  On real sockets this adds the duplication and
+    reordering the kernel here cannot (no netem)."""
+
+    def __init__(self, inner, policy: LossPolicy, clock):
+        self.inner, self.policy, self.clock = inner, policy, clock
+
+    def send_group(self, group: int, datagrams: list[bytes]) -> None:
+        for d in datagrams:
+            for delay in self.policy.plan(d, group):
+                if delay <= 0:
+                    self.inner.send_group(group, [d])
+                else:
+                    self.clock.call_later(delay, self.inner.send_group, group, [d])

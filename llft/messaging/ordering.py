@@ -3,34 +3,36 @@
 numbers them with an order sequence number (oseq) and gets them, in order,
 to every backup of the primary's group.
 
-Fast path: the primary piggybacks its unreflected entries on every message
-it sends on a connection; the remote primary reflects them back on every
-message it sends to our group (which our backups receive) until our primary
-says it has seen them (`refl_ack`).  Backstop: entries a backup still lacks
-after `order_fallback` seconds go to it on the primary's Heartbeat; the
-primary keeps each entry until every backup's Heartbeat reports it (oupto).
+Fast path: each entry rides once on the next application message the
+primary sends (on any connection), which is reliable.  The remote primary
+reflects it back once on its next application message on that connection,
+which our backups receive reliably too (they Nack what they miss); until
+then, and until our primary acknowledges the reflection (`refl_ack`), it
+also rides on the remote primary's FirstAcks and KeepAlives.  Backstop:
+entries a backup still lacks after `order_fallback` seconds go to it on
+the primary's Heartbeat; the primary keeps each entry until every backup's
+Heartbeat reports holding it (oupto).  Per message the piggyback is bounded
+by `order_budget` bytes.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 
 
-def _take(entries: OrderedDict, after: int, budget: int) -> tuple[int, list[bytes]]:
-    """Consecutive entries with oseq > after, oldest first, within budget."""
-    first, out, used = 0, [], 0
-    for oseq, value in entries.items():
-        if oseq <= after:
-            continue
-        blob = value[0] if isinstance(value, tuple) else value
-        if out and used + len(blob) > budget:
+def _run(entries: dict, first: int, budget: int) -> tuple[int, list[bytes]]:
+    """Consecutive blobs from oseq `first` on, within budget (at least one)."""
+    out, used, k = [], 0, first
+    while True:
+        v = entries.get(k)
+        if v is None:
             break
-        if not out:
-            first = oseq
-        elif oseq != first + len(out):
+        blob = v[0] if isinstance(v, tuple) else v
+        if out and used + len(blob) > budget:
             break
         out.append(blob)
         used += len(blob)
-    return first, out
+        k += 1
+    return (first if out else 0), out
 
 
 class OrderLog:
@@ -39,59 +41,86 @@ class OrderLog:
     def __init__(self) -> None:
         self.next_oseq = 1
         self.entries: OrderedDict[int, tuple[bytes, float]] = OrderedDict()
+        self.confirmed = 0  # every backup holds all entries <= this
+        self.carried = 0    # entries <= this rode on an application message
 
     def add(self, blob: bytes, now: float, keep: bool) -> int:
         oseq = self.next_oseq
         self.next_oseq += 1
-        if keep:  # with no backups nobody needs it
+        if keep:
             self.entries[oseq] = (blob, now)
+        elif self.confirmed == oseq - 1:  # no backups: nobody needs it
+            self.confirmed = oseq
         return oseq
 
-    def slice(self, after: int, budget: int) -> tuple[int, list[bytes]]:
-        return _take(self.entries, after, budget)
+    def _from(self, after: int) -> int:
+        after = max(after, self.confirmed)
+        return max(after + 1, next(iter(self.entries), after + 1))
+
+    def for_message(self, budget: int) -> tuple[int, list[bytes]]:
+        """New entries for an application message; each is carried once."""
+        first, blobs = _run(self.entries, self._from(self.carried), budget)
+        if blobs:
+            self.carried = first + len(blobs) - 1
+        return first, blobs
+
+    def for_control(self, reflected: int, budget: int) -> tuple[int, list[bytes]]:
+        """Entries not yet seen reflected, for an unreliable control message."""
+        return _run(self.entries, self._from(reflected), budget)
 
     def older_than(self, after: int, cutoff: float, budget: int) -> tuple[int, list[bytes]]:
         """Fallback: entries > after created before cutoff."""
-        aged = OrderedDict((k, v) for k, v in self.entries.items() if k > after and v[1] <= cutoff)
-        return _take(aged, after, budget)
+        first, blobs = _run(self.entries, self._from(after), budget)
+        for i in range(len(blobs)):
+            if self.entries[first + i][1] > cutoff:
+                return (first if i else 0), blobs[:i]
+        return first, blobs
 
     def confirm(self, upto: int) -> None:
+        self.confirmed = max(self.confirmed, min(upto, self.next_oseq - 1))
         e = self.entries
-        while e and next(iter(e)) <= upto:
+        while e and next(iter(e)) <= self.confirmed:
             e.popitem(last=False)
 
 
 class Reflector:
-    """At a primary, per connection: the remote primary's entries to reflect
-    back to the remote group until it acknowledges seeing them."""
+    """At a primary, per connection: the remote primary's entries to
+    reflect back to the remote group until it acknowledges seeing them."""
 
     def __init__(self) -> None:
         self.entries: OrderedDict[int, bytes] = OrderedDict()
+        self.unsent: OrderedDict[int, bytes] = OrderedDict()  # not yet on an application message
         self.acked = 0
 
     def add(self, first: int, blobs: list[bytes]) -> None:
         for i, blob in enumerate(blobs):
             oseq = first + i
             if oseq > self.acked and oseq not in self.entries:
-                self.entries[oseq] = blob
-        if blobs and first + len(blobs) - 1 < max(self.entries, default=0):
-            # arrived out of order: keep oseq order for _take
-            self.entries = OrderedDict(sorted(self.entries.items()))
+                self.entries[oseq] = self.unsent[oseq] = blob
 
     def ack(self, upto: int) -> None:
         if upto > self.acked:
             self.acked = upto
-            e = self.entries
-            while e and next(iter(e)) <= upto:
-                e.popitem(last=False)
+            for d in (self.entries, self.unsent):
+                while d and next(iter(d)) <= upto:
+                    d.popitem(last=False)
 
-    def slice(self, budget: int) -> tuple[int, list[bytes]]:
-        return _take(self.entries, self.acked, budget)
+    def for_message(self, budget: int) -> tuple[int, list[bytes]]:
+        if not self.unsent:
+            return 0, []
+        first, blobs = _run(self.unsent, next(iter(self.unsent)), budget)
+        for _ in blobs:
+            self.unsent.popitem(last=False)
+        return first, blobs
+
+    def for_control(self, budget: int) -> tuple[int, list[bytes]]:
+        return _run(self.entries, next(iter(self.entries)), budget) if self.entries else (0, [])
 
 
 class OrderSequencer:
-    """At a backup: collects entries from any path and releases them in oseq
-    order, each exactly once."""
+    """Collects entries arriving by any path, in any order, and releases
+    each exactly once in oseq order (at backups: the blobs; at the primary:
+    just how far its reflected entries have been seen)."""
 
     def __init__(self) -> None:
         self.upto = 0
@@ -106,3 +135,11 @@ class OrderSequencer:
             self.upto += 1
             out.append(self.pending.pop(self.upto))
         return out
+
+    def skip_to(self, upto: int) -> None:
+        """Entries <= upto no longer matter (confirmed another way)."""
+        if upto > self.upto:
+            for k in [k for k in self.pending if k <= upto]:
+                del self.pending[k]
+            self.upto = upto
+            self.add(upto + 1, [])

@@ -14,13 +14,14 @@ class PeriodicMixin:
         primary = self.is_primary
         for c in self.conns.values():
             if primary:
-                for e in c.tx.due(now, cfg.rto, cfg.nack_batch):        # lines 44-46
-                    e.last_tx = now
-                    self.counters["retransmissions"] += 1
-                    self._transmit_data(c.remote, e.data, self._app_type(c))
+                for e in c.tx.due(now, cfg.retransmit_burst):         # lines 44-46
+                    self.counters["retransmit_timeouts"] += 1
+                    self._retransmit(c, e, now)
                 self._tick_first_ack(c, now)                           # lines 47-48
             if c.rx.nacks and now - c.last_nack >= cfg.nack_interval:  # lines 49-52
-                self._send_nack(c, now)
+                msns = c.rx.due_nacks(now, cfg.nack_delay, cfg.nack_batch)
+                if msns:
+                    self._send_nack(c, msns, now)
             if primary:
                 if now - c.last_tx >= cfg.keepalive:                   # lines 54-55
                     self._transmit(self._header(MsgType.KEEP_ALIVE, c))

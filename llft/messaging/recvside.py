@@ -6,17 +6,18 @@ from collections import OrderedDict
 
 
 class RecvEntry:
-    __slots__ = ("msn", "ts", "data", "msg")
+    __slots__ = ("msn", "ts", "data", "msg", "last_tx")
 
     def __init__(self, msn: int, ts: int, data: bytes, msg):
         self.msn, self.ts, self.data, self.msg = msn, ts, data, msg
+        self.last_tx = float("-inf")  # when the primary last re-multicast it to its backups
 
 
 class RecvSide:
     def __init__(self, window: int):
         self.window = window
         self.received: dict[int, RecvEntry | None] = {}  # None is a placeholder
-        self.nacks: set[int] = set()                      # the nack list
+        self.nacks: dict[int, float] = {}                 # the nack list: msn -> gap seen at
         self.received_upto = 0   # receivedUpToMsn
         self.highest = 0         # highest msn known to exist
         self.consumed = 0        # msns <= this were handed to the application
@@ -27,7 +28,7 @@ class RecvSide:
         # Flow control: never hold more than `window` unconsumed messages.
         return self.consumed + self.window
 
-    def learn_highest(self, msn: int) -> None:
+    def learn_highest(self, msn: int, now: float = 0.0) -> None:
         """A message up to `msn` exists: create placeholders and Nacks for the
         gap (lines 22-24; a lost tail is found from last_msn or a SecondAck)."""
         msn = min(msn, self._limit())
@@ -35,19 +36,19 @@ class RecvSide:
             for m in range(max(self.highest, self.received_upto) + 1, msn + 1):
                 if m not in self.received:
                     self.received[m] = None
-                    self.nacks.add(m)
+                    self.nacks[m] = now
             self.highest = msn
 
-    def receive(self, entry: RecvEntry) -> str:
+    def receive(self, entry: RecvEntry, now: float = 0.0) -> str:
         """Insert an application message; returns 'new', 'duplicate' or 'window'."""
         m = entry.msn
         if m <= self.received_upto or self.received.get(m) is not None:
             return "duplicate"                     # line 30: discard retransmission
         if m > self._limit():
             return "window"
-        self.learn_highest(m - 1)
+        self.learn_highest(m - 1, now)
         self.received[m] = entry                   # lines 25, 28, 31
-        self.nacks.discard(m)                      # line 29
+        self.nacks.pop(m, None)                    # line 29
         if m > self.highest:
             self.highest = m
         self._advance()
@@ -64,14 +65,18 @@ class RecvSide:
             if e.ts > self.rw:
                 self.rw = e.ts
 
-    def note_control(self, last_msn: int, ts: int) -> None:
+    def note_control(self, last_msn: int, ts: int, now: float = 0.0) -> None:
         """The remote primary had sent msns <= last_msn when it stamped a
         control message `ts`: if we hold them all, nothing earlier than ts is
         missing (advances the watermark of an idle connection)."""
         if last_msn <= self.received_upto and ts > self.rw:
             self.rw = ts
         elif last_msn > self.highest:
-            self.learn_highest(last_msn)
+            self.learn_highest(last_msn, now)
+
+    def due_nacks(self, now: float, delay: float, limit: int) -> list[int]:
+        """Missing msns whose gap is older than `delay`, lowest first."""
+        return sorted(m for m, t in self.nacks.items() if now - t >= delay)[:limit]
 
     def ready(self) -> bool:
         return self.consumed < self.received_upto

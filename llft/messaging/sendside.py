@@ -13,16 +13,24 @@ class SentEntry:
     message from the remote primary that acknowledged this msn, which is
     greater than the primary's timestamp for it (Lamport)."""
 
-    __slots__ = ("msn", "ts", "data", "last_tx", "first_acks", "bound")
+    __slots__ = ("msn", "ts", "data", "last_tx", "tx_count", "bound")
 
     def __init__(self, msn: int, ts: int, data: bytes, now: float):
         self.msn, self.ts, self.data, self.last_tx = msn, ts, data, now
-        self.first_acks = 0
+        self.tx_count = 1
         self.bound = 0
 
 
 class SendSide:
-    def __init__(self) -> None:
+    """Retransmission timing follows TCP (RFC 6298): a smoothed round-trip
+    estimate from acknowledgments of messages sent once (Karn), and
+    exponential backoff per message, so a loaded receiver is not buried
+    under retransmissions it has no time to acknowledge."""
+
+    def __init__(self, rto: float = 0.03, rto_min: float = 0.01, rto_max: float = 1.0) -> None:
+        self.rto, self.rto_min, self.rto_max = rto, rto_min, rto_max
+        self.srtt = 0.0
+        self.rttvar = 0.0
         self.msg_seq_count = 0
         self.sent: OrderedDict[int, SentEntry] = OrderedDict()  # the sent list
         self.remote_ack = 0    # remote primary has received all msns <= this
@@ -36,8 +44,11 @@ class SendSide:
     def append(self, entry: SentEntry) -> None:
         self.sent[entry.msn] = entry
 
-    def on_ack(self, ack: int, ts: int) -> None:
+    def on_ack(self, ack: int, ts: int, now: float) -> None:
         if ack > self.remote_ack:
+            e = self.sent.get(ack)
+            if e is not None and e.tx_count == 1 and e.ts:
+                self._rtt_sample(now - e.last_tx)
             self.remote_ack = ack
         # Backups: every logged message up to `ack` was received by the
         # remote primary before it sent this message stamped `ts`.
@@ -48,6 +59,14 @@ class SendSide:
                 e.bound = ts
         if hi > self._bounded_upto:
             self._bounded_upto = hi
+
+    def _rtt_sample(self, r: float) -> None:
+        if not self.srtt:
+            self.srtt, self.rttvar = r, r / 2
+        else:
+            self.rttvar += (abs(self.srtt - r) - self.rttvar) / 4
+            self.srtt += (r - self.srtt) / 8
+        self.rto = min(self.rto_max, max(self.rto_min, self.srtt + 4 * self.rttvar))
 
     def on_back(self, back: int) -> int:
         """Record the remote group watermark and free (lines 79-81); returns
@@ -65,13 +84,22 @@ class SendSide:
             freed += 1
         return freed
 
-    def due(self, now: float, rto: float, limit: int) -> list[SentEntry]:
-        """Unacknowledged entries whose retransmission timer expired (line 45)."""
+    def due(self, now: float, limit: int) -> list[SentEntry]:
+        """Unacknowledged entries whose retransmission timer expired (line
+        45), oldest first; each entry's timer doubles with every try."""
         out = []
         for msn in range(self.remote_ack + 1, self.msg_seq_count + 1):
             e = self.sent.get(msn)
-            if e is not None and now - e.last_tx >= rto:
+            if e is not None and now - e.last_tx >= min(self.rto_max, self.rto * (1 << min(e.tx_count - 1, 10))):
                 out.append(e)
                 if len(out) >= limit:
                     break
         return out
+
+    def retransmitted(self, e: SentEntry, now: float) -> None:
+        e.last_tx = now
+        e.tx_count += 1
+
+    def recently_sent(self, e: SentEntry, now: float) -> bool:
+        """A Nack that crossed our last retransmission of e: do not repeat it."""
+        return now - e.last_tx < max(self.srtt, self.rto_min)
