@@ -103,6 +103,7 @@ HEADER_FIELDS = (
     "precedence", "msn", "ack_pvn", "ack", "back", "timestamp", "last_msn",
 )
 _U64 = (1 << 64) - 1
+MAX_TIMESTAMP = 1 << 62
 
 
 class Piggyback:
@@ -230,8 +231,9 @@ def decode_message(data: bytes) -> Message:
     except msgpack.exceptions.ExtraData as e:
         raise DropError(DropReason.MALFORMED, "trailing data") from e
     except (ValueError, msgpack.exceptions.UnpackException) as e:
-        # OutOfData is a ValueError: the message stops in the middle.
-        reason = DropReason.TRUNCATED if isinstance(e, msgpack.exceptions.OutOfData) else DropReason.MALFORMED
+        # unpackb reports a message that stops in the middle as "incomplete input"
+        short = isinstance(e, msgpack.exceptions.OutOfData) or "incomplete" in str(e)
+        reason = DropReason.TRUNCATED if short else DropReason.MALFORMED
         raise DropError(reason, str(e)[:80]) from e
     except Exception as e:  # msgpack raises a few odd types on hostile input
         raise DropError(DropReason.MALFORMED, type(e).__name__) from e
@@ -255,6 +257,10 @@ def decode_message(data: bytes) -> Message:
     m.payload = payload
     if m.role not in (0, 1, 2):
         raise DropError(DropReason.MALFORMED, "role")
+    if m.timestamp > MAX_TIMESTAMP:
+        # Lamport clocks take max(ours, theirs) + 1: one absurd value would
+        # otherwise push every clock in the system past 64 bits.
+        raise DropError(DropReason.MALFORMED, "timestamp")
     return m
 
 

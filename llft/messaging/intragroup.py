@@ -50,6 +50,7 @@ class IntraGroupMixin:
         if key in self.competitors:
             return
         self.competitors.add(key)
+        self.counters["remulticast_competing"] += 1
         self.transport.send_group(self.group, self.codec.split(self.group, data))
         self._event("reset-and-rejoin", pvn=msg.pvn, precedence=msg.precedence, sender=msg.sender)
 
