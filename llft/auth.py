@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from typing import Any
 
 KEY_BYTES = 32
 
@@ -58,20 +59,34 @@ class Keyring:
     def __init__(self, default: bytes | None = None, groups: dict[int, bytes] | None = None):
         self._default = default
         self._groups = dict(groups or {})
+        self._hashers: dict[int, Any] = {}
 
     def key(self, group: int) -> bytes | None:
         return self._groups.get(group, self._default)
 
+    def _keyed(self, group: int):
+        # A keyed BLAKE2b state per group, copied per datagram: cheaper than
+        # re-keying every time.
+        h = self._hashers.get(group)
+        if h is None:
+            key = self.key(group)
+            if key is None:
+                return None
+            h = self._hashers[group] = hashlib.blake2b(key=key[:64], digest_size=self.MAC_LEN)
+        return h.copy()
+
     def mac(self, group: int, *parts: bytes) -> bytes:
-        key = self.key(group)
-        if key is None:
+        h = self._keyed(group)
+        if h is None:
             raise LookupError(f"no key for group {group}")
-        h = hashlib.blake2b(key=key[:64], digest_size=self.MAC_LEN)
         for p in parts:
             h.update(p)
         return h.digest()
 
     def verify(self, group: int, head: bytes, chunk: bytes, tag: bytes) -> bool:
-        if self.key(group) is None:
+        h = self._keyed(group)
+        if h is None:
             return False
-        return hmac.compare_digest(self.mac(group, head, chunk), tag)
+        h.update(head)
+        h.update(chunk)
+        return hmac.compare_digest(h.digest(), tag)

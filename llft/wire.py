@@ -14,6 +14,7 @@ count it in a `DropCounters` and carry on.
 from __future__ import annotations
 
 import enum
+import operator
 import struct
 from typing import Any, Iterable
 
@@ -152,14 +153,16 @@ class Message:
     TYPE: MsgType
     __slots__ = HEADER_FIELDS + ("piggyback", "body", "payload")
 
-    def __init__(self, **fields: Any):
-        for name in HEADER_FIELDS:
-            setattr(self, name, fields.pop(name, 0))
-        self.piggyback: Piggyback | None = fields.pop("piggyback", None)
-        self.body: Any = fields.pop("body", None)
-        self.payload: bytes = fields.pop("payload", b"")
-        if fields:
-            raise TypeError(f"unknown message fields {sorted(fields)}")
+    def __init__(self, src_group: int = 0, dst_group: int = 0, conn_seq: int = 0, role: int = 0,
+                 sender: int = 0, pvn: int = 0, precedence: int = 0, msn: int = 0, ack_pvn: int = 0,
+                 ack: int = 0, back: int = 0, timestamp: int = 0, last_msn: int = 0,
+                 piggyback: Piggyback | None = None, body: Any = None, payload: bytes = b""):
+        # Spelled out (not **kwargs) because it is on the per-message path.
+        self.src_group, self.dst_group, self.conn_seq, self.role = src_group, dst_group, conn_seq, role
+        self.sender, self.pvn, self.precedence, self.msn = sender, pvn, precedence, msn
+        self.ack_pvn, self.ack, self.back, self.timestamp = ack_pvn, ack, back, timestamp
+        self.last_msn = last_msn
+        self.piggyback, self.body, self.payload = piggyback, body, payload
 
     @property
     def mtype(self) -> MsgType:
@@ -208,12 +211,13 @@ def make(mtype: MsgType, **fields: Any) -> Message:
     return MESSAGE_CLASSES[mtype](**fields)
 
 
+_header_of = operator.attrgetter(*HEADER_FIELDS)
+
+
 def encode_message(m: Message) -> bytes:
     pb = m.piggyback.to_wire() if m.piggyback is not None else None
-    return msgpack.packb(
-        [PROTOCOL_VERSION, int(m.TYPE), *[getattr(m, f) for f in HEADER_FIELDS],
-         pb, m.body, m.payload],
-        use_bin_type=True)
+    return msgpack.packb([PROTOCOL_VERSION, m.TYPE.value, *_header_of(m), pb, m.body, m.payload],
+                         use_bin_type=True)
 
 
 _NFIELDS = 2 + len(HEADER_FIELDS) + 3
@@ -246,15 +250,14 @@ def decode_message(data: bytes) -> Message:
         raise DropError(DropReason.UNKNOWN_TYPE, repr(v[1])[:20])
     if len(v) != _NFIELDS:
         raise DropError(DropReason.MALFORMED, f"{len(v)} fields")
-    m = cls.__new__(cls)
-    for name, val in zip(HEADER_FIELDS, v[2:]):
-        _check_uint(val, name)
-        setattr(m, name, val)
-    pb, m.body, payload = v[-3:]
-    m.piggyback = None if pb is None else Piggyback.from_wire(pb)
+    hdr = v[2:-3]
+    for x in hdr:
+        if type(x) is not int or x < 0 or x > _U64:
+            raise DropError(DropReason.MALFORMED, "header field")
+    pb, body, payload = v[-3:]
     if not isinstance(payload, bytes):
         raise DropError(DropReason.MALFORMED, "payload")
-    m.payload = payload
+    m = cls(*hdr, None if pb is None else Piggyback.from_wire(pb), body, payload)
     if m.role not in (0, 1, 2):
         raise DropError(DropReason.MALFORMED, "role")
     if m.timestamp > MAX_TIMESTAMP:
