@@ -165,7 +165,7 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     _exit(exit_code);
 }
 
-/* exit(): a backup's exiting thread checks it did all the primary's did. */
+/* exit(): a backup's exiting thread waits for the primary's end of stream. */
 __attribute__((destructor)) static void llft_dtor(void)
 {
     struct llft_thread *t;

@@ -73,6 +73,14 @@ int llft_read_exact(int fd, void *buf, size_t n, int peek)
     return 0;
 }
 
+void llft_drain_counter(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    uint64_t v;
+    if (REAL(poll)(&p, 1, 0) == 1 && (p.revents & POLLIN))
+        (void)REAL(read)(fd, &v, sizeof v);
+}
+
 int llft_write_exact(int fd, const void *buf, size_t n)
 {
     size_t put = 0;

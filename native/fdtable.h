@@ -48,5 +48,7 @@ static inline const void *llft_fd_object(int fd)
  * the fd's blocking mode.  Return 0, or an errno. */
 int llft_read_exact(int fd, void *buf, size_t n, int peek);
 int llft_write_exact(int fd, const void *buf, size_t n);
+/* Backup: empty an eventfd or timerfd if it has a value, without waiting. */
+void llft_drain_counter(int fd);
 
 #endif

@@ -488,23 +488,17 @@ void llft_replay_thread_end(struct llft_thread *t)
     t->q = NULL;
 }
 
-/* The thread calling exit(): at the primary it made no call after this
- * point, so once the primary's stream has ended this thread's queue must be
- * empty.  Waits for the end of the stream: a backup never finishes first. */
+/* The thread calling exit() waits until the primary's stream has ended: a
+ * backup never finishes before its primary.  Its queue may still hold
+ * records: destructors that run after this one (an allocator's, a C++
+ * runtime's) make recorded calls, and replay them after we return. */
 void llft_replay_at_exit(struct llft_thread *t)
 {
     t->depth++;
-    uint32_t ep;
-    for (;;) {
-        ep = LOAD(&epoch, SEQ);
-        llft_rec_t extra;
-        if (q_pop(t->q, &extra))
-            llft_diverge(t, extra.op, &extra, LLFT_EXIT_DIVERGED,
-                         "this thread called exit() but made more calls at the primary");
+    while (!LOAD(&stream_ended, ACQ)) {
+        uint32_t ep = LOAD(&epoch, SEQ);
         if (try_dispatch() > 0)
             continue;
-        if (LOAD(&stream_ended, ACQ))
-            break;
         if (spin_try(&dispatch_lock)) {
             long n = drain();
             spin_unlock(&dispatch_lock);

@@ -84,7 +84,9 @@ static ssize_t replay_transfer(struct llft_thread *t, uint16_t op, int fd, const
         llft_replay_data(t, value, sizeof value);
     struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
     int err = 0;
-    size_t left = want;
+    size_t left = counter ? 0 : want;
+    if (counter) /* writes coalesce differently here: drain what is there, never wait */
+        llft_drain_counter(fd);
     for (int i = 0; i < niov && left && !err; i++) {
         size_t n = iov[i].iov_len < left ? iov[i].iov_len : left;
         err = op == LLFT_OP_READ ? llft_read_exact(fd, iov[i].iov_base, n, peek)

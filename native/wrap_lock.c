@@ -194,11 +194,15 @@ static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, stru
 
 static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t)
 {
+    /* Release first, as the real wait does: the record of this wait's end
+     * may be long in coming, and other threads need the mutex meanwhile. */
+    REAL(pthread_mutex_unlock)(m);
     llft_rec_t e;
     llft_replay_next(t, op, &e);
-    if (e.turn == 0)
+    if (e.turn == 0) { /* it failed at the primary without waiting */
+        REAL(pthread_mutex_lock)(m);
         return (int)e.ret;
-    REAL(pthread_mutex_unlock)(m);
+    }
     struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
     int r = REAL(pthread_mutex_lock)(m);
     llft_turn_done(ts, e.turn);

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 DEFINE_REAL(socket)
@@ -104,11 +105,17 @@ static int give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t
     return 0;
 }
 
-static socklen_t abstract_name(uint16_t port, struct sockaddr_un *un)
+/* This replica's name for a listening port: IPv4 and IPv6 may share a port. */
+static int listener_name(char *out, size_t cap, uint16_t port, int family)
+{
+    return snprintf(out, cap, "%s-p%u%s", llft_stream_name, port, family == AF_INET6 ? "-6" : "");
+}
+
+static socklen_t abstract_name(uint16_t port, int family, struct sockaddr_un *un)
 {
     memset(un, 0, sizeof *un);
     un->sun_family = AF_UNIX;
-    int n = snprintf(un->sun_path + 1, sizeof un->sun_path - 1, "%s-p%u", llft_stream_name, port);
+    int n = listener_name(un->sun_path + 1, sizeof un->sun_path - 1, port, family);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -137,7 +144,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
     if (port == 0) /* the same in every replica: binds happen in the same order */
         port = next_ephemeral++;
     struct sockaddr_un un;
-    socklen_t ulen = abstract_name(port, &un);
+    socklen_t ulen = abstract_name(port, addr->sa_family, &un);
     int r = REAL(bind)(fd, (struct sockaddr *)&un, ulen);
     if (r == 0) {
         f->port = port;
@@ -156,7 +163,7 @@ static void publish_listener(const struct llft_fd *f)
             continue;
         l->port = f->port;
         l->family = f->family;
-        snprintf(l->name, sizeof l->name, "%s-p%u", llft_stream_name, f->port);
+        listener_name(l->name, sizeof l->name, f->port, f->family);
         __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
         if ((uint32_t)i + 1 > c->nlisteners)
             __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
@@ -225,6 +232,21 @@ static int accept_blocking(int lfd, int flags)
     }
 }
 
+/* Backup: the kernel numbers fds lowest-free, and closes are not replayed
+ * in order with other threads' accepts.  At the primary the fd this
+ * connection got had been closed before; wait for that close here too. */
+static void wait_fd_free(struct llft_thread *t, const llft_rec_t *e)
+{
+    uint64_t since = llft_now_ms();
+    while (REAL(fcntl)((int)e->ret, F_GETFD) != -1) {
+        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms)
+            llft_diverge(t, LLFT_OP_ACCEPT, e, LLFT_EXIT_DIVERGED,
+                         "the primary's fd %lld for this connection stayed in use here", (long long)e->ret);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
 static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     struct llft_thread *t;
@@ -267,9 +289,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
                          "accepted connection %llu where the primary accepted %llu",
                          (unsigned long long)h.conn_id, (unsigned long long)want.conn_id);
         if (fd != (int)e.ret) {
-            if (REAL(fcntl)((int)e.ret, F_GETFD) != -1)
-                llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
-                             "the primary's fd %lld for this connection is in use here", (long long)e.ret);
+            wait_fd_free(t, &e);
             REAL(dup3)(fd, (int)e.ret, (flags & SOCK_CLOEXEC) ? O_CLOEXEC : 0);
             REAL(close)(fd);
             fd = (int)e.ret;
