@@ -33,6 +33,7 @@ enum llft_op {
     LLFT_OP_CLOCK_GETTIME = 10,
     LLFT_OP_GETTIMEOFDAY = 11,
     LLFT_OP_TIME = 12,
+    LLFT_OP_GETPID = 13,         /* val: the primary's pid */
     LLFT_OP_THREAD_CREATE = 20,
     LLFT_OP_THREAD_EXIT = 21,
     LLFT_OP_EXEC = 22,           /* the program image ends here (execve) */

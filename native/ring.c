@@ -41,7 +41,7 @@ void llft_rec_seal(void *slot)
 static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_DATA] = "data", [LLFT_OP_END] = "end-of-stream",
     [LLFT_OP_CLOCK_GETTIME] = "clock_gettime", [LLFT_OP_GETTIMEOFDAY] = "gettimeofday",
-    [LLFT_OP_TIME] = "time",
+    [LLFT_OP_TIME] = "time", [LLFT_OP_GETPID] = "getpid",
     [LLFT_OP_THREAD_CREATE] = "pthread_create", [LLFT_OP_THREAD_EXIT] = "thread-exit",
     [LLFT_OP_EXEC] = "execve", [LLFT_OP_EXEC_FAILED] = "execve-failed",
     [LLFT_OP_MUTEX_LOCK] = "pthread_mutex_lock", [LLFT_OP_MUTEX_TRYLOCK] = "pthread_mutex_trylock",
