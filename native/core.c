@@ -4,6 +4,7 @@
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -162,6 +163,10 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
         }
     }
     llft_log("llft: %s: %s", exit_code == LLFT_EXIT_DIVERGED ? "divergence" : "incomplete record stream", text);
+    void *frames[24];
+    int n = backtrace(frames, 24);
+    llft_log("llft: where the backup was (innermost first):");
+    backtrace_symbols_fd(frames, n, 2);
     _exit(exit_code);
 }
 

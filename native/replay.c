@@ -14,6 +14,7 @@
 
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -105,7 +106,9 @@ struct tqueue {
     uint32_t rd;
     uint32_t state;
     struct qchunk *wr_chunk;      /* producer (the dispatcher) */
-    uint64_t _pad;
+    uint64_t pushed;              /* slots the dispatcher queued for this thread */
+    uint64_t popped;              /* slots this thread has taken (calls it has started) */
+    uint64_t _pad[3];
 };
 
 static struct tqueue *queues;
@@ -139,6 +142,7 @@ static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
     }
     memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
     STORE(&c->count, c->count + 1, REL);
+    q->pushed++;
 }
 
 static int q_pop(struct tqueue *q, llft_rec_t *out)
@@ -156,6 +160,7 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
     if (q->rd >= LOAD(&c->count, ACQ))
         return 0;
     memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
+    STORE(&q->popped, q->popped + 1, REL);
     return 1;
 }
 
@@ -165,6 +170,17 @@ static __attribute__((noreturn)) void corrupt_stream(uint64_t pos, int why)
 {
     llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "record %llu of the stream is %s",
                  (unsigned long long)pos, why == LLFT_REC_CORRUPT ? "corrupt (torn or altered)" : "malformed");
+}
+
+static void annotate_turn(llft_rec_t *rec);
+
+/* Mutex acquisitions only: their turns follow the stream order, which the
+ * annotation's freedom from deadlock rests on.  Concurrent rwlock readers
+ * take turns in one order and record them in another. */
+static inline int exclusive_op(uint16_t op)
+{
+    return op == LLFT_OP_MUTEX_LOCK || op == LLFT_OP_MUTEX_TRYLOCK || op == LLFT_OP_MUTEX_TIMEDLOCK ||
+           op == LLFT_OP_COND_WAIT || op == LLFT_OP_COND_TIMEDWAIT;
 }
 
 /* Moves every complete record group from the ring into thread queues.
@@ -201,7 +217,13 @@ static long drain(void)
         if (q->state == Q_DEAD)
             llft_diverge(NULL, h->op, h, LLFT_EXIT_DIVERGED,
                          "the primary recorded a call by thread %u after that thread ended here", h->tid);
-        for (i = 0; i < n; i++)
+        llft_rec_t head = *h;
+        if (head.turn && exclusive_op(head.op))
+            annotate_turn(&head);
+        else
+            head.seq = 0; /* no annotation */
+        q_push(q, &head);
+        for (i = 1; i < n; i++)
             q_push(q, llft_ring_slot(r, tail + i));
         tail += n;
         if (h->op == LLFT_OP_EXEC)
@@ -278,12 +300,26 @@ static void pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
     }
 }
 
+/* The primary's thread ended here (pthread_exit from deep inside a library,
+ * as CPython does to a daemon thread at interpreter shutdown, after reading
+ * a flag without a lock).  It did nothing more, so neither may this one:
+ * it stops for good, holding what the primary's thread held. */
+static __attribute__((noreturn)) void park_forever(void)
+{
+    uint32_t never = 0;
+    for (;;)
+        llft_futex_wait(&never, 0, -1);
+}
+
 void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     t->depth++;
     pop_wait(t, op, out);
-    if (UNLIKELY(out->op != op))
+    if (UNLIKELY(out->op != op)) {
+        if (out->op == LLFT_OP_THREAD_EXIT)
+            park_forever();
         llft_diverge(t, op, out, LLFT_EXIT_DIVERGED, "the backup made a different call than the primary");
+    }
     if (UNLIKELY(out->tn != t->tn + 1))
         llft_diverge(t, op, out, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
                      t->tn + 1, out->tn - 1);
@@ -328,7 +364,9 @@ struct turnstile {
     uint32_t nsleepers;
     uint32_t crowd;               /* waiters that found no sleeper slot */
     uint32_t crowd_futex;
-    uint32_t _pad;
+    uint16_t turn_count_seen;     /* dispatcher: a turn of this object was queued */
+    uint16_t _pad;
+    uint32_t last_tid;            /* dispatcher: thread of the last turn queued */
     struct sleeper sleepers[SLEEPERS];
 };
 static struct turnstile *turnstiles;
@@ -381,13 +419,59 @@ static void park_until(struct turnstile *ts, uint64_t want)
     __atomic_fetch_sub(&ts->nsleepers, 1, SEQ);
 }
 
-struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t turn)
+/* Dispatcher, for a record that takes a turn: note which thread took the
+ * previous turn and how many of its records precede this one in the
+ * primary's stream.  The copy in the queue carries it in seq and check,
+ * which are spent once the record has been validated. */
+#define NO_TID 0xffffffffu
+static void annotate_turn(llft_rec_t *rec)
 {
+    struct turnstile *ts = ts_get(rec->obj);
+    uint32_t prev = ts->turn_count_seen ? ts->last_tid : NO_TID;
+    ts->turn_count_seen = 1;
+    ts->last_tid = rec->tid;
+    rec->check = prev;
+    rec->seq = (prev != NO_TID && prev != rec->tid) ? queues[prev].pushed : 0;
+}
+
+/* The previous holder may read memory the program shares without a lock
+ * right after releasing (CPython reads its GIL drop request so).  At the
+ * primary it had started each call recorded before this acquisition, so
+ * here too: wait until it has taken those records. */
+static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
+{
+    if (!e->seq || e->check == NO_TID || e->check >= MAX_TIDS)
+        return;
+    const struct tqueue *q = &queues[e->check];
+    uint64_t since = 0;
+    for (unsigned spins = 0; LOAD(&q->popped, ACQ) < e->seq; spins++) {
+        if (spins < 64) {
+            __builtin_ia32_pause();
+        } else if (spins < 80) {
+            sched_yield();
+        } else {
+            uint64_t now = llft_now_ms();
+            if (!since)
+                since = now;
+            if (now - since > llft_ctl->stall_timeout_ms)
+                llft_diverge(t, e->op, e, LLFT_EXIT_DIVERGED,
+                             "stalled waiting for thread %u to reach its call before this one", e->check);
+            struct timespec us = {0, 50000};
+            nanosleep(&us, NULL);
+        }
+    }
+}
+
+struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
+{
+    uint64_t obj = e->obj, turn = e->turn;
     struct turnstile *ts = ts_get(obj);
     uint64_t want = turn - 1;
     uint64_t d = LOAD(&ts->done, ACQ);
-    if (LIKELY(d == want))
+    if (LIKELY(d == want)) {
+        wait_previous_holder(t, e);
         return ts;
+    }
     t->depth++;
     uint64_t since = 0;
     for (unsigned spins = 0;; spins++) {
@@ -416,6 +500,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t t
         if (d == want)
             break;
     }
+    wait_previous_holder(t, e);
     t->depth--;
     return ts;
 }

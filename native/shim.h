@@ -92,7 +92,7 @@ void llft_replay_setup(void);
 void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
 struct turnstile;
-struct turnstile *llft_turn_wait(struct llft_thread *t, uint64_t obj, uint64_t turn);
+struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);
 void llft_turn_done(struct turnstile *ts, uint64_t turn);
 void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);

@@ -82,7 +82,7 @@ static ssize_t replay_transfer(struct llft_thread *t, uint16_t op, int fd, const
     int counter = op == LLFT_OP_READ && llft_fd_kind(fd) == FD_COUNTER && e.nslots > 1;
     if (counter)
         llft_replay_data(t, value, sizeof value);
-    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    struct turnstile *ts = llft_turn_wait(t, &e);
     int err = 0;
     size_t left = counter ? 0 : want;
     if (counter) /* writes coalesce differently here: drain what is there, never wait */

@@ -64,7 +64,7 @@ static int64_t replay_acquire(struct llft_thread *t, uint16_t op, void *obj, int
             errno = e.err;
         return e.ret;
     }
-    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    struct turnstile *ts = llft_turn_wait(t, &e);
     int r = block(obj);
     llft_turn_done(ts, e.turn);
     if (UNLIKELY(r != 0))
@@ -203,7 +203,7 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t)
         REAL(pthread_mutex_lock)(m);
         return (int)e.ret;
     }
-    struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+    struct turnstile *ts = llft_turn_wait(t, &e);
     int r = REAL(pthread_mutex_lock)(m);
     llft_turn_done(ts, e.turn);
     if (UNLIKELY(r != 0))

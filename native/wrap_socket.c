@@ -280,7 +280,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         }
         llft_conn_header_t want, h;
         llft_replay_data(t, &want, sizeof want);
-        struct turnstile *ts = llft_turn_wait(t, e.obj, e.turn);
+        struct turnstile *ts = llft_turn_wait(t, &e);
         int fd = accept_blocking(lfd, flags);
         if (fd < 0 || llft_read_exact(fd, &h, sizeof h, 0) != 0)
             llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED, "no connection to accept here (error %d)", errno);

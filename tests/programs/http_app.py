@@ -8,6 +8,12 @@ import threading
 import time
 import uuid
 
+# CPython forces a GIL hand-off when a waiter's 5 ms timed wait expires,
+# through a flag read without a lock: llft cannot order that read (see
+# docs/determinizer.md, "Limits").  Hand-offs at blocking calls, which is
+# all a request thread of this server needs, replicate exactly.
+sys.setswitchinterval(1000)
+
 hits = 0
 hits_lock = threading.Lock()
 
@@ -18,6 +24,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         global hits
         if self.path == "/shutdown":
+            self.close_connection = True
             self.reply(b"bye\n")
             threading.Thread(target=self.server.shutdown).start()
             return
@@ -30,6 +37,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def reply(self, body):
         self.send_response(200)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -39,6 +48,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-server = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Handler)
+class Server(http.server.ThreadingHTTPServer):
+    # A graceful shutdown: server_close() joins the request threads, so none
+    # is still running while the interpreter finalizes (CPython ends daemon
+    # threads there on a flag read without a lock: see docs/determinizer.md).
+    daemon_threads = False
+
+
+server = Server(("0.0.0.0", int(sys.argv[1])), Handler)
 server.serve_forever(poll_interval=0.05)
 server.server_close()
