@@ -84,10 +84,13 @@ async def client(spec: dict, sizes: list[int], count: int, results) -> None:
     ep.on_ready = wake.set
     ep.on_writable = lambda c: wake.set()
 
+    async def wait():
+        wake.clear()
+        await wake.wait()
+
     async def reply():
         while (got := ep.recv()) is None:
-            wake.clear()
-            await wake.wait()
+            await wait()
         return got
     out = []
     for k, size in enumerate(sizes):
@@ -95,6 +98,8 @@ async def client(spec: dict, sizes: list[int], count: int, results) -> None:
         conn = ep.connect(SERVER, 2 * k + 1)
         lat = []
         for _ in range(count + WARMUP):
+            while not ep.writable(conn):   # intra-group flow control: backups behind
+                await wait()
             t0 = time.perf_counter()
             ep.send(conn, payload)
             await reply()
@@ -107,8 +112,10 @@ async def client(spec: dict, sizes: list[int], count: int, results) -> None:
             while sent < n and ep.writable(conn):
                 ep.send(conn, payload)
                 sent += 1
-            await reply()
-            got += 1
+            if ep.recv() is not None:
+                got += 1
+            else:
+                await wait()   # a reply or the window reopening
         out.append({"size": size, "mode": "throughput", "count": n, "seconds": time.perf_counter() - t0})
     if ep.is_primary:
         results.send({"loop": loop_name(asyncio.get_running_loop()), "phases": out,

@@ -67,3 +67,44 @@ def test_two_groups_of_three_on_loopback(tmp_path):
     finals = check_histories(specs)
     assert all(f["drained"] for f in finals.values()), finals
     assert sum(f["stats"]["counters"].get("retransmissions", 0) for f in finals.values()) > 0
+
+
+def test_async_member_waits_for_window_on_real_sockets():
+    """A 4-message send window and 300 requests: senders wait for
+    on_writable (never polling), and every request and reply arrives."""
+    from llft.messaging.aio import AsyncMember
+    from llft.messaging.node import open_member
+    ports = free_ports(2)
+    groups = [{"group": g, "port": 0, "members": {"0": ["127.0.0.1", ports[i]]}}
+              for i, g in enumerate((CLIENT, SERVER))]
+    spec = {"mode": "unicast", "groups": groups, "key": "11" * 32, "interface": "127.0.0.1",
+            "member": 0, "config": {"send_window": 4}}
+
+    async def run():
+        client = AsyncMember(await open_member(dict(spec, group=CLIENT)))
+        server = AsyncMember(await open_member(dict(spec, group=SERVER)))
+
+        async def echo():
+            for _ in range(300):
+                conn, payload = await server.recv()
+                await server.send(conn, payload[::-1])
+        task = asyncio.ensure_future(echo())
+        conn = client.ep.connect(SERVER, 1)
+
+        async def produce():
+            for i in range(300):
+                await client.send(conn, b"%05d" % i)
+        producer = asyncio.ensure_future(produce())
+        replies = [(await client.recv())[1] for _ in range(300)]
+        await producer
+        await task
+        for m in (client, server):
+            m.ep.close()
+            m.ep.udp.close()
+        return replies
+    loop = new_event_loop()
+    try:
+        replies = loop.run_until_complete(asyncio.wait_for(run(), 60))
+    finally:
+        loop.close()
+    assert replies == [(b"%05d" % i)[::-1] for i in range(300)]

@@ -17,7 +17,6 @@ class AsyncMember:
     async def send(self, conn: ConnId, payload: bytes, order_info: bytes = b"") -> int:
         while not self.ep.writable(conn):
             self._writable.clear()
-            self.ep.conns[conn].blocked = True
             await self._writable.wait()
         return self.ep.send(conn, payload, order_info)
 

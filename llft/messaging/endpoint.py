@@ -107,8 +107,13 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         return list(self.conns)
 
     def writable(self, cid: ConnId) -> bool:
+        """May send() be called now?  If not, `on_writable(conn)` follows
+        once flow control lets it."""
         c = self.conns[cid]
-        return len(c.tx.sent) < self.config.send_window and not c.throttle_msn
+        ok = len(c.tx.sent) < self.config.send_window and not c.throttle_msn
+        if not ok:
+            c.blocked = True
+        return ok
 
     def send(self, cid: ConnId, payload: bytes, order_info: bytes = b"") -> int:
         """Send an application message (Fig. 6 lines 1-17); returns its msn.
@@ -119,7 +124,6 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         """
         c = self.conns[cid]
         if not self.writable(cid):
-            c.blocked = True
             raise WindowFull(cid)
         if order_info and self.is_primary:
             self.add_order_info(order_info)
