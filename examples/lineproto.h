@@ -24,7 +24,7 @@ static uint64_t state_count;
 
 /* Handles one line (without its newline); writes the reply, newline
  * included, to out; returns its length, or -1 for SHUTDOWN. */
-static int handle_line(const char *line, size_t len, char *out, size_t cap)
+static inline int handle_line(const char *line, size_t len, char *out, size_t cap)
 {
     if (len == 8 && memcmp(line, "SHUTDOWN", 8) == 0)
         return -1; /* the caller sends BYE and exits */
@@ -57,7 +57,7 @@ struct linebuf {
 
 /* Serves every complete line in b; replies go to the out buffer.  Returns
  * -1 after SHUTDOWN, else 0; *outlen gets the reply bytes. */
-static int serve_lines(struct linebuf *b, char *out, size_t cap, size_t *outlen)
+static inline int serve_lines(struct linebuf *b, char *out, size_t cap, size_t *outlen)
 {
     size_t start = 0;
     *outlen = 0;
@@ -85,7 +85,7 @@ static int serve_lines(struct linebuf *b, char *out, size_t cap, size_t *outlen)
     return 0;
 }
 
-static int listen_on(int port)
+static inline int listen_on(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;

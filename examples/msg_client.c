@@ -1,0 +1,121 @@
+/* msg_client: load for msg_server.  Prints one JSON line.
+ *   msg_client latency PORT SIZE COUNT        round trips one at a time: p50, p99 in microseconds
+ *   msg_client throughput PORT SIZE CLIENTS SECONDS   closed-loop clients: requests per second
+ * Times with the raw clock_gettime system call. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_us(void)
+{
+    struct timespec ts;
+    syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        perror("connect");
+        exit(1);
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+static int round_trip(int fd, char *buf, size_t size)
+{
+    uint32_t len = htonl((uint32_t)size);
+    memcpy(buf, &len, 4);
+    if (write(fd, buf, size + 4) != (ssize_t)(size + 4))
+        return -1;
+    size_t got = 0;
+    while (got < size + 4) {
+        ssize_t r = read(fd, buf + got, size + 4 - got);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct worker {
+    int port;
+    size_t size;
+    double until;
+    long done;
+};
+
+static void *load(void *arg)
+{
+    struct worker *w = arg;
+    int fd = dial(w->port);
+    char *buf = calloc(1, w->size + 4);
+    while (now_us() < w->until && round_trip(fd, buf, w->size) == 0)
+        w->done++;
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 5 && strcmp(argv[1], "latency") == 0) {
+        int port = atoi(argv[2]);
+        size_t size = (size_t)atol(argv[3]);
+        int count = atoi(argv[4]);
+        int fd = dial(port);
+        char *buf = calloc(1, size + 4);
+        double *lat = calloc((size_t)count, sizeof *lat);
+        for (int i = 0; i < count + 20; i++) { /* 20 warm-up round trips */
+            double t0 = now_us();
+            if (round_trip(fd, buf, size) != 0)
+                return 1;
+            if (i >= 20)
+                lat[i - 20] = now_us() - t0;
+        }
+        qsort(lat, (size_t)count, sizeof *lat, cmp);
+        printf("{\"size\": %zu, \"count\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f}\n", size, count,
+               lat[count / 2], lat[count * 99 / 100]);
+        return 0;
+    }
+    if (argc >= 6 && strcmp(argv[1], "throughput") == 0) {
+        int clients = atoi(argv[4]);
+        struct worker w[64];
+        pthread_t th[64];
+        double start = now_us(), secs = atof(argv[5]);
+        for (int i = 0; i < clients && i < 64; i++) {
+            w[i] = (struct worker){atoi(argv[2]), (size_t)atol(argv[3]), start + secs * 1e6, 0};
+            pthread_create(&th[i], NULL, load, &w[i]);
+        }
+        long total = 0;
+        for (int i = 0; i < clients && i < 64; i++) {
+            pthread_join(th[i], NULL);
+            total += w[i].done;
+        }
+        printf("{\"clients\": %d, \"size\": %s, \"requests\": %ld, \"rps\": %.1f}\n", clients, argv[3], total,
+               (double)total / ((now_us() - start) / 1e6));
+        return 0;
+    }
+    fprintf(stderr, "usage: msg_client latency PORT SIZE COUNT | throughput PORT SIZE CLIENTS SECONDS\n");
+    return 2;
+}
