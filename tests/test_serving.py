@@ -199,3 +199,36 @@ def test_memcached_multithreaded(tmp_path):
     assert len(cas_seen) == 600 and len(set(cas_seen.values())) > 100
     outputs = [r["outputs"] for r in state["replicas"]]
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0], "CAS values or replies differ at a backup"
+
+
+def test_kv_server_with_expiry(examples, tmp_path):
+    """Thread per connection, striped mutexes, keys expiring under a sweeper
+    thread's timed waits: what a client reads depends on time and on the
+    interleaving, and every replica must read the same."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000])
+    replies = {}
+
+    def client(i):
+        with group.connect() as s:
+            lines = []
+            for j in range(60):
+                lines += [f"SET key{j % 15} c{i}v{j} {5 + (i * j) % 40}", f"GET key{(j + i) % 15}"]
+                if j % 10 == 9:
+                    lines.append(f"DEL key{j % 15}")
+            replies[i] = line_client(s, lines)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    import time
+    time.sleep(0.1)  # let the sweeper expire keys
+    with group.connect() as s:
+        final, raw = line_client(s, ["DIGEST", "SHUTDOWN"])
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert final[0].startswith("DIGEST ") and final[1] == "BYE"
+    gets = [r for replies_i, _ in replies.values() for r in replies_i if r.startswith(("VALUE", "NONE"))]
+    assert any(r == "NONE" for r in gets) and any(r.startswith("VALUE") for r in gets)
+    assert_replicas_agree(state, [raw_i for _, raw_i in replies.values()] + [raw])
