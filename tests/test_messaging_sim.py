@@ -39,14 +39,17 @@ def test_reliable_total_order_and_drain(seed, drop, dup, reorder, sizes, conns, 
     cluster.check()
 
 
-def test_slow_receiver_memory_bounded():
-    """A fast sender and receivers that consume one message per millisecond:
-    the sender blocks instead of the receivers' buffers growing."""
+@settings(max_examples=max(3, EXAMPLES // 6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), drop=st.sampled_from([0.0, 0.1, 0.2]),
+       reply=st.booleans(), consume=st.integers(1, 2))
+def test_slow_receiver_memory_bounded(seed, drop, reply, consume):
+    """A fast sender and receivers that consume one or two messages per
+    millisecond: the sender blocks instead of the receivers' buffers growing."""
     cfg = Config(send_window=16, recv_window=24)
-    work = Workload([200] * 600, reply_size=None, consume_per_tick=1)
-    cluster = SimCluster(7, LossPolicy(seed=7, drop=0.1, delay=0.0005, reorder=0.001), work, config=cfg)
+    work = Workload([200] * 400, reply_size=40 if reply else None, consume_per_tick=consume)
+    cluster = SimCluster(seed, LossPolicy(seed=seed, drop=drop, delay=0.0005, reorder=0.001), work, config=cfg)
     # Everything is queued at once: only flow control stands between the
-    # 600 messages and the receivers.
+    # 400 messages and the receivers.
     cluster.run(limit=60)
     cluster.check()
     for m in cluster.members:
