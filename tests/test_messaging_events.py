@@ -59,6 +59,11 @@ def test_membership_messages_are_surfaced():
                    pvn=1, precedence=1, body={"members": [1, 2]})
     s0.datagram_received(s0.codec.encode(pp)[0])
     assert dict(s0.events)["membership-message"]["msg"] == pp
+    # a process that is not a member yet asks to join
+    join = wire.make(MsgType.PROPOSE_BACKUP, src_group=SERVER, dst_group=SERVER, role=2, sender=77,
+                     pvn=1, precedence=1, body={"birth": 5})
+    s0.datagram_received(s0.codec.encode(join)[0])
+    assert s0.events[-1][1]["msg"] == join and s0.drops.total() == 0
 
 
 def test_idle_connections_keep_alive_and_heartbeat():

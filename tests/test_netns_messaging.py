@@ -27,14 +27,27 @@ def sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
 
+def drop_20_percent(ns: str) -> None:
+    """20% of the group traffic this host receives is lost in its kernel."""
+    ports = [str(PORT + CLIENT), str(PORT + SERVER)]
+    if shutil.which("nft"):
+        nft = ["ip", "netns", "exec", ns, "nft"]
+        sh(*nft, "add", "table", "inet", "llft")
+        sh(*nft, "add chain inet llft in { type filter hook input priority 0; }")
+        sh(*nft, f"add rule inet llft in udp dport {{ {', '.join(ports)} }} numgen random mod 100 < 20 drop")
+    else:
+        sh("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-p", "udp", "-m", "multiport",
+           "--dports", ",".join(ports), "-m", "statistic", "--mode", "random", "--probability", "0.2", "-j", "DROP")
+
+
 @pytest.fixture
 def hosts():
     """Six namespaces on one bridge (in a seventh, the switch); yields
     {(group, member): (namespace, ip)}.  Always torn down."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    if not shutil.which("nft"):
-        pytest.skip("nft not installed (apt-get install nftables)")
+    if not (shutil.which("nft") or shutil.which("iptables")):
+        pytest.skip("neither nft nor iptables installed (apt-get install nftables)")
     sfx = secrets.token_hex(3)
     subnet = f"10.{secrets.randbelow(150) + 100}.{secrets.randbelow(250)}"
     switch = f"llft-{sfx}-sw"
@@ -59,11 +72,7 @@ def hosts():
             sh("ip", "-n", ns, "link", "set", dev, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             sh("ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
-            # 20% of the group traffic this host receives is lost in its kernel
-            nft = ["ip", "netns", "exec", ns, "nft"]
-            sh(*nft, "add", "table", "inet", "llft")
-            sh(*nft, "add chain inet llft in { type filter hook input priority 0; }")
-            sh(*nft, f"add rule inet llft in udp dport {{ {PORT + CLIENT}, {PORT + SERVER} }} numgen random mod 100 < 20 drop")
+            drop_20_percent(ns)
             out[key] = (ns, ip)
         yield out
     finally:

@@ -28,20 +28,22 @@ class IntraGroupMixin:
         if msg.pvn >= self.view.pvn and msg.precedence > self.view.primary_precedence:
             self._competing_primary(msg, data)
             return
+        t = msg.TYPE
+        if t not in (MsgType.HEARTBEAT, MsgType.NACK):
+            # Fig. 7 traffic, e.g. a ProposeBackup from a process that is
+            # not a member yet: the membership protocol's business.
+            self._event("membership-message", msg=msg)
+            return
         if msg.sender not in self.view:
             self.drops.count("not-a-member")
             return
-        t = msg.TYPE
         if t == MsgType.HEARTBEAT:
             if self.is_primary:
                 self._backup_heartbeat(msg)
             elif msg.sender == self.view.primary:
                 self._primary_heartbeat(msg)
-        elif t == MsgType.NACK:
-            if self.is_primary:
-                self._answer_backup_nack(msg)
-        else:
-            self._event("membership-message", msg=msg)  # Fig. 7: later issue
+        elif self.is_primary:
+            self._answer_backup_nack(msg)
 
     def _competing_primary(self, msg: wire.Message, data: bytes) -> None:
         """Lines 18-20: make sure every member saw it, then reset and rejoin

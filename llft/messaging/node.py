@@ -9,7 +9,7 @@ interface (ip), peer (server group, for clients), n, conns, sizes_seed,
 reply_size, lossy ({seed, drop, duplicate, delay, reorder}, optional),
 config (Config overrides), history (path), deadline and linger (seconds).
 
-Each delivery is a line {"s": stream, "i": index, "n": size}; the last line is
+Each delivery is a line {"s": stream, "i": index, "n": size, "t": seconds}; the last line is
 {"final": true, "drained": ..., "timeout": ..., "stats": ...}.
 """
 from __future__ import annotations
@@ -66,7 +66,9 @@ async def run_member(spec: dict) -> dict:
     else:
         expected = n
     out = open(spec["history"], "w")
-    app.on_delivery = lambda s, i, conn, p: out.write(f'{{"s":{s},"i":{i},"n":{len(p)}}}\n')
+    t0 = time.monotonic()
+    app.on_delivery = lambda s, i, conn, p: out.write(
+        f'{{"s":{s},"i":{i},"n":{len(p)},"t":{time.monotonic() - t0:.4f}}}\n')
 
     wake = asyncio.Event()
     ep.on_ready = wake.set

@@ -25,8 +25,15 @@ class RecvSide:
         self.rw = 0              # timestamp watermark of this connection at this member
 
     def _limit(self) -> int:
-        # Flow control: never hold more than `window` unconsumed messages.
-        return self.consumed + self.window
+        """Highest msn accepted.  Flow control: at most `window` unconsumed
+        messages, and at most 2 x `window` held in all (consumed ones wait in
+        the delivered list for the group watermark, which reaches a backup
+        only on its primary's Heartbeats; a few lost Heartbeats must not let
+        that list grow without bound)."""
+        limit = self.consumed + self.window
+        if self.delivered:
+            limit = min(limit, next(iter(self.delivered)) - 1 + 2 * self.window)
+        return limit
 
     def learn_highest(self, msn: int, now: float = 0.0) -> None:
         """A message up to `msn` exists: create placeholders and Nacks for the
