@@ -137,7 +137,7 @@ class IntraGroupMixin:
         if c is None:
             return
         now = self.clock.now()
-        quiet = max(self.config.nack_interval, c.tx.srtt)  # Nacks of several backups cross
+        quiet = max(self.config.nack_interval, c.tx.quiet())  # Nacks of several backups cross
         for m in msns[: self.config.nack_batch]:
             e = c.rx.lookup(m)
             if e is not None and now - e.last_tx >= quiet:

@@ -46,8 +46,11 @@ class SendSide:
 
     def on_ack(self, ack: int, ts: int, now: float) -> None:
         if ack > self.remote_ack:
+            # Karn, extended to a cumulative ack: no sample if anything it
+            # covers was retransmitted (the ack then also measured a stall).
+            newly = [self.sent.get(m) for m in range(self.remote_ack + 1, min(ack, self.msg_seq_count) + 1)]
             e = self.sent.get(ack)
-            if e is not None and e.tx_count == 1 and e.ts:
+            if e is not None and e.ts and all(x is None or x.tx_count == 1 for x in newly):
                 self._rtt_sample(now - e.last_tx)
             self.remote_ack = ack
         # Backups: every logged message up to `ack` was received by the
@@ -85,21 +88,27 @@ class SendSide:
         return freed
 
     def due(self, now: float, limit: int) -> list[SentEntry]:
-        """Unacknowledged entries whose retransmission timer expired (line
-        45), oldest first; each entry's timer doubles with every try."""
+        """The first `limit` unacknowledged entries whose retransmission
+        timer expired (line 45).  Only those: the remote primary's ack stops
+        at its first gap, so later entries are probably there already; gaps
+        it sees are reported precisely by Nacks.  Each entry's timer doubles
+        with every try."""
         out = []
-        for msn in range(self.remote_ack + 1, self.msg_seq_count + 1):
+        for msn in range(self.remote_ack + 1, min(self.remote_ack + limit, self.msg_seq_count) + 1):
             e = self.sent.get(msn)
             if e is not None and now - e.last_tx >= min(self.rto_max, self.rto * (1 << min(e.tx_count - 1, 10))):
                 out.append(e)
-                if len(out) >= limit:
-                    break
         return out
 
     def retransmitted(self, e: SentEntry, now: float) -> None:
         e.last_tx = now
         e.tx_count += 1
 
+    def quiet(self) -> float:
+        """How long a Nack may take to reflect a retransmission: one round
+        trip, within [rto_min, rto]."""
+        return min(max(self.srtt, self.rto_min), self.rto)
+
     def recently_sent(self, e: SentEntry, now: float) -> bool:
         """A Nack that crossed our last retransmission of e: do not repeat it."""
-        return now - e.last_tx < max(self.srtt, self.rto_min)
+        return now - e.last_tx < self.quiet()
