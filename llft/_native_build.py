@@ -17,7 +17,7 @@ ffibuilder.cdef("""
     #define LLFT_REC_CORRUPT ...
     #define LLFT_REC_BADFIELD ...
     enum llft_role { LLFT_ROLE_OFF, LLFT_ROLE_PRIMARY, LLFT_ROLE_BACKUP, ... };
-    enum llft_op { LLFT_OP_NONE, LLFT_OP_DATA, LLFT_OP_END, LLFT_OP_MAX, ... };
+    enum llft_op { LLFT_OP_NONE, LLFT_OP_DATA, LLFT_OP_END, LLFT_OP_PROMOTE, LLFT_OP_MAX, ... };
 
     typedef struct {
         uint64_t seq; uint32_t check; uint16_t op; uint16_t nslots;
@@ -63,6 +63,7 @@ ffibuilder.cdef("""
     void llft_ring_commit(void *slot, uint64_t pos);
     long llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms);
     int llft_ring_write_end(llft_ring_t *r, int timeout_ms);
+    int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms);
     long llft_ring_read(llft_ring_t *r, void *out, long max_slots);
     int llft_ring_wait_data(llft_ring_t *r, int timeout_ms);
     uint64_t llft_ring_head(const llft_ring_t *r);

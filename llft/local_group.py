@@ -87,7 +87,8 @@ class LocalGroup:
             "phase": phase,
             "controller_pid": os.getpid(),
             "argv": self.argv,
-            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "stream": r.stream.path,
+            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
+                          "stream": r.stream.path,
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": rl.output_summary() if rl else {}}
@@ -121,11 +122,33 @@ class LocalGroup:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        primary = next((r for r in self.replicas if r.role == "primary"), primary)
         if primary is not None:
             self.source.exited.set()
         self.forwarder.join(timeout=10)
         self.write_state("finished")
         return self._verdict(primary)
+
+    def _successor(self) -> Replica | None:
+        """The backup that takes over: the live one of lowest rank."""
+        return next((r for r in self.replicas if r.role == "backup" and r.alive()), None)
+
+    def _fail_over(self, failed: Replica, new: Replica):
+        """LLFT's primary change on one host: new replays the failed primary's
+        stream to its end (the virtual synchrony point), then records; the
+        other backups follow new's records; clients keep their connections."""
+        log.warning("replica %d (primary) failed (status %s); replica %d takes over", failed.index,
+                    failed.status, new.index)
+        failed.role = "failed"
+        new.role = "primary"
+        new_source = PrimarySource(new.stream)
+        sink = next(s for s in self.forwarder.sinks if s.replica == new.index)
+        self.forwarder.fail_over(new_source, sink)
+        self.source.exited.set()
+        self.source = new_source
+        if self.gateway is not None:
+            self.gateway.promote(self.relays[self.replicas.index(new)])
+        self.write_state("running")
 
     async def _wait_replicas(self, primary):
         deadline = None
@@ -138,6 +161,12 @@ class LocalGroup:
                 self.stop()
                 break
             if primary is not None and not primary.alive() and not self.source.finished():
+                # Killed by a signal: a fault.  An exit is the program's own end.
+                successor = self._successor() if primary.status >= 128 else None
+                if successor is not None:
+                    self._fail_over(primary, successor)
+                    primary = successor
+                    continue
                 log.info("primary exited with status %d", primary.status)
                 self.source.exited.set()
             if deadline is None and self.source.finished():
@@ -172,7 +201,7 @@ class LocalGroup:
                     r.problems.append(f"its record stream was cut short: {self.forwarder.error}")
         expected = primary.status if primary else None
         for r in self.replicas:
-            if r is primary:
+            if r is primary or r.role == "failed":
                 continue
             if r.stream.diverged:
                 r.problems.append(r.stream.divergence)

@@ -7,21 +7,24 @@ import psutil
 from llft.native import StreamError, StreamFile
 
 
-def owns(pid: int | None, stream_path: str) -> bool:
-    """True if pid is still the replica started with this stream (not a
-    recycled pid): its environment names the stream file."""
-    if not pid:
-        return False
+def start_time(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).environ().get("LLFT_SHM") == stream_path
+        return psutil.Process(pid).create_time()
     except (psutil.Error, OSError):
-        return False
+        return None
+
+
+def owns(pid: int | None, started: float | None) -> bool:
+    """True if pid is still the replica llft-run started (not a recycled pid):
+    same start time.  (Not its environment: redis, for one, overwrites it
+    when it sets its process title.)"""
+    return bool(pid) and started is not None and start_time(pid) == started
 
 
 def member_view(entry: dict) -> dict:
     view = dict(entry, state="exited", records=None, threads=None, divergence=None)
     pid, path = entry.get("pid"), entry.get("stream")
-    if owns(pid, path):
+    if owns(pid, entry.get("started")):
         try:
             view["state"] = "stopped" if psutil.Process(pid).status() == psutil.STATUS_STOPPED else "running"
         except psutil.Error:

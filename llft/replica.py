@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY
+from llft.members import start_time
 from llft.native import ROLE_NAMES, StreamFile, disable_aslr
 
 
@@ -21,6 +22,7 @@ class Replica:
     killed_by_llft: bool = False
     problems: list[str] = field(default_factory=list)
     role: str = ""
+    started: float | None = None        # process start time: tells this pid from a recycled one
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -38,6 +40,7 @@ class Replica:
         with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                          preexec_fn=disable_aslr, start_new_session=True, close_fds=True)
+        self.started = start_time(self.proc.pid)
 
     def poll(self) -> int | None:
         if self.status is None and self.proc is not None:
@@ -48,6 +51,18 @@ class Replica:
 
     def alive(self) -> bool:
         return self.poll() is None
+
+    def dying(self) -> bool:
+        """True once the process has begun to exit (PF_EXITING), even before it
+        can be reaped: its sockets close then, and that is no program's close."""
+        if self.proc is None or self.poll() is not None:
+            return True
+        try:
+            stat = open(f"/proc/{self.proc.pid}/stat").read()
+        except OSError:
+            return True
+        fields = stat[stat.rindex(")") + 2:].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)
 
     def signal(self, sig: int):
         if self.alive():

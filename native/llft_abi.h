@@ -30,6 +30,7 @@ enum llft_op {
     LLFT_OP_NONE = 0,
     LLFT_OP_DATA = 1,            /* continuation slot: raw bytes of the preceding record */
     LLFT_OP_END = 2,             /* end of stream: the primary has exited */
+    LLFT_OP_PROMOTE = 3,         /* end of the failed primary's stream: this backup takes over */
     LLFT_OP_CLOCK_GETTIME = 10,
     LLFT_OP_GETTIMEOFDAY = 11,
     LLFT_OP_TIME = 12,

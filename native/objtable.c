@@ -39,7 +39,31 @@ static inline uint32_t hash_addr(uintptr_t a)
     return (uint32_t)(x >> (64 - OBJ_BITS));
 }
 
+static struct llft_obj *slot_for(const void *addr, uint64_t new_id);
+
 struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t)
+{
+    /* The record being written is this thread's call #tn+1. */
+    return slot_for(addr, ((uint64_t)t->tid << 32) | (uint64_t)(t->tn + 1));
+}
+
+/* Backup: this address is the primary's object id, whose turn `turn` was
+ * just replayed here.  Should this replica take over, it goes on with the
+ * same identities and turn numbers, and its backups keep ordering them. */
+void llft_obj_learn(const void *addr, uint64_t id, uint64_t turn)
+{
+    struct llft_obj *o = slot_for(addr, id);
+    if (__atomic_load_n(&o->id, __ATOMIC_ACQUIRE) != id) { /* reused here for another object */
+        __atomic_store_n(&o->id, id, __ATOMIC_RELEASE);
+        __atomic_store_n(&o->turns, turn, __ATOMIC_RELAXED);
+        return;
+    }
+    uint64_t cur = __atomic_load_n(&o->turns, __ATOMIC_RELAXED);
+    while (cur < turn && !__atomic_compare_exchange_n(&o->turns, &cur, turn, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+static struct llft_obj *slot_for(const void *addr, uint64_t new_id)
 {
     struct llft_obj *tab = table_get();
     uintptr_t a = (uintptr_t)addr;
@@ -50,9 +74,7 @@ struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t)
         if (k == 0) {
             uintptr_t zero = 0;
             if (__atomic_compare_exchange_n(&o->addr, &zero, a, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-                /* The record being written is this thread's call #tn+1. */
-                uint64_t id = ((uint64_t)t->tid << 32) | (uint64_t)(t->tn + 1);
-                __atomic_store_n(&o->id, id, __ATOMIC_RELEASE);
+                __atomic_store_n(&o->id, new_id, __ATOMIC_RELEASE);
                 return o;
             }
             k = zero;

@@ -117,6 +117,11 @@ static uint32_t epoch;            /* bumped after each dispatch that moved recor
 static uint32_t epoch_waiters;
 static uint32_t stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
+static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
+static uint64_t slots_pushed;     /* dispatcher */
+static uint64_t slots_popped;     /* all threads */
+static uint32_t max_tid;          /* highest thread id the primary used */
+static uint64_t pending_turns;    /* turns taken from the stream and not yet done */
 static uint64_t stream_ended_ms;
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
@@ -143,6 +148,7 @@ static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
     memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
     STORE(&c->count, c->count + 1, REL);
     q->pushed++;
+    STORE(&slots_pushed, slots_pushed + 1, REL);
 }
 
 static int q_pop(struct tqueue *q, llft_rec_t *out)
@@ -161,6 +167,7 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
         return 0;
     memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
     STORE(&q->popped, q->popped + 1, REL);
+    __atomic_fetch_add(&slots_popped, 1, __ATOMIC_RELEASE);
     return 1;
 }
 
@@ -189,7 +196,7 @@ static long drain(void)
 {
     llft_ring_t *r = llft_ring;
     uint64_t tail = LOAD(&r->tail, RLX), start = tail;
-    while (tail - start < 4096 && !exec_barrier) {
+    while (tail - start < 4096 && !exec_barrier && !promote_pending) {
         const llft_rec_t *h = llft_ring_slot(r, tail);
         int v = llft_rec_validate(h, tail + 1);
         if (v == LLFT_REC_PENDING)
@@ -202,6 +209,13 @@ static long drain(void)
             tail++;
             continue;
         }
+        if (h->op == LLFT_OP_PROMOTE) {
+            STORE(&promote_pending, 1, REL);
+            tail++;
+            break; /* nothing follows: from here this replica writes the ring */
+        }
+        if (h->tid > max_tid)
+            max_tid = h->tid;
         uint32_t n = h->nslots, i;
         for (i = 1; i < n; i++) {
             const llft_rec_t *d = llft_ring_slot(r, tail + i);
@@ -252,17 +266,44 @@ static long try_dispatch(void)
     return n;
 }
 
-/* Blocks until this thread's next record is in its queue. */
-static void pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+/* Takes over as primary once every thread has taken every record of the
+ * failed primary's stream: the virtual synchrony point.  From then on the
+ * wrappers record (llft_mode reads the role) into this replica's ring. */
+static int try_promote(void)
+{
+    /* Every record taken, and every turn among them done: otherwise a
+     * native acquisition here could overtake a replayed one. */
+    if (LOAD(&slots_popped, ACQ) != LOAD(&slots_pushed, ACQ) || LOAD(&pending_turns, ACQ))
+        return 0;
+    static uint32_t done;
+    if (!__atomic_exchange_n(&done, 1, SEQ)) {
+        __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
+        __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
+        llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
+                 llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));
+        bump_epoch();
+    }
+    return 1;
+}
+
+/* Blocks until this thread's next record is in its queue; returns
+ * LLFT_PROMOTED instead when this replica has become the primary. */
+static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     unsigned spins = 0;
     uint64_t ended_wait_from = 0;
     for (;;) {
         uint32_t ep = LOAD(&epoch, SEQ);
         if (q_pop(t->q, out))
-            return;
+            return 0;
         if (try_dispatch() > 0)
             continue;
+        if (LOAD(&promote_pending, ACQ)) {
+            if (try_promote())
+                return LLFT_PROMOTED;
+            llft_futex_wait(&epoch, ep, 1); /* others are still replaying their last records */
+            continue;
+        }
         if (LOAD(&stream_ended, ACQ)) {
             /* The primary has exited.  A thread racing its process's own
              * exit may get here legitimately, so allow a grace period
@@ -311,10 +352,13 @@ static __attribute__((noreturn)) void park_forever(void)
         llft_futex_wait(&never, 0, -1);
 }
 
-void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     t->depth++;
-    pop_wait(t, op, out);
+    if (pop_wait(t, op, out) == LLFT_PROMOTED) {
+        t->depth--;
+        return LLFT_PROMOTED;
+    }
     if (UNLIKELY(out->op != op)) {
         if (out->op == LLFT_OP_THREAD_EXIT)
             park_forever();
@@ -325,7 +369,10 @@ void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
                      t->tn + 1, out->tn - 1);
     t->tn = out->tn;
     __atomic_fetch_add(&llft_ctl->records, 1, RLX);
+    if (out->turn)
+        __atomic_fetch_add(&pending_turns, 1, SEQ);
     t->depth--;
+    return 0;
 }
 
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
@@ -334,7 +381,7 @@ void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
     uint64_t off = 0;
     t->depth++;
     while (off < len) {
-        pop_wait(t, LLFT_OP_DATA, &slot);
+        pop_wait(t, LLFT_OP_DATA, &slot); /* a group is whole: never promoted in its middle */
         const llft_data_t *d = (const llft_data_t *)&slot;
         if (d->op != LLFT_OP_DATA)
             llft_diverge(t, LLFT_OP_DATA, &slot, LLFT_EXIT_NOSTREAM, "a data record is missing");
@@ -507,6 +554,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
 
 void llft_turn_done(struct turnstile *ts, uint64_t turn)
 {
+    __atomic_fetch_sub(&pending_turns, 1, SEQ);
     STORE(&ts->done, turn, SEQ);
     if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
         return;
@@ -580,7 +628,7 @@ void llft_replay_thread_end(struct llft_thread *t)
 void llft_replay_at_exit(struct llft_thread *t)
 {
     t->depth++;
-    while (!LOAD(&stream_ended, ACQ)) {
+    while (!LOAD(&stream_ended, ACQ) && !LOAD(&promote_pending, ACQ)) {
         uint32_t ep = LOAD(&epoch, SEQ);
         if (try_dispatch() > 0)
             continue;

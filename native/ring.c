@@ -39,7 +39,7 @@ void llft_rec_seal(void *slot)
 }
 
 static const char *const op_names[LLFT_OP_MAX] = {
-    [LLFT_OP_DATA] = "data", [LLFT_OP_END] = "end-of-stream",
+    [LLFT_OP_DATA] = "data", [LLFT_OP_END] = "end-of-stream", [LLFT_OP_PROMOTE] = "promote",
     [LLFT_OP_CLOCK_GETTIME] = "clock_gettime", [LLFT_OP_GETTIMEOFDAY] = "gettimeofday",
     [LLFT_OP_TIME] = "time", [LLFT_OP_GETPID] = "getpid",
     [LLFT_OP_THREAD_CREATE] = "pthread_create", [LLFT_OP_THREAD_EXIT] = "thread-exit",
@@ -250,9 +250,16 @@ long llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms)
 
 int llft_ring_write_end(llft_ring_t *r, int timeout_ms)
 {
+    return llft_ring_write_control(r, LLFT_OP_END, timeout_ms);
+}
+
+/* END (the primary exited) or PROMOTE (it failed; this backup takes over):
+ * the last record of the stream this ring carries from the controller. */
+int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms)
+{
     llft_rec_t end;
     memset(&end, 0, sizeof end);
-    end.op = LLFT_OP_END;
+    end.op = (uint16_t)op;
     end.nslots = 1;
     llft_rec_seal(&end);
     long w = llft_ring_write(r, &end, 1, timeout_ms);

@@ -82,6 +82,7 @@ struct llft_obj {
     uint64_t turns;
 };
 struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t);
+void llft_obj_learn(const void *addr, uint64_t id, uint64_t turn);
 static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 {
     return __atomic_add_fetch(&o->turns, 1, __ATOMIC_RELAXED);
@@ -89,7 +90,10 @@ static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 
 /* ---- backup: replay (replay.c) ---- */
 void llft_replay_setup(void);
-void llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
+/* Returns 0 with the thread's next record, or LLFT_PROMOTED: this replica
+ * has just become the primary and the caller must do the call as one. */
+#define LLFT_PROMOTED 1
+int  llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
 struct turnstile;
 struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);

@@ -24,6 +24,23 @@ static int replicated_exec(exec_fn fn, const void *target, char *const argv[], c
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_EXEC, &e)) {
+            int r = fn(target, argv, envp);
+            llft_replay_exec_failed();
+            if (llft_replay_next(t, LLFT_OP_EXEC_FAILED, &e)) { /* taken over meanwhile */
+                int err = errno;
+                llft_record(t, LLFT_OP_EXEC_FAILED, 0, 0, r, err, 0);
+                errno = err;
+                return r;
+            }
+            if (e.err)
+                errno = e.err;
+            return (int)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         llft_record(t, LLFT_OP_EXEC, 0, 0, 0, 0, 0);
         int r = fn(target, argv, envp);
@@ -31,17 +48,6 @@ static int replicated_exec(exec_fn fn, const void *target, char *const argv[], c
         llft_record(t, LLFT_OP_EXEC_FAILED, 0, 0, r, err, 0);
         errno = err;
         return r;
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_EXEC, &e);
-        int r = fn(target, argv, envp);
-        llft_replay_exec_failed();
-        llft_replay_next(t, LLFT_OP_EXEC_FAILED, &e);
-        if (e.err)
-            errno = e.err;
-        (void)r;
-        return (int)e.ret;
     }
     return fn(target, argv, envp);
 }

@@ -61,18 +61,21 @@ static size_t iov_total(const struct iovec *iov, int n)
 }
 
 /* Replays one transfer of the primary's: exactly its byte count through
- * this replica's fd, into or out of the caller's buffers. */
-static ssize_t replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
-                               int peek)
+ * this replica's fd, into or out of the caller's buffers.  The result goes
+ * to *res; LLFT_PROMOTED means this replica has just taken over. */
+static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
+                           int peek, ssize_t *res)
 {
     llft_rec_t e;
-    llft_replay_next(t, op, &e);
+    if (llft_replay_next(t, op, &e))
+        return LLFT_PROMOTED;
     if (UNLIKELY(e.aux != (uint32_t)fd))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "used fd %d where the primary used fd %u", fd, e.aux);
+    *res = (ssize_t)e.ret;
     if (e.ret <= 0) {
         if (e.ret < 0)
             errno = e.err;
-        return (ssize_t)e.ret;
+        return 0;
     }
     size_t want = (size_t)e.ret;
     if (UNLIKELY(want > iov_total(iov, niov)))
@@ -95,14 +98,25 @@ static ssize_t replay_transfer(struct llft_thread *t, uint16_t op, int fd, const
         if (peek)
             break; /* a peek fills the first buffer only */
     }
+    llft_obj_learn(llft_fd_object(fd), e.obj, e.turn);
     llft_turn_done(ts, e.turn);
     if (UNLIKELY(err))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "could not %s the %zu bytes the primary did here (error %d)",
                      op == LLFT_OP_READ ? "read" : "write", want, err);
     if (counter) /* the kernel's count here may differ: hand out the primary's */
         memcpy(iov[0].iov_base, value, sizeof value);
-    return (ssize_t)want;
+    return 0;
 }
+
+/* At a backup, replay and return; fall through as the primary if this
+ * replica has just taken over. */
+#define REPLAY_OR_PROMOTE(role, call)                                               \
+    if (UNLIKELY((role) == LLFT_ROLE_BACKUP)) {                                     \
+        ssize_t res_;                                                               \
+        if (!(call))                                                                \
+            return res_;                                                            \
+        (role) = LLFT_ROLE_PRIMARY;                                                 \
+    }
 
 /* The role for a transfer on fd, or OFF when it is not recorded. */
 static inline int transfer_mode(int fd, struct llft_thread **t)
@@ -133,13 +147,11 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
         return llft_random_read(fd, buf, n);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    struct iovec v = {buf, n};
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(read)(fd, buf, n);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        struct iovec v = {buf, n};
-        return replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0);
     }
     return REAL(read)(fd, buf, n);
 }
@@ -148,12 +160,11 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
 {
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(readv)(fd, iov, niov);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0);
     return REAL(readv)(fd, iov, niov);
 }
 
@@ -161,13 +172,11 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    struct iovec v = {buf, n};
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(recv)(fd, buf, n, flags);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        struct iovec v = {buf, n};
-        return replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK);
     }
     return REAL(recv)(fd, buf, n, flags);
 }
@@ -180,12 +189,10 @@ EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct 
     if (role == LLFT_ROLE_OFF)
         return REAL(recvfrom)(fd, buf, n, flags, addr, len);
     ssize_t r;
-    if (role == LLFT_ROLE_PRIMARY) {
+    struct iovec v = {buf, n};
+    if (role == LLFT_ROLE_PRIMARY || replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &r)) {
         r = REAL(recvfrom)(fd, buf, n, flags, NULL, NULL);
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
-    } else {
-        struct iovec v = {buf, n};
-        r = replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK);
     }
     if (r >= 0)
         no_peer_address(fd, addr, len);
@@ -199,13 +206,13 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
     if (role == LLFT_ROLE_OFF)
         return REAL(recvmsg)(fd, msg, flags);
     ssize_t r;
-    if (role == LLFT_ROLE_PRIMARY) {
-        r = REAL(recvmsg)(fd, msg, flags);
-        r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
-    } else {
-        r = replay_transfer(t, LLFT_OP_READ, fd, msg->msg_iov, (int)msg->msg_iovlen, flags & MSG_PEEK);
+    if (role == LLFT_ROLE_BACKUP &&
+        !replay_transfer(t, LLFT_OP_READ, fd, msg->msg_iov, (int)msg->msg_iovlen, flags & MSG_PEEK, &r)) {
         msg->msg_controllen = 0; /* ancillary data is not replicated */
         msg->msg_flags = 0;
+    } else {
+        r = REAL(recvmsg)(fd, msg, flags);
+        r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
     }
     if (r >= 0)
         no_peer_address(fd, msg->msg_name, &msg->msg_namelen);
@@ -221,13 +228,11 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
         return REAL(write)(fd, buf, n);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    struct iovec v = {(void *)buf, n};
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(write)(fd, buf, n);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        struct iovec v = {(void *)buf, n};
-        return replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0);
     }
     return REAL(write)(fd, buf, n);
 }
@@ -236,12 +241,11 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
 {
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(writev)(fd, iov, niov);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0);
     return REAL(writev)(fd, iov, niov);
 }
 
@@ -249,13 +253,11 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    struct iovec v = {(void *)buf, n};
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        struct iovec v = {(void *)buf, n};
-        return replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0);
     }
     return REAL(send)(fd, buf, n, flags);
 }
@@ -271,11 +273,10 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
+    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0);
     return REAL(sendmsg)(fd, msg, flags);
 }

@@ -54,22 +54,26 @@ static inline void record_acquire(struct llft_thread *t, uint16_t op, const void
 }
 
 /* Backup: acquire in the primary's order.  block() acquires for real,
- * waiting as long as needed; it returns 0 on success. */
-static int64_t replay_acquire(struct llft_thread *t, uint16_t op, void *obj, int (*block)(void *))
+ * waiting as long as needed; it returns 0 on success.  The primary's result
+ * goes to *res; LLFT_PROMOTED means this replica has just taken over. */
+static int replay_acquire(struct llft_thread *t, uint16_t op, void *obj, int (*block)(void *), int64_t *res)
 {
     llft_rec_t e;
-    llft_replay_next(t, op, &e);
+    if (llft_replay_next(t, op, &e))
+        return LLFT_PROMOTED;
+    *res = e.ret;
     if (e.turn == 0) {
         if (e.err)
             errno = e.err;
-        return e.ret;
+        return 0;
     }
     struct turnstile *ts = llft_turn_wait(t, &e);
     int r = block(obj);
+    llft_obj_learn(obj, e.obj, e.turn);
     llft_turn_done(ts, e.turn);
     if (UNLIKELY(r != 0))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "acquiring for real failed here (error %d)", r);
-    return e.ret;
+    return 0;
 }
 
 static int block_mutex(void *m) { return REAL(pthread_mutex_lock)(m); }
@@ -88,13 +92,17 @@ static int block_sem(void *s)
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
+        if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
+            int64_t res;                                                            \
+            if (!replay_acquire(t, op, (void *)(obj), block, &res))                 \
+                return (int)res;                                                    \
+            role = LLFT_ROLE_PRIMARY;                                               \
+        }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
             int r = real_call;                                                      \
             record_acquire(t, op, obj, r == 0, r, 0);                               \
             return r;                                                               \
         }                                                                           \
-        if (role == LLFT_ROLE_BACKUP)                                               \
-            return (int)replay_acquire(t, op, (void *)(obj), block);                \
         return real_call;                                                           \
     } while (0)
 
@@ -163,13 +171,17 @@ EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *restrict l, clockid_t c,
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
+        if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
+            int64_t res;                                                            \
+            if (!replay_acquire(t, op, s, block_sem, &res))                         \
+                return (int)res;                                                    \
+            role = LLFT_ROLE_PRIMARY;                                               \
+        }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
             int r = real_call;                                                      \
             record_acquire(t, op, s, r == 0, r, r ? errno : 0);                     \
             return r;                                                               \
         }                                                                           \
-        if (role == LLFT_ROLE_BACKUP)                                               \
-            return (int)replay_acquire(t, op, s, block_sem);                        \
         return real_call;                                                           \
     } while (0)
 
@@ -192,33 +204,44 @@ static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, stru
     return primary_result;
 }
 
-static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t)
+/* Backup: the result in *res, or LLFT_PROMOTED (the mutex held again, as
+ * on entry, for the caller to wait as the primary). */
+static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, int *res)
 {
     /* Release first, as the real wait does: the record of this wait's end
      * may be long in coming, and other threads need the mutex meanwhile. */
     REAL(pthread_mutex_unlock)(m);
     llft_rec_t e;
-    llft_replay_next(t, op, &e);
+    if (llft_replay_next(t, op, &e)) {
+        REAL(pthread_mutex_lock)(m);
+        return LLFT_PROMOTED;
+    }
+    *res = (int)e.ret;
     if (e.turn == 0) { /* it failed at the primary without waiting */
         REAL(pthread_mutex_lock)(m);
-        return (int)e.ret;
+        return 0;
     }
     struct turnstile *ts = llft_turn_wait(t, &e);
     int r = REAL(pthread_mutex_lock)(m);
+    llft_obj_learn(m, e.obj, e.turn);
     llft_turn_done(ts, e.turn);
     if (UNLIKELY(r != 0))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "re-acquiring the mutex failed here (error %d)", r);
-    return (int)e.ret;
+    return 0;
 }
 
 #define COND_WAIT(op, m, real_call)                                                 \
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
+        if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
+            int res;                                                                \
+            if (!cond_replay(op, m, t, &res))                                       \
+                return res;                                                         \
+            role = LLFT_ROLE_PRIMARY;                                               \
+        }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
             return cond_common(op, m, real_call, t);                                \
-        if (role == LLFT_ROLE_BACKUP)                                               \
-            return cond_replay(op, m, t);                                           \
         return real_call;                                                           \
     } while (0)
 

@@ -33,12 +33,14 @@ struct ready { uint32_t index; uint32_t events; }; /* poll: pollfd index; epoll:
 #define STACK_READY 256
 #define MAX_READY ((LLFT_MAX_GROUP - 1) * LLFT_DATA_BYTES / sizeof(struct ready))
 
-/* Backup: the primary's ready list for this call, checked against obj. */
-static int64_t replay_ready(struct llft_thread *t, uint16_t op, uint64_t obj, struct ready **out,
-                            struct ready *stack, size_t max)
+/* Backup: the primary's ready list for this call, checked against obj, and
+ * its result in *res; LLFT_PROMOTED if this replica has just taken over. */
+static int replay_ready(struct llft_thread *t, uint16_t op, uint64_t obj, struct ready **out,
+                        struct ready *stack, size_t max, int64_t *res)
 {
     llft_rec_t e;
-    llft_replay_next(t, op, &e);
+    if (llft_replay_next(t, op, &e))
+        return LLFT_PROMOTED;
     if (UNLIKELY(e.obj != obj))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "waited on %llu where the primary waited on %llu",
                      (unsigned long long)obj, (unsigned long long)e.obj);
@@ -50,7 +52,8 @@ static int64_t replay_ready(struct llft_thread *t, uint16_t op, uint64_t obj, st
         llft_replay_data(t, *out, n * sizeof **out);
     if (e.ret < 0)
         errno = e.err;
-    return e.ret;
+    *res = e.ret;
+    return 0;
 }
 
 static void record_ready(struct llft_thread *t, uint16_t op, uint64_t obj, int r, int err,
@@ -79,10 +82,12 @@ static int poll_primary(struct llft_thread *t, struct pollfd *fds, nfds_t n, int
     return r;
 }
 
-static int poll_backup(struct llft_thread *t, struct pollfd *fds, nfds_t n)
+static int poll_backup(struct llft_thread *t, struct pollfd *fds, nfds_t n, int *res)
 {
     struct ready stack[STACK_READY], *list;
-    int64_t r = replay_ready(t, LLFT_OP_POLL, n, &list, stack, n);
+    int64_t r;
+    if (replay_ready(t, LLFT_OP_POLL, n, &list, stack, n, &r))
+        return LLFT_PROMOTED;
     int err = errno;
     for (nfds_t i = 0; i < n; i++)
         fds[i].revents = 0;
@@ -95,19 +100,21 @@ static int poll_backup(struct llft_thread *t, struct pollfd *fds, nfds_t n)
     if (list != stack)
         free(list);
     errno = err;
-    return (int)r;
+    *res = (int)r;
+    return 0;
 }
 
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
-    if (role == LLFT_ROLE_PRIMARY) {
+    int res;
+    if (role == LLFT_ROLE_BACKUP && !poll_backup(t, fds, n, &res))
+        return res;
+    if (role != LLFT_ROLE_OFF) {
         int r = REAL(poll)(fds, n, timeout);
         return poll_primary(t, fds, n, r, errno);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return poll_backup(t, fds, n);
     return REAL(poll)(fds, n, timeout);
 }
 
@@ -115,12 +122,13 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const 
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
-    if (role == LLFT_ROLE_PRIMARY) {
+    int res;
+    if (role == LLFT_ROLE_BACKUP && !poll_backup(t, fds, n, &res))
+        return res;
+    if (role != LLFT_ROLE_OFF) {
         int r = REAL(ppoll)(fds, n, ts, mask);
         return poll_primary(t, fds, n, r, errno);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return poll_backup(t, fds, n);
     return REAL(ppoll)(fds, n, ts, mask);
 }
 
@@ -150,10 +158,12 @@ static int select_primary(struct llft_thread *t, int n, fd_set *sets[3], int r, 
     return r;
 }
 
-static int select_backup(struct llft_thread *t, int n, fd_set *sets[3])
+static int select_backup(struct llft_thread *t, int n, fd_set *sets[3], int *res)
 {
     struct ready stack[STACK_READY], *list;
-    int64_t r = replay_ready(t, LLFT_OP_SELECT, (uint64_t)n, &list, stack, (size_t)n * 3);
+    int64_t r;
+    if (replay_ready(t, LLFT_OP_SELECT, (uint64_t)n, &list, stack, (size_t)n * 3, &r))
+        return LLFT_PROMOTED;
     int err = errno;
     for (int s = 0; s < 3; s++)
         if (sets[s] && r >= 0)
@@ -166,7 +176,8 @@ static int select_backup(struct llft_thread *t, int n, fd_set *sets[3])
     if (list != stack)
         free(list);
     errno = err;
-    return (int)r;
+    *res = (int)r;
+    return 0;
 }
 
 EXPORT int select(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex, struct timeval *restrict tv)
@@ -174,12 +185,13 @@ EXPORT int select(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restr
     struct llft_thread *t;
     int role = llft_mode(&t);
     fd_set *sets[3] = {rd, wr, ex};
-    if (role == LLFT_ROLE_PRIMARY) {
+    int res;
+    if (role == LLFT_ROLE_BACKUP && !select_backup(t, n, sets, &res))
+        return res;
+    if (role != LLFT_ROLE_OFF) {
         int r = REAL(select)(n, rd, wr, ex, tv);
         return select_primary(t, n, sets, r, errno);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return select_backup(t, n, sets);
     return REAL(select)(n, rd, wr, ex, tv);
 }
 
@@ -189,12 +201,13 @@ EXPORT int pselect(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *rest
     struct llft_thread *t;
     int role = llft_mode(&t);
     fd_set *sets[3] = {rd, wr, ex};
-    if (role == LLFT_ROLE_PRIMARY) {
+    int res;
+    if (role == LLFT_ROLE_BACKUP && !select_backup(t, n, sets, &res))
+        return res;
+    if (role != LLFT_ROLE_OFF) {
         int r = REAL(pselect)(n, rd, wr, ex, ts, mask);
         return select_primary(t, n, sets, r, errno);
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return select_backup(t, n, sets);
     return REAL(pselect)(n, rd, wr, ex, ts, mask);
 }
 
@@ -248,10 +261,12 @@ static int epoll_primary(struct llft_thread *t, int epfd, struct epoll_event *ev
     return r;
 }
 
-static int epoll_backup(struct llft_thread *t, int epfd, struct epoll_event *evs, int max)
+static int epoll_backup(struct llft_thread *t, int epfd, struct epoll_event *evs, int max, int *res)
 {
     struct ready stack[STACK_READY], *list;
-    int64_t r = replay_ready(t, LLFT_OP_EPOLL_WAIT, (uint64_t)epfd, &list, stack, max > 0 ? (size_t)max : 0);
+    int64_t r;
+    if (replay_ready(t, LLFT_OP_EPOLL_WAIT, (uint64_t)epfd, &list, stack, max > 0 ? (size_t)max : 0, &r))
+        return LLFT_PROMOTED;
     int err = errno;
     const uint64_t *data = llft_fds[epfd].epoll_data;
     for (int64_t i = 0; i < r; i++) {
@@ -261,7 +276,8 @@ static int epoll_backup(struct llft_thread *t, int epfd, struct epoll_event *evs
     if (list != stack)
         free(list);
     errno = err;
-    return (int)r;
+    *res = (int)r;
+    return 0;
 }
 
 EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
@@ -270,8 +286,12 @@ EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
         return REAL(epoll_wait)(epfd, evs, max, timeout);
     struct llft_thread *t;
     int role = llft_mode(&t);
-    if (role == LLFT_ROLE_BACKUP)
-        return epoll_backup(t, epfd, evs, max);
+    int res;
+    if (role == LLFT_ROLE_BACKUP) {
+        if (!epoll_backup(t, epfd, evs, max, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
     int r = REAL(epoll_wait)(epfd, evs, max, timeout);
     return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
 }
@@ -282,8 +302,12 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, 
         return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
     struct llft_thread *t;
     int role = llft_mode(&t);
-    if (role == LLFT_ROLE_BACKUP)
-        return epoll_backup(t, epfd, evs, max);
+    int res;
+    if (role == LLFT_ROLE_BACKUP) {
+        if (!epoll_backup(t, epfd, evs, max, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
     int r = REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
     return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
 }

@@ -18,16 +18,18 @@ EXPORT pid_t getpid(void)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_GETPID, &e)) {
+            __atomic_store_n(&primary_pid, (pid_t)e.ret, __ATOMIC_RELAXED);
+            return (pid_t)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         pid_t p = REAL(getpid)();
         llft_record(t, LLFT_OP_GETPID, 0, 0, p, 0, p);
         return p;
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_GETPID, &e);
-        __atomic_store_n(&primary_pid, (pid_t)e.ret, __ATOMIC_RELAXED);
-        return (pid_t)e.ret;
     }
     return REAL(getpid)();
 }

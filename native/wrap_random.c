@@ -40,11 +40,13 @@ static int random_path(const char *p)
     return p && (strcmp(p, "/dev/urandom") == 0 || strcmp(p, "/dev/random") == 0);
 }
 
-/* Backup: the primary's bytes for a recorded random read. */
-static int64_t replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, void *buf, uint64_t cap)
+/* Backup: the primary's bytes for a recorded random read, in *res; or
+ * LLFT_PROMOTED if this replica has just taken over. */
+static int replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, void *buf, uint64_t cap, int64_t *res)
 {
     llft_rec_t e;
-    llft_replay_next(t, op, &e);
+    if (llft_replay_next(t, op, &e))
+        return LLFT_PROMOTED;
     if (UNLIKELY(e.obj != obj || (uint64_t)e.val > cap))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "asked for %llu random bytes (kind %llu)",
                      (unsigned long long)cap, (unsigned long long)obj);
@@ -52,7 +54,8 @@ static int64_t replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, vo
         llft_replay_data(t, buf, (uint64_t)e.val);
     if (e.err)
         errno = e.err;
-    return e.ret;
+    *res = e.ret;
+    return 0;
 }
 
 /* A read-like random source: primary records what fill() produced. */
@@ -62,6 +65,12 @@ static int64_t random_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fil
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        int64_t res;
+        if (!replay_bytes(t, op, obj, buf, n, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         if (n > MAX_RANDOM_READ)
             n = MAX_RANDOM_READ;
@@ -72,8 +81,6 @@ static int64_t random_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fil
             errno = err;
         return r;
     }
-    if (role == LLFT_ROLE_BACKUP)
-        return replay_bytes(t, op, obj, buf, n);
     return fill(buf, n, obj);
 }
 
@@ -139,17 +146,19 @@ EXPORT uint32_t arc4random_uniform(uint32_t bound)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_ARC4RANDOM, &e)) {
+            if (e.obj != 1 || e.val != bound)
+                llft_diverge(t, LLFT_OP_ARC4RANDOM, &e, LLFT_EXIT_DIVERGED, "arc4random_uniform(%u)", bound);
+            return (uint32_t)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         uint32_t v = REAL(arc4random_uniform)(bound);
         llft_record(t, LLFT_OP_ARC4RANDOM, 1, 0, v, 0, bound);
         return v;
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_ARC4RANDOM, &e);
-        if (e.obj != 1 || e.val != bound)
-            llft_diverge(t, LLFT_OP_ARC4RANDOM, &e, LLFT_EXIT_DIVERGED, "arc4random_uniform(%u)", bound);
-        return (uint32_t)e.ret;
     }
     return REAL(arc4random_uniform)(bound);
 }

@@ -247,10 +247,19 @@ static void wait_fd_free(struct llft_thread *t, const llft_rec_t *e)
     }
 }
 
+static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags,
+                         int *res);
+
 static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        int res;
+        if (!accept_replay(t, lfd, addr, len, flags, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         int fd = REAL(accept4)(lfd, NULL, NULL, flags);
         llft_conn_header_t h;
@@ -271,12 +280,21 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         give_peer(addr, len, &h);
         return fd;
     }
-    if (role == LLFT_ROLE_BACKUP) {
+    return REAL(accept4)(lfd, addr, len, flags);
+}
+
+/* Backup: accept the connection the primary accepted, under its fd number. */
+static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags,
+                         int *res)
+{
+    {
         llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_ACCEPT, &e);
+        if (llft_replay_next(t, LLFT_OP_ACCEPT, &e))
+            return LLFT_PROMOTED;
         if (e.ret < 0) {
             errno = e.err;
-            return -1;
+            *res = -1;
+            return 0;
         }
         llft_conn_header_t want, h;
         llft_replay_data(t, &want, sizeof want);
@@ -294,12 +312,13 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
             REAL(close)(fd);
             fd = (int)e.ret;
         }
+        llft_obj_learn(llft_fd_object(lfd), e.obj, e.turn);
         llft_turn_done(ts, e.turn);
         conn_setup(fd, lfd, &h);
         give_peer(addr, len, &h);
-        return fd;
+        *res = fd;
+        return 0;
     }
-    return REAL(accept4)(lfd, addr, len, flags);
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)

@@ -20,13 +20,15 @@ static void thread_finish(struct llft_thread *t)
 {
     struct llft_thread *me;
     int role = llft_mode(&me);
-    if (role == LLFT_ROLE_PRIMARY) {
-        llft_record(t, LLFT_OP_THREAD_EXIT, 0, 0, 0, 0, 0);
-    } else if (role == LLFT_ROLE_BACKUP) {
+    if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_THREAD_EXIT, &e);
-        llft_replay_thread_end(t);
+        if (!llft_replay_next(t, LLFT_OP_THREAD_EXIT, &e))
+            llft_replay_thread_end(t);
+        else
+            role = LLFT_ROLE_PRIMARY;
     }
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_record(t, LLFT_OP_THREAD_EXIT, 0, 0, 0, 0, 0);
     /* Whatever runs after this (TLS destructors) is not replicated. */
     t->state = TS_UNTRACKED;
 }
@@ -67,6 +69,20 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e)) {
+            if (e.ret != 0)
+                return (int)e.ret; /* it failed at the primary: fail the same way */
+            int r = create(th, attr, fn, arg, (uint32_t)e.val);
+            if (r != 0)
+                llft_diverge(t, LLFT_OP_THREAD_CREATE, &e, LLFT_EXIT_DIVERGED,
+                             "pthread_create failed here (error %d) but succeeded at the primary", r);
+            __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         uint32_t tid = __atomic_fetch_add(&llft_next_tid, 1, __ATOMIC_RELAXED);
         int r = create(th, attr, fn, arg, tid);
@@ -74,18 +90,6 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
         if (r == 0)
             __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
         return r;
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e);
-        if (e.ret != 0)
-            return (int)e.ret; /* it failed at the primary: fail the same way */
-        int r = create(th, attr, fn, arg, (uint32_t)e.val);
-        if (r != 0)
-            llft_diverge(t, LLFT_OP_THREAD_CREATE, &e, LLFT_EXIT_DIVERGED,
-                         "pthread_create failed here (error %d) but succeeded at the primary", r);
-        __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
-        return 0;
     }
     return REAL(pthread_create)(th, attr, fn, arg);
 }

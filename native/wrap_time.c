@@ -54,10 +54,12 @@ static int64_t local_ns(clockid_t c)
     return REAL(clock_gettime)(c, &ts) == 0 ? ts_ns(&ts) : 0;
 }
 
-/* Backup: the primary's reading of clock c, after checking the call matches. */
-static int64_t replay_clock(struct llft_thread *t, uint16_t op, clockid_t c, llft_rec_t *e)
+/* Backup: the primary's reading of clock c, after checking the call
+ * matches; LLFT_PROMOTED if this replica has just taken over. */
+static int replay_clock(struct llft_thread *t, uint16_t op, clockid_t c, llft_rec_t *e)
 {
-    llft_replay_next(t, op, e);
+    if (llft_replay_next(t, op, e))
+        return LLFT_PROMOTED;
     if (UNLIKELY(e->obj != (uint64_t)(int64_t)c))
         llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "read clock %d where the primary read clock %lld", (int)c,
                      (long long)e->obj);
@@ -65,13 +67,24 @@ static int64_t replay_clock(struct llft_thread *t, uint16_t op, clockid_t c, llf
         note_offset(offset_slot(c), e->val, local_ns(c));
     else
         errno = e->err;
-    return e->val;
+    return 0;
 }
 
 EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
+        llft_rec_t e;
+        if (!replay_clock(t, LLFT_OP_CLOCK_GETTIME, c, &e)) {
+            if (e.ret == 0) {
+                ts->tv_sec = e.val / NS;
+                ts->tv_nsec = e.val % NS;
+            }
+            return (int)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
         int r = REAL(clock_gettime)(c, ts);
         int64_t v = 0;
@@ -86,15 +99,6 @@ EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
         llft_record(t, LLFT_OP_CLOCK_GETTIME, (uint64_t)(int64_t)c, 0, r, r ? errno : 0, v);
         return r;
     }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        int64_t v = replay_clock(t, LLFT_OP_CLOCK_GETTIME, c, &e);
-        if (e.ret == 0) {
-            ts->tv_sec = v / NS;
-            ts->tv_nsec = v % NS;
-        }
-        return (int)e.ret;
-    }
     return REAL(clock_gettime)(c, ts);
 }
 
@@ -102,6 +106,21 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
+        llft_rec_t e;
+        if (!replay_clock(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, &e)) {
+            if (e.ret == 0) {
+                tv->tv_sec = e.val / NS;
+                tv->tv_usec = (e.val % NS) / 1000;
+            }
+            if (tz) { /* obsolete and constant: the local answer is the primary's */
+                struct timeval scratch;
+                REAL(gettimeofday)(&scratch, tz);
+            }
+            return (int)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
         int r = REAL(gettimeofday)(tv, tz);
         int64_t v = 0;
@@ -116,19 +135,6 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
         llft_record(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, 0, r, r ? errno : 0, v);
         return r;
     }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        int64_t v = replay_clock(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, &e);
-        if (e.ret == 0) {
-            tv->tv_sec = v / NS;
-            tv->tv_usec = (v % NS) / 1000;
-        }
-        if (tz) { /* obsolete and constant: the local answer is the primary's */
-            struct timeval scratch;
-            REAL(gettimeofday)(&scratch, tz);
-        }
-        return (int)e.ret;
-    }
     return REAL(gettimeofday)(tv, tz);
 }
 
@@ -136,6 +142,15 @@ EXPORT time_t time(time_t *out)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
+        llft_rec_t e;
+        if (!replay_clock(t, LLFT_OP_TIME, CLOCK_REALTIME, &e)) {
+            if (out)
+                *out = (time_t)e.ret;
+            return (time_t)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
     if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
         time_t r = REAL(time)(NULL);
         int64_t v = r == (time_t)-1 ? -1 : to_group(CLOCK_REALTIME, (int64_t)r * NS);
@@ -144,13 +159,6 @@ EXPORT time_t time(time_t *out)
         if (out)
             *out = s;
         return s;
-    }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        replay_clock(t, LLFT_OP_TIME, CLOCK_REALTIME, &e);
-        if (out)
-            *out = (time_t)e.ret;
-        return (time_t)e.ret;
     }
     return REAL(time)(out);
 }

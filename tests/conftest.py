@@ -68,3 +68,12 @@ def llft_run(tmp_path):
         return Run(proc, rd, replicas)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _stop_serving_groups():
+    """No test leaves a replica group running, whatever its outcome."""
+    yield
+    import serving
+    while serving.LIVE:
+        serving.LIVE.pop().stop()

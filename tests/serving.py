@@ -30,10 +30,14 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0):
     raise AssertionError(f"nothing listens on port {port}")
 
 
+LIVE: list["ServingGroup"] = []  # stopped after each test (conftest), pass or fail
+
+
 class ServingGroup:
     """llft-run in the background, serving on a free public port."""
 
     def __init__(self, run_dir: Path, argv, replicas=3, extra=()):
+        LIVE.append(self)
         self.port = free_port()
         self.run_dir = run_dir
         cmd = [tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(run_dir),
@@ -49,10 +53,20 @@ class ServingGroup:
         try:
             self.proc.wait(timeout=timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.stop()
         self.stderr = self.proc.stderr.read()
         return json.loads((self.run_dir / "llft-run.json").read_text())
+
+    def stop(self):
+        """Ends llft-run if it still runs: SIGTERM first, so that it stops
+        its replicas; SIGKILL only if it does not."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def line_client(sock: socket.socket, lines: list[str]) -> tuple[list[str], bytes]:

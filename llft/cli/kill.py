@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
     pid = member.get("pid")
-    if not owns(pid, member.get("stream")):
+    if not owns(pid, member.get("started")):
         return fail(PROG, f"replica {member['index']} ({member['role']}) is not running (pid {pid})", 1)
     os.kill(pid, sig)
     print(f"{PROG}: sent {sig.name} to replica {member['index']} ({member['role']}, pid {pid}) of group "

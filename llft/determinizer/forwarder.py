@@ -25,6 +25,15 @@ class RecordForwarder(threading.Thread):
         self.slots = 0
         self.error: str | None = None
         self.torn = 0
+        self.successor = None  # (source, sink) taking over when the source fails
+        self.lock = threading.Lock()
+
+    def fail_over(self, new_source, promoted_sink):
+        """The source failed: once its last records are forwarded, promoted_sink
+        takes over (it gets PROMOTE instead of END) and becomes the source; the
+        other sinks go on with the new primary's records."""
+        with self.lock:
+            self.successor = (new_source, promoted_sink)
 
     def run(self):
         try:
@@ -54,7 +63,17 @@ class RecordForwarder(threading.Thread):
                                 "they are discarded", self.torn)
                 if getattr(self.source, "error", None):
                     self.error = self.source.error
-                return
+                with self.lock:
+                    successor, self.successor = self.successor, None
+                if successor is None:
+                    return
+                new_source, sink = successor
+                self.sinks.remove(sink)
+                if not sink.stream.write_promote(timeout_ms=5000):
+                    log.error("replica %d: could not tell it to take over", sink.replica)
+                log.info("forwarding replica %d's records from here on", sink.replica)
+                self.source = new_source
+                continue
             self.source.wait(20)
 
     def _deliver(self, chunk: bytes):

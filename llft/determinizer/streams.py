@@ -11,7 +11,7 @@ import os
 import struct
 import threading
 
-from llft.native import REC_SIZE, StreamError, StreamFile, count_groups
+from llft.native import REC_SIZE, ROLE_PRIMARY, StreamError, StreamFile, count_groups
 
 SAVED_MAGIC = b"LLFTSTRM"
 SAVED_VERSION = 1
@@ -24,6 +24,10 @@ class PrimarySource:
         self.exited = threading.Event()
 
     def read(self, max_slots: int) -> bytes:
+        # A backup taking over still consumes the failed primary's last
+        # records from this ring: it is ours only once it says it is primary.
+        if self.stream.role != ROLE_PRIMARY:
+            return b""
         return self.stream.read(max_slots)
 
     def wait(self, timeout_ms: int) -> None:

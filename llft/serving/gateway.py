@@ -25,9 +25,20 @@ class Gateway:
         self.clients: dict[int, asyncio.StreamWriter] = {}
         self.ids = itertools.count(1)
         self.errors: list[str] = []
-        self.stats = {"connections": 0, "bytes_in": 0, "bytes_out": 0}
+        self.stats = {"connections": 0, "bytes_in": 0, "bytes_out": 0, "failovers": 0}
+        self.sent: dict[int, int] = {}  # bytes of each connection the client has been sent
         primary_relay.on_output = self._reply
         primary_relay.on_close = self._server_closed
+        for r in relays:
+            r.delivered = lambda conn_id: self.sent.get(conn_id, 0)
+
+    def promote(self, relay):
+        """The primary failed and relay's replica took over: its output goes to
+        the clients from where the old primary's stopped; connections stay."""
+        old, self.primary = self.primary, relay
+        old.on_output = old.on_close = None
+        self.stats["failovers"] += 1
+        relay.take_over(self._reply, self._server_closed)
 
     async def watch(self, stream, interval: float = 0.01):
         """Opens a public port for each port the primary listens on."""
@@ -78,11 +89,19 @@ class Gateway:
         for r in self.relays:
             r.eof(conn_id)
 
-    def _reply(self, conn_id: int, chunk: bytes):
+    def _reply(self, conn_id: int, chunk: bytes, offset: int):
+        """Sends what of chunk (at offset in the connection's output) the
+        client has not had yet: after a failover the new primary repeats,
+        byte for byte, what the old one had sent."""
+        skip = self.sent.get(conn_id, 0) - offset
+        if skip >= len(chunk):
+            return
+        part = chunk[max(skip, 0):]
+        self.sent[conn_id] = offset + len(chunk)
         w = self.clients.get(conn_id)
         if w is not None and not w.is_closing():
-            self.stats["bytes_out"] += len(chunk)
-            w.write(chunk)
+            self.stats["bytes_out"] += len(part)
+            w.write(part)
 
     def _server_closed(self, conn_id: int):
         w = self.clients.pop(conn_id, None)

@@ -26,22 +26,27 @@ CONNECT_RETRY_S = 0.005
 
 @dataclass
 class OutputLog:
-    """What a replica sent on one connection."""
+    """What a replica sent on one connection.  A backup also keeps the bytes
+    the clients have not been sent yet (by the primary): if it takes over,
+    it sends them."""
     bytes: int = 0
     sha256: "hashlib._Hash" = field(default_factory=hashlib.sha256)
     closed: bool = False
+    unsent: bytearray = field(default_factory=bytearray)
+    unsent_from: int = 0  # stream offset of unsent[0]
 
     def summary(self) -> dict:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest(), "closed": self.closed}
 
 
 class ReplicaRelay:
-    def __init__(self, replica, on_output: Callable[[int, bytes], None] | None = None,
+    def __init__(self, replica, on_output: Callable[[int, bytes, int], None] | None = None,
                  on_close: Callable[[int], None] | None = None, log_dir: Path | None = None,
-                 queue_limit: int = 8 << 20):
+                 queue_limit: int = 8 << 20, delivered: Callable[[int], int] | None = None):
         self.replica = replica
-        self.on_output = on_output
+        self.on_output = on_output          # (conn, chunk, stream offset of chunk)
         self.on_close = on_close
+        self.delivered = delivered          # bytes of a connection the clients already got
         self.log_dir = log_dir
         self.events: asyncio.Queue = asyncio.Queue()
         self.queued_bytes = 0
@@ -128,12 +133,15 @@ class ReplicaRelay:
             logfile = open(self.log_dir / f"conn-{conn_id}", "wb")
         try:
             while chunk := await reader.read(65536):
+                offset = out.bytes
                 out.bytes += len(chunk)
                 out.sha256.update(chunk)
                 if logfile:
                     logfile.write(chunk)
                 if self.on_output:
-                    self.on_output(conn_id, chunk)
+                    self.on_output(conn_id, chunk, offset)
+                else:
+                    self._keep_unsent(conn_id, out, chunk)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -143,8 +151,27 @@ class ReplicaRelay:
             w = self.writers.pop(conn_id, None)
             if w is not None:
                 w.close()
-            if self.on_close:
+            # A dying replica's sockets close without the program closing them.
+            if self.on_close and not self.replica.dying():
                 self.on_close(conn_id)
+
+    def _keep_unsent(self, conn_id: int, out: OutputLog, chunk: bytes):
+        out.unsent += chunk
+        sent = self.delivered(conn_id) if self.delivered else out.bytes
+        drop = min(max(0, sent - out.unsent_from), len(out.unsent))
+        if drop:
+            del out.unsent[:drop]
+            out.unsent_from += drop
+
+    def take_over(self, on_output, on_close):
+        """This replica is the primary now: its output goes to the clients."""
+        self.on_output, self.on_close = on_output, on_close
+        for conn_id, out in list(self.outputs.items()):
+            if out.unsent:
+                on_output(conn_id, bytes(out.unsent), out.unsent_from)
+                out.unsent.clear()
+            if out.closed and on_close:
+                on_close(conn_id)
 
     def output_summary(self) -> dict[str, dict]:
         return {str(k): v.summary() for k, v in sorted(self.outputs.items())}

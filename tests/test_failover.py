@@ -1,0 +1,168 @@
+"""Failover on one host: the primary is killed (SIGKILL, a crash fault)
+while clients keep sending; a backup replays the failed primary's stream
+to its end and takes over.  Every reply a client receives belongs to
+exactly one application of its request, no client connection drops, no
+reply is lost or repeated, the group clock never goes back, and the
+surviving replicas agree byte for byte."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import tool
+from serving import ServingGroup, line_client
+from test_serving import read_resp, resp
+
+
+def kill_primary(group: ServingGroup):
+    p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "sent SIGKILL" in p.stdout
+
+
+def run_clients(group, nclients, nlines, kills, kill_after=0.3):
+    """Clients send numbered lines; the primary is killed `kills` times meanwhile."""
+    results, errors = {}, []
+
+    def client(i):
+        try:
+            with group.connect() as s:
+                f = s.makefile("rwb")
+                got = []
+                for j in range(nlines):
+                    f.write(f"c{i}-{j}\n".encode())
+                    f.flush()
+                    line = f.readline().decode()
+                    if not line:
+                        errors.append(f"client {i}: connection closed after {j} replies")
+                        return
+                    got.append(line.rstrip("\n"))
+                    time.sleep(0.001)
+                results[i] = got
+        except OSError as e:
+            errors.append(f"client {i}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(nclients)]
+    for t in threads:
+        t.start()
+    for _ in range(kills):
+        time.sleep(kill_after)
+        kill_primary(group)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def check_exactly_once(results, nclients, nlines):
+    counts = sorted(int(r.split()[0]) for got in results.values() for r in got)
+    assert counts == list(range(1, nclients * nlines + 1)), "a request was lost or applied twice"
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == [f"c{i}-{j}" for j in range(nlines)]
+
+
+def finish_and_check(group) -> dict:
+    with group.connect() as s:
+        final, _ = line_client(s, ["DIGEST", "SHUTDOWN"])
+    assert final[1] == "BYE"
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert [r["role"] for r in survivors].count("primary") == 1, "one primary"
+    assert all(r["status"] == 0 for r in survivors)
+    for r in survivors[1:]:
+        assert r["outputs"] == survivors[0]["outputs"], "surviving replicas disagree"
+    return state
+
+
+@pytest.mark.parametrize("server", ["echo_server", "epoll_server", "poll_server"])
+def test_primary_crash_loses_and_repeats_nothing(server, examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / server, 7000])
+    results = run_clients(group, nclients=4, nlines=250, kills=1)
+    check_exactly_once(results, 4, 250)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert state["gateway"]["failovers"] == 1
+
+
+def test_cascading_failures_down_to_one_replica(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    results = run_clients(group, nclients=3, nlines=300, kills=2, kill_after=0.25)
+    check_exactly_once(results, 3, 300)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"]
+
+
+def test_two_replicas_and_status_shows_the_new_primary(examples, tmp_path):
+    import json
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2)
+    with group.connect() as s:
+        line_client(s, [f"SET k{i} v{i}" for i in range(50)])
+    kill_primary(group)
+    with group.connect() as s:
+        replies, _ = line_client(s, [f"GET k{i}" for i in range(50)])
+    assert replies == [f"VALUE v{i}" for i in range(50)], "acknowledged writes survive the failover"
+    status = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir), "--json"], capture_output=True,
+                            text=True, timeout=30)
+    members = json.loads(status.stdout)["members"]
+    assert [(m["role"], m["state"]) for m in members] == [("failed", "exited"), ("primary", "running")]
+    finish_and_check(group)
+
+
+def test_group_clock_never_goes_back(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    stamps = []
+    with group.connect() as s:
+        f = s.makefile("rwb")
+        for i in range(120):
+            if i == 60:
+                kill_primary(group)
+            f.write(b"TIME\n")
+            f.flush()
+            stamps.append(float(f.readline().split()[1]))
+            time.sleep(0.002)
+    assert stamps == sorted(stamps), "the group clock went back across the failover"
+    assert stamps[-1] - stamps[0] < 30
+    finish_and_check(group)
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
+def test_redis_counter_survives_primary_crash(tmp_path):
+    group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
+                                           "--appendonly", "no", "--enable-debug-command", "yes"])
+    seen = {}
+
+    def client(i):
+        with group.connect() as s:
+            f = s.makefile("rwb")
+            seen[i] = []
+            for _ in range(200):
+                f.write(resp("INCR", "counter"))
+                f.flush()
+                seen[i].append(int(read_resp(f)))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    kill_primary(group)
+    for t in threads:
+        t.join()
+    values = sorted(v for vs in seen.values() for v in vs)
+    assert values == list(range(1, 601)), "an INCR was lost or applied twice"
+    with group.connect() as s:
+        f = s.makefile("rwb")
+        f.write(resp("GET", "counter"))
+        f.flush()
+        assert read_resp(f) == "600"
+        f.write(resp("SHUTDOWN", "NOSAVE"))
+        f.flush()
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert survivors[0]["outputs"] == survivors[1]["outputs"]
