@@ -45,7 +45,7 @@ class BuildExtWithPreload(build_ext):
         cc.compiler_so = [a for a in cc.compiler_so if a not in ("-O3", "-DNDEBUG")]
         tmp = os.path.join(self.build_temp, "preload")
         objects = cc.compile(PRELOAD_SOURCES, output_dir=tmp, extra_preargs=PRELOAD_CFLAGS,
-                             depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h"])
+                             depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h", "native/atomics.h"])
         out_dir = "llft" if self.inplace else os.path.join(self.build_lib, "llft")
         cc.link_shared_object(objects, os.path.join(out_dir, "libllft.so"),
                               libraries=["dl", "pthread"], extra_postargs=["-Wl,-z,now"])

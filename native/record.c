@@ -17,6 +17,21 @@ void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn
     llft_record_aux(t, op, obj, turn, ret, err, val, 0);
 }
 
+static inline void fill(llft_rec_t *s, struct llft_thread *t, uint16_t op, uint16_t nslots, uint64_t obj,
+                        uint64_t turn, int64_t ret, int32_t err, int64_t val, uint32_t aux)
+{
+    s->op = op;
+    s->nslots = nslots;
+    s->tid = t->tid;
+    s->tn = ++t->tn;
+    s->obj = obj;
+    s->turn = turn;
+    s->ret = ret;
+    s->err = err;
+    s->aux = aux;
+    s->val = val;
+}
+
 void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
                      int64_t ret, int32_t err, int64_t val, uint32_t aux)
 {
@@ -26,16 +41,7 @@ void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t 
     llft_rec_t *s = llft_ring_slot(r, pos);
     /* The controller read this line a lap ago: fetch lines ahead for writing. */
     __builtin_prefetch(llft_ring_slot(r, pos + 8), 1, 3);
-    s->op = op;
-    s->nslots = 1;
-    s->tid = t->tid;
-    s->tn = ++t->tn;
-    s->obj = obj;
-    s->turn = turn;
-    s->ret = ret;
-    s->err = err;
-    s->aux = aux;
-    s->val = val;
+    fill(s, t, op, 1, obj, turn, ret, err, val, aux);
     llft_ring_commit(s, pos);
     ring_bell(r);
     t->depth--;
@@ -55,16 +61,7 @@ void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint
     t->depth++;
     uint64_t pos = llft_ring_reserve(r, 1 + nd, &t->cached_tail);
     llft_rec_t *s = llft_ring_slot(r, pos);
-    s->op = op;
-    s->nslots = (uint16_t)(1 + nd);
-    s->tid = t->tid;
-    s->tn = ++t->tn;
-    s->obj = obj;
-    s->turn = turn;
-    s->ret = ret;
-    s->err = err;
-    s->aux = aux;
-    s->val = (int64_t)len;
+    fill(s, t, op, (uint16_t)(1 + nd), obj, turn, ret, err, (int64_t)len, aux);
     for (uint32_t i = 0; i < nd; i++) {
         llft_data_t *d = llft_ring_slot(r, pos + 1 + i);
         uint64_t off = (uint64_t)i * LLFT_DATA_BYTES;

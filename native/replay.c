@@ -18,12 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define LOAD(p, o)     __atomic_load_n((p), (o))
-#define STORE(p, v, o) __atomic_store_n((p), (v), (o))
-#define ACQ __ATOMIC_ACQUIRE
-#define REL __ATOMIC_RELEASE
-#define RLX __ATOMIC_RELAXED
-#define SEQ __ATOMIC_SEQ_CST
+#include "atomics.h"
 
 static void *map_anon(size_t bytes, const char *what)
 {

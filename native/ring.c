@@ -14,12 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LOAD(p, o)     __atomic_load_n((p), (o))
-#define STORE(p, v, o) __atomic_store_n((p), (v), (o))
-#define ACQ __ATOMIC_ACQUIRE
-#define REL __ATOMIC_RELEASE
-#define RLX __ATOMIC_RELAXED
-#define SEQ __ATOMIC_SEQ_CST
+#include "atomics.h"
 
 /* ---- record codec -------------------------------------------------- */
 

@@ -87,8 +87,9 @@ static int block_sem(void *s)
     return r ? errno : 0;
 }
 
-/* pthread-style calls return an error number; ok when it is 0. */
-#define PTHREAD_ACQUIRE(op, obj, block, real_call)                                  \
+/* An acquisition wrapper.  err_of(r) is the errno to record for result r:
+ * pthread calls return the error (record 0), semaphores -1 and errno. */
+#define ACQUIRE(op, obj, block, real_call, err_of)                                  \
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
@@ -100,11 +101,15 @@ static int block_sem(void *s)
         }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
             int r = real_call;                                                      \
-            record_acquire(t, op, obj, r == 0, r, 0);                               \
+            record_acquire(t, op, obj, r == 0, r, err_of(r));                       \
             return r;                                                               \
         }                                                                           \
         return real_call;                                                           \
     } while (0)
+#define PTHREAD_ERR(r) 0
+#define SEM_ERR(r) ((r) ? errno : 0)
+#define PTHREAD_ACQUIRE(op, obj, block, real_call) ACQUIRE(op, obj, block, real_call, PTHREAD_ERR)
+#define SEM_ACQUIRE(op, s, real_call) ACQUIRE(op, s, block_sem, real_call, SEM_ERR)
 
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
 {
@@ -167,24 +172,6 @@ EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *restrict l, clockid_t c,
 }
 
 /* Semaphores return -1 and set errno. */
-#define SEM_ACQUIRE(op, s, real_call)                                               \
-    do {                                                                            \
-        struct llft_thread *t;                                                      \
-        int role = llft_mode(&t);                                                   \
-        if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
-            int64_t res;                                                            \
-            if (!replay_acquire(t, op, s, block_sem, &res))                         \
-                return (int)res;                                                    \
-            role = LLFT_ROLE_PRIMARY;                                               \
-        }                                                                           \
-        if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
-            int r = real_call;                                                      \
-            record_acquire(t, op, s, r == 0, r, r ? errno : 0);                     \
-            return r;                                                               \
-        }                                                                           \
-        return real_call;                                                           \
-    } while (0)
-
 EXPORT int sem_wait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_WAIT, s, REAL(sem_wait)(s)); }
 EXPORT int sem_trywait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_TRYWAIT, s, REAL(sem_trywait)(s)); }
 EXPORT int sem_timedwait(sem_t *restrict s, const struct timespec *restrict at)

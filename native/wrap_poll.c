@@ -280,10 +280,9 @@ static int epoll_backup(struct llft_thread *t, int epfd, struct epoll_event *evs
     return 0;
 }
 
-EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
+/* epoll_wait and epoll_pwait (mask == NULL and pwait == 0: plain wait). */
+static int epoll_common(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask, int pwait)
 {
-    if (llft_fd_kind(epfd) != FD_EPOLL)
-        return REAL(epoll_wait)(epfd, evs, max, timeout);
     struct llft_thread *t;
     int role = llft_mode(&t);
     int res;
@@ -292,22 +291,20 @@ EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
             return res;
         role = LLFT_ROLE_PRIMARY;
     }
-    int r = REAL(epoll_wait)(epfd, evs, max, timeout);
+    int r = pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, mask) : REAL(epoll_wait)(epfd, evs, max, timeout);
     return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
+}
+
+EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
+{
+    if (llft_fd_kind(epfd) != FD_EPOLL)
+        return REAL(epoll_wait)(epfd, evs, max, timeout);
+    return epoll_common(epfd, evs, max, timeout, NULL, 0);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
 {
     if (llft_fd_kind(epfd) != FD_EPOLL)
         return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
-    struct llft_thread *t;
-    int role = llft_mode(&t);
-    int res;
-    if (role == LLFT_ROLE_BACKUP) {
-        if (!epoll_backup(t, epfd, evs, max, &res))
-            return res;
-        role = LLFT_ROLE_PRIMARY;
-    }
-    int r = REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
-    return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
+    return epoll_common(epfd, evs, max, timeout, mask, 1);
 }
