@@ -18,7 +18,6 @@ class SimNetwork:
         self.clock = clock
         self.policy = policy or LossPolicy(delay=0.0005)
         self.members: dict[int, list[Callable[[bytes], None]]] = {}
-        self.down: set = set()   # receivers that are partitioned away
         self.datagrams = 0
 
     def join(self, group: int, receive: Callable[[bytes], None]) -> None:
@@ -26,8 +25,6 @@ class SimNetwork:
 
     def send_group(self, group: int, datagrams: list[bytes]) -> None:
         for receive in self.members.get(group, ()):
-            if receive in self.down:
-                continue
             for d in datagrams:
                 self.datagrams += 1
                 for delay in self.policy.plan(d, group):
