@@ -152,7 +152,11 @@ class LocalGroup:
 
     async def _wait_replicas(self, primary):
         deadline = None
+        next_state = time.monotonic() + 1
         while any(r.alive() for r in self.replicas):
+            if time.monotonic() > next_state:  # live counters for llft-status
+                self.write_state("running")
+                next_state = time.monotonic() + 1
             if self.interrupted is not None:
                 self.stop()
                 break

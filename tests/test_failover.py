@@ -109,8 +109,10 @@ def test_two_replicas_and_status_shows_the_new_primary(examples, tmp_path):
     assert replies == [f"VALUE v{i}" for i in range(50)], "acknowledged writes survive the failover"
     status = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir), "--json"], capture_output=True,
                             text=True, timeout=30)
-    members = json.loads(status.stdout)["members"]
+    report = json.loads(status.stdout)
+    members = report["members"]
     assert [(m["role"], m["state"]) for m in members] == [("failed", "exited"), ("primary", "running")]
+    assert report["gateway"]["failovers"] == 1 and report["gateway"]["connections"] >= 2
     finish_and_check(group)
 
 

@@ -31,7 +31,8 @@ def main(argv=None) -> int:
         return fail(PROG, str(e))
     members = [member_view(m) for m in state.get("replicas", [])]
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
-              "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": members}
+              "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": members,
+              "gateway": state.get("gateway")}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -41,6 +42,10 @@ def main(argv=None) -> int:
         print(f"{m['index']:>7}  {m['role']:8} {m['pid'] or '-':>8}  {m['state']:8} "
               f"{m['records'] if m['records'] is not None else '-':>10} "
               f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or ''}")
+    gw = report["gateway"]
+    if gw:
+        print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
+              f"{gw.get('failovers', 0)} failovers" + (f"; errors: {'; '.join(gw['errors'])}" if gw["errors"] else ""))
     return 0
 
 
