@@ -33,6 +33,7 @@ class GroupOptions:
     backup_exit_timeout: float = 60.0
     save_stream: Path | None = None
     replay_from: Path | None = None
+    fault_timeout: float = 0.03   # a replica frozen this long is failed (LLFT: about 10-30 ms)
     port_map: dict[int, int] = field(default_factory=dict)   # program port -> public port (0: any)
     host: str | None = None
     log_output: bool = False
@@ -150,10 +151,35 @@ class LocalGroup:
             self.gateway.promote(self.relays[self.replicas.index(new)])
         self.write_state("running")
 
+    def _check_frozen(self, frozen_since: dict):
+        """Timing faults: a replica stopped longer than the fault timeout is
+        fenced (SIGKILL), so that it can never act in the view that replaced
+        it; a primary's death then makes a backup take over, and a frozen
+        backup no longer holds the primary back.  Rejoining needs state
+        transfer, which is not there yet."""
+        now = time.monotonic()
+        for r in self.replicas:
+            if r.role not in ("primary", "backup") or not r.alive() or not r.frozen():
+                frozen_since.pop(r.index, None)
+                continue
+            since = frozen_since.setdefault(r.index, now)
+            if now - since >= self.opts.fault_timeout:
+                log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
+                            (now - since) * 1000)
+                r.signal(signal.SIGKILL)
+                if r.role == "backup":
+                    r.role = "failed"
+                    for sink in self.forwarder.sinks:
+                        if sink.replica == r.index:
+                            sink.dead = True
+                    self.write_state("running")
+
     async def _wait_replicas(self, primary):
         deadline = None
         next_state = time.monotonic() + 1
+        frozen_since: dict[int, float] = {}
         while any(r.alive() for r in self.replicas):
+            self._check_frozen(frozen_since)
             if time.monotonic() > next_state:  # live counters for llft-status
                 self.write_state("running")
                 next_state = time.monotonic() + 1

@@ -52,6 +52,14 @@ class Replica:
     def alive(self) -> bool:
         return self.poll() is None
 
+    def frozen(self) -> bool:
+        """Stopped (SIGSTOP, or stopped by a debugger): a timing fault once it lasts."""
+        try:
+            stat = open(f"/proc/{self.proc.pid}/stat").read()
+        except (OSError, AttributeError):
+            return False
+        return stat[stat.rindex(")") + 2] in "Tt"
+
     def dying(self) -> bool:
         """True once the process has begun to exit (PF_EXITING), even before it
         can be reaped: its sockets close then, and that is no program's close."""

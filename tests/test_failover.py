@@ -169,3 +169,28 @@ def test_redis_counter_survives_primary_crash(tmp_path):
     state = group.finish()
     assert group.proc.returncode == 0, group.stderr
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary"]
+
+
+def test_frozen_primary_is_fenced_and_replaced(examples, tmp_path):
+    """A timing fault: the primary stopped (SIGSTOP) past the fault timeout
+    is fenced and a backup takes over; the clients notice only a pause."""
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    results = {}
+
+    def client(i):
+        with group.connect() as s:
+            results[i] = line_client(s, [f"c{i}-{j}" for j in range(200)])[0]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary", "--signal", "STOP"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "SIGSTOP" in p.stdout
+    for t in threads:
+        t.join()
+    check_exactly_once(results, 3, 200)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert state["replicas"][0]["status"] == 137, "the frozen primary must be fenced, not resumed"

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="NAME", help="group name (default: the program's name)")
     p.add_argument("--ring-slots", type=int, default=DEFAULT_SLOTS, metavar="N",
                    help=f"OrderInfo ring size per replica, a power of two (default {DEFAULT_SLOTS})")
+    p.add_argument("--fault-timeout", type=float, default=30.0, metavar="MS",
+                   help="a replica frozen (stopped) this long is failed and fenced; a failed primary is "
+                        "replaced by the backup of lowest rank (default 30)")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -91,7 +94,7 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     slots = args.ring_slots
     if slots < 8192 or slots & (slots - 1):
         raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
-    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout"):
+    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.replay_from is not None and not args.replay_from.is_file():
@@ -125,7 +128,8 @@ def main(argv=None) -> int:
                            end_grace_ms=int(args.end_grace * 1000),
                            backup_exit_timeout=args.backup_exit_timeout,
                            save_stream=args.save_stream, replay_from=args.replay_from,
-                           port_map=args.port_map, host=args.host, log_output=args.log_output)
+                           port_map=args.port_map, host=args.host, log_output=args.log_output,
+                           fault_timeout=args.fault_timeout / 1000)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):
