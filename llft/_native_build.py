@@ -66,6 +66,7 @@ ffibuilder.cdef("""
     int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms);
     long llft_ring_read(llft_ring_t *r, void *out, long max_slots);
     int llft_ring_wait_data(llft_ring_t *r, int timeout_ms);
+    void llft_ring_wake(llft_ring_t *r);
     uint64_t llft_ring_head(const llft_ring_t *r);
     uint64_t llft_ring_tail(const llft_ring_t *r);
 

@@ -125,7 +125,7 @@ class LocalGroup:
             await asyncio.gather(*tasks, return_exceptions=True)
         primary = next((r for r in self.replicas if r.role == "primary"), primary)
         if primary is not None:
-            self.source.exited.set()
+            self.source.finish()
         self.forwarder.join(timeout=10)
         self.write_state("finished")
         return self._verdict(primary)
@@ -145,7 +145,7 @@ class LocalGroup:
         new_source = PrimarySource(new.stream)
         sink = next(s for s in self.forwarder.sinks if s.replica == new.index)
         self.forwarder.fail_over(new_source, sink)
-        self.source.exited.set()
+        self.source.finish()
         self.source = new_source
         if self.gateway is not None:
             self.gateway.promote(self.relays[self.replicas.index(new)])
@@ -174,10 +174,29 @@ class LocalGroup:
                             sink.dead = True
                     self.write_state("running")
 
+    def _watch_exits(self) -> asyncio.Event:
+        """An event set as soon as any replica exits (pidfd), so that a
+        failover starts at once rather than at the next poll."""
+        changed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for r in self.replicas:
+            try:
+                fd = os.pidfd_open(r.pid)
+            except (OSError, AttributeError, TypeError):
+                continue
+
+            def exited(fd=fd):
+                loop.remove_reader(fd)
+                os.close(fd)
+                changed.set()
+            loop.add_reader(fd, exited)
+        return changed
+
     async def _wait_replicas(self, primary):
         deadline = None
         next_state = time.monotonic() + 1
         frozen_since: dict[int, float] = {}
+        changed = self._watch_exits()
         while any(r.alive() for r in self.replicas):
             self._check_frozen(frozen_since)
             if time.monotonic() > next_state:  # live counters for llft-status
@@ -198,7 +217,7 @@ class LocalGroup:
                     primary = successor
                     continue
                 log.info("primary exited with status %d", primary.status)
-                self.source.exited.set()
+                self.source.finish()
             if deadline is None and self.source.finished():
                 deadline = time.monotonic() + self.opts.backup_exit_timeout
             if deadline is not None and time.monotonic() > deadline:
@@ -207,7 +226,11 @@ class LocalGroup:
                         r.problems.append(f"did not finish within {self.opts.backup_exit_timeout:g}s "
                                           "after the primary; killed")
                         r.kill()
-            await asyncio.sleep(0.01)
+            try:
+                await asyncio.wait_for(changed.wait(), 0.01)
+            except asyncio.TimeoutError:
+                pass
+            changed.clear()
 
     def stop(self):
         """Ends every replica: SIGTERM, then SIGKILL after 3 s."""

@@ -267,6 +267,10 @@ class StreamFile:
     def wait_data(self, timeout_ms: int) -> bool:
         return bool(lib.llft_ring_wait_data(self.ring, timeout_ms))
 
+    def wake(self):
+        """Wakes whoever waits in wait_data, so that it looks again now."""
+        lib.llft_ring_wake(self.ring)
+
     def raw_slot(self, pos: int):
         """The slot at ring position pos, as a writable cffi buffer (tests)."""
         return ffi.buffer(lib.llft_ring_slot(self.ring, pos), REC_SIZE)

@@ -266,6 +266,14 @@ int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms)
 
 /* ---- consumer ------------------------------------------------------ */
 
+/* Wakes a consumer sleeping in llft_ring_wait_data, data or not (the
+ * controller telling its own reader thread to look again). */
+void llft_ring_wake(llft_ring_t *r)
+{
+    __atomic_fetch_add(&r->data_futex, 1, SEQ);
+    llft_futex_wake(&r->data_futex);
+}
+
 uint64_t llft_ring_head(const llft_ring_t *r) { return LOAD(&r->head, ACQ); }
 uint64_t llft_ring_tail(const llft_ring_t *r) { return LOAD(&r->tail, ACQ); }
 

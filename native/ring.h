@@ -43,6 +43,7 @@ int      llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms);
 /* Consumer side. */
 long     llft_ring_read(llft_ring_t *r, void *out, long max_slots);
 int      llft_ring_wait_data(llft_ring_t *r, int timeout_ms);
+void     llft_ring_wake(llft_ring_t *r);
 void     llft_ring_release(llft_ring_t *r, uint64_t new_tail);
 uint64_t llft_ring_head(const llft_ring_t *r);
 uint64_t llft_ring_tail(const llft_ring_t *r);

@@ -36,6 +36,11 @@ class PrimarySource:
     def finished(self) -> bool:
         return self.exited.is_set()
 
+    def finish(self):
+        """The primary has exited or failed: the forwarder drains it now."""
+        self.exited.set()
+        self.stream.wake()
+
     def leftover(self) -> int:
         """Slots the primary reserved but never committed (it died mid-write)."""
         return self.stream.pending
