@@ -117,9 +117,12 @@ class LocalGroup:
             tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
         try:
             await self._wait_replicas(primary)
+            # The replicas are gone: read what they last wrote, then let it reach the clients.
+            for rl in self.relays:
+                await rl.drained(timeout=2.0)
         finally:
             if self.gateway:
-                self.gateway.close()
+                await self.gateway.close()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

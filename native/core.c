@@ -96,6 +96,8 @@ static void attach(const char *path)
         && none != me)
         return;
     llft_ring = llft_shm_ring(base);
+    llft_obj_reserve();
+    llft_replay_reserve();
     const char *slash = strrchr(path, '/');
     snprintf(llft_stream_name, sizeof llft_stream_name, "%s", slash ? slash + 1 : path);
     if (ctl->role == LLFT_ROLE_BACKUP)

@@ -9,6 +9,7 @@
 enum llft_fd_kind {
     FD_LOCAL = 0,     /* files, terminals: each replica's own, not recorded */
     FD_RANDOM,        /* /dev/urandom, /dev/random */
+    FD_PROCFS,        /* a file under /proc: what this process reads there is its own */
     FD_VSOCK,         /* a TCP socket of the program, not yet listening (an AF_UNIX socket) */
     FD_LISTEN,        /* ...listening: the controller connects here per client connection */
     FD_CONN,          /* a client connection accepted from a virtual listener */

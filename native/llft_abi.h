@@ -58,6 +58,11 @@ enum llft_op {
     LLFT_OP_RANDOM_FREAD = 62,   /* stdio read of a FILE opened on those paths */
     LLFT_OP_GETENTROPY = 63,
     LLFT_OP_ARC4RANDOM = 64,
+    LLFT_OP_PROC_READ = 65,      /* read() of an fd opened under /proc: its bytes */
+    LLFT_OP_PROC_FREAD = 66,     /* stdio read of a FILE opened under /proc */
+    LLFT_OP_GETRUSAGE = 67,      /* data: struct rusage */
+    LLFT_OP_TIMES = 68,          /* data: struct tms */
+    LLFT_OP_CLOCK = 69,          /* clock(): process CPU time */
     LLFT_OP_ACCEPT = 70,         /* val: connection id; data: the connection header */
     LLFT_OP_READ = 71,           /* read/recv*: byte count (data only for counter fds) */
     LLFT_OP_WRITE = 72,          /* write/send*: byte count */

@@ -13,12 +13,22 @@
 #define OBJ_SLOTS (1u << OBJ_BITS)
 
 static struct llft_obj *table;
+static struct llft_obj *table_get_slow(void);
+
+/* Called at start-up in every role (core.c): see llft_replay_reserve. */
+void llft_obj_reserve(void)
+{
+    (void)table_get_slow();
+}
 
 static struct llft_obj *table_get(void)
 {
     struct llft_obj *t = __atomic_load_n(&table, __ATOMIC_ACQUIRE);
-    if (LIKELY(t))
-        return t;
+    return LIKELY(t) ? t : table_get_slow();
+}
+
+static struct llft_obj *table_get_slow(void)
+{
     void *m = mmap(NULL, sizeof(struct llft_obj) * OBJ_SLOTS, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {

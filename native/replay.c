@@ -59,25 +59,27 @@ struct qchunk {
     llft_rec_t recs[CHUNK_RECS];
 };
 
+/* The pool is one region reserved at start-up (pages are touched only as
+ * used): mapping memory while replaying, whenever the dispatcher happens to
+ * need it, would move the program's own later mappings, and programs let
+ * addresses steer behaviour (hash tables of pointers). */
+#define POOL_CHUNKS (1u << 16) /* 1 GiB of address space */
 static uint32_t pool_lock;
-static struct qchunk *pool_free_list;
+static struct qchunk *pool_free_list, *pool_base;
+static uint32_t pool_used;
 
 static struct qchunk *chunk_alloc(void)
 {
     spin_lock(&pool_lock);
     struct qchunk *c = pool_free_list;
-    if (!c) {
-        enum { BLOCK = 64 };
-        struct qchunk *b = map_anon(sizeof(struct qchunk) * BLOCK, "replay queues");
-        for (int i = 1; i < BLOCK - 1; i++)
-            b[i].next = &b[i + 1];
-        b[BLOCK - 1].next = NULL;
-        pool_free_list = &b[1];
-        c = &b[0];
-    } else {
+    if (c)
         pool_free_list = c->next;
-    }
+    else if (pool_used < POOL_CHUNKS)
+        c = &pool_base[pool_used++];
     spin_unlock(&pool_lock);
+    if (!c)
+        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u replay queue chunks: the backup is too far "
+                     "behind its primary", POOL_CHUNKS);
     c->next = NULL;
     c->count = 0;
     return c;
@@ -576,10 +578,17 @@ void llft_replay_exec_failed(void)
 
 /* ---- thread lifecycle ----------------------------------------------- */
 
-void llft_replay_setup(void)
+/* Every role reserves the same regions at start-up, so that replicas'
+ * address spaces match whatever their role and replay timing. */
+void llft_replay_reserve(void)
 {
     queues = map_anon(sizeof(struct tqueue) * MAX_TIDS, "replay queues");
     turnstiles = map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
+    pool_base = map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
+}
+
+void llft_replay_setup(void)
+{
     llft_self.q = NULL;
     spin_lock(&dispatch_lock);
     llft_self.q = queue_for(0);

@@ -52,6 +52,8 @@ static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_GETRANDOM] = "getrandom", [LLFT_OP_RANDOM_READ] = "read(/dev/urandom)",
     [LLFT_OP_RANDOM_FREAD] = "fread(/dev/urandom)", [LLFT_OP_GETENTROPY] = "getentropy",
     [LLFT_OP_ARC4RANDOM] = "arc4random",
+    [LLFT_OP_PROC_READ] = "read(/proc)", [LLFT_OP_PROC_FREAD] = "fread(/proc)",
+    [LLFT_OP_GETRUSAGE] = "getrusage", [LLFT_OP_TIMES] = "times", [LLFT_OP_CLOCK] = "clock",
     [LLFT_OP_ACCEPT] = "accept", [LLFT_OP_READ] = "read", [LLFT_OP_WRITE] = "write",
     [LLFT_OP_POLL] = "poll", [LLFT_OP_SELECT] = "select", [LLFT_OP_EPOLL_WAIT] = "epoll_wait",
 };

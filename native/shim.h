@@ -75,6 +75,12 @@ void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint
 void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
                       int32_t err, const void *buf, uint64_t len);
 
+/* ---- inputs recorded as bytes (wrap_random.c) ---- */
+/* fill() produces up to n bytes into buf (the real call) and returns how
+ * many, or -1 with errno; the primary records them, a backup returns them. */
+typedef int64_t (*fill_fn)(void *buf, uint64_t n, uint64_t obj);
+int64_t llft_recorded_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fill_fn fill);
+
 /* ---- primary: address -> logical object (objtable.c) ---- */
 struct llft_obj {
     uintptr_t addr;
@@ -89,6 +95,8 @@ static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 }
 
 /* ---- backup: replay (replay.c) ---- */
+void llft_replay_reserve(void);
+void llft_obj_reserve(void);
 void llft_replay_setup(void);
 /* Returns 0 with the thread's next record, or LLFT_PROMOTED: this replica
  * has just become the primary and the caller must do the call as one. */

@@ -27,7 +27,7 @@ DEFINE_REAL(send)
 DEFINE_REAL(sendto)
 DEFINE_REAL(sendmsg)
 
-int64_t llft_random_read(int fd, void *buf, size_t n); /* wrap_random.c */
+int64_t llft_recorded_read(int fd, void *buf, size_t n); /* wrap_random.c */
 
 static inline int recorded_kind(int kind) { return kind == FD_CONN || kind == FD_IPC || kind == FD_COUNTER; }
 
@@ -143,8 +143,8 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
     int kind = llft_fd_kind(fd);
     if (LIKELY(kind == FD_LOCAL))
         return REAL(read)(fd, buf, n);
-    if (kind == FD_RANDOM)
-        return llft_random_read(fd, buf, n);
+    if (kind == FD_RANDOM || kind == FD_PROCFS)
+        return llft_recorded_read(fd, buf, n);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};

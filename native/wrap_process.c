@@ -6,11 +6,18 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/times.h>
+#include <time.h>
 #include <unistd.h>
 
 DEFINE_REAL(getpid)
 DEFINE_REAL(kill)
+DEFINE_REAL(getrusage)
+DEFINE_REAL(times)
+DEFINE_REAL(clock)
 
 static pid_t primary_pid; /* backup: the pid the primary's getpid() returned */
 
@@ -40,4 +47,54 @@ EXPORT int kill(pid_t pid, int sig)
     if (p && (pid == p || pid == -p))
         pid = (pid_t)(pid > 0 ? 1 : -1) * (pid_t)syscall(SYS_getpid);
     return REAL(kill)(pid, sig);
+}
+
+/* Resource usage is this process's own (CPU time, RSS): every replica sees
+ * the primary's, as programs turn it into statistics and allocations. */
+static int64_t fill_rusage(void *buf, uint64_t n, uint64_t who)
+{
+    return REAL(getrusage)((int)who, buf) == 0 ? (int64_t)n : -1;
+}
+
+EXPORT int getrusage(int who, struct rusage *usage)
+{
+    return llft_recorded_call(LLFT_OP_GETRUSAGE, (uint64_t)(uint32_t)who, usage, sizeof *usage, fill_rusage) < 0
+               ? -1 : 0;
+}
+
+struct times_result {
+    clock_t ret;
+    struct tms tms;
+};
+
+static int64_t fill_times(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    struct times_result *r = buf;
+    r->ret = REAL(times)(&r->tms);
+    return r->ret == (clock_t)-1 ? -1 : (int64_t)n;
+}
+
+EXPORT clock_t times(struct tms *out)
+{
+    struct times_result r;
+    if (llft_recorded_call(LLFT_OP_TIMES, 0, &r, sizeof r, fill_times) < 0)
+        return (clock_t)-1;
+    if (out)
+        *out = r.tms;
+    return r.ret;
+}
+
+static int64_t fill_clock(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    *(clock_t *)buf = REAL(clock)();
+    return (int64_t)n;
+}
+
+EXPORT clock_t clock(void)
+{
+    clock_t c;
+    llft_recorded_call(LLFT_OP_CLOCK, 0, &c, sizeof c, fill_clock);
+    return c;
 }

@@ -1,7 +1,9 @@
-/* Randomness: getrandom, getentropy, arc4random*, and reads of
- * /dev/urandom and /dev/random, whether through an fd (open + read) or
- * stdio (fopen + fread, whose internal read never reaches a read()
- * wrapper: such a FILE is served by a cookie that records each read). */
+/* Inputs only this process sees: randomness (getrandom, getentropy,
+ * arc4random*, /dev/urandom and /dev/random) and files under /proc (its
+ * own statistics: redis reads its RSS there), whether read through an fd
+ * (open + read) or stdio (fopen + fread, whose internal read never reaches
+ * a read() wrapper: such a FILE is served by a cookie that records each
+ * read).  The primary records the bytes; backups return them. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -22,6 +24,7 @@ DEFINE_REAL(arc4random)
 DEFINE_REAL(arc4random_buf)
 DEFINE_REAL(arc4random_uniform)
 DEFINE_REAL(read)
+DEFINE_REAL(close)
 DEFINE_REAL(open)
 DEFINE_REAL(open64)
 DEFINE_REAL(openat)
@@ -38,6 +41,17 @@ DEFINE_REAL(fopen64)
 static int random_path(const char *p)
 {
     return p && (strcmp(p, "/dev/urandom") == 0 || strcmp(p, "/dev/random") == 0);
+}
+
+static int proc_path(const char *p)
+{
+    return p && strncmp(p, "/proc/", 6) == 0;
+}
+
+/* The fd kind a path gets when opened, or FD_LOCAL. */
+static int recorded_path(const char *p)
+{
+    return random_path(p) ? FD_RANDOM : proc_path(p) ? FD_PROCFS : FD_LOCAL;
 }
 
 /* Backup: the primary's bytes for a recorded random read, in *res; or
@@ -59,9 +73,8 @@ static int replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, void *
 }
 
 /* A read-like random source: primary records what fill() produced. */
-typedef int64_t (*fill_fn)(void *buf, uint64_t n, uint64_t obj);
 
-static int64_t random_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fill_fn fill)
+int64_t llft_recorded_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fill_fn fill)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -91,6 +104,20 @@ static int64_t fill_getrandom(void *buf, uint64_t n, uint64_t flags)
 
 static int64_t fill_fd(void *buf, uint64_t n, uint64_t fd) { return REAL(read)((int)fd, buf, n); }
 
+/* A cookie reads its own fd; random_call's obj is 0 for stdio reads, so the
+ * fd travels in a thread-local. */
+static __thread int cookie_fd TLS_IE;
+static int64_t fill_cookie(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    return REAL(read)(cookie_fd, buf, n);
+}
+static fill_fn fill_fd_cookie(intptr_t fd)
+{
+    cookie_fd = (int)fd;
+    return fill_cookie;
+}
+
 static int64_t fill_urandom(void *buf, uint64_t n, uint64_t unused)
 {
     (void)unused;
@@ -112,7 +139,7 @@ static int64_t fill_arc4(void *buf, uint64_t n, uint64_t unused)
 
 EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags)
 {
-    return random_call(LLFT_OP_GETRANDOM, flags, buf, n, fill_getrandom);
+    return llft_recorded_call(LLFT_OP_GETRANDOM, flags, buf, n, fill_getrandom);
 }
 
 EXPORT int getentropy(void *buf, size_t n)
@@ -121,7 +148,7 @@ EXPORT int getentropy(void *buf, size_t n)
         errno = EIO;
         return -1;
     }
-    return random_call(LLFT_OP_GETENTROPY, 0, buf, n, fill_getentropy) < 0 ? -1 : 0;
+    return llft_recorded_call(LLFT_OP_GETENTROPY, 0, buf, n, fill_getentropy) < 0 ? -1 : 0;
 }
 
 EXPORT void arc4random_buf(void *buf, size_t n)
@@ -129,7 +156,7 @@ EXPORT void arc4random_buf(void *buf, size_t n)
     char *p = buf;
     while (n) { /* one record per chunk: a record holds at most MAX_RANDOM_READ bytes */
         size_t k = n < MAX_RANDOM_READ ? n : MAX_RANDOM_READ;
-        random_call(LLFT_OP_ARC4RANDOM, 0, p, k, fill_arc4);
+        llft_recorded_call(LLFT_OP_ARC4RANDOM, 0, p, k, fill_arc4);
         p += k;
         n -= k;
     }
@@ -167,18 +194,20 @@ EXPORT uint32_t arc4random_uniform(uint32_t bound)
 
 static int track_open(const char *path, int fd)
 {
-    if (fd >= 0 && random_path(path)) {
+    int kind = fd >= 0 ? recorded_path(path) : FD_LOCAL;
+    if (kind != FD_LOCAL) {
         struct llft_thread *t;
         if (llft_mode(&t) != LLFT_ROLE_OFF)
-            llft_fd_set(fd, FD_RANDOM);
+            llft_fd_set(fd, kind);
     }
     return fd;
 }
 
-/* read() of an fd opened on a random device (called by wrap_io.c). */
-int64_t llft_random_read(int fd, void *buf, size_t n)
+/* read() of an fd opened on a random device or under /proc (wrap_io.c). */
+int64_t llft_recorded_read(int fd, void *buf, size_t n)
 {
-    return random_call(LLFT_OP_RANDOM_READ, (uint64_t)fd, buf, n, fill_fd);
+    uint16_t op = llft_fd_kind(fd) == FD_PROCFS ? LLFT_OP_PROC_READ : LLFT_OP_RANDOM_READ;
+    return llft_recorded_call(op, (uint64_t)fd, buf, n, fill_fd);
 }
 
 static inline mode_t open_mode(int flags, va_list ap)
@@ -219,30 +248,42 @@ EXPORT int __openat64_2(int d, const char *path, int flags)
     return track_open(path, REAL(__openat64_2)(d, path, flags));
 }
 
-/* ---- /dev/urandom through stdio ------------------------------------- */
+/* ---- the same through stdio ----------------------------------------- */
 
+/* A cookie's fd: -1 for a random device (served by getrandom), else the
+ * /proc file, opened for real in every replica (the primary reads it). */
 static ssize_t cookie_read(void *cookie, char *buf, size_t n)
 {
-    (void)cookie;
-    return random_call(LLFT_OP_RANDOM_FREAD, 0, buf, n, fill_urandom);
+    intptr_t fd = (intptr_t)cookie;
+    if (fd < 0)
+        return llft_recorded_call(LLFT_OP_RANDOM_FREAD, 0, buf, n, fill_urandom);
+    return llft_recorded_call(LLFT_OP_PROC_FREAD, 0, buf, n, fill_fd_cookie(fd));
 }
 
 static int cookie_close(void *cookie)
 {
-    (void)cookie;
-    return 0;
+    intptr_t fd = (intptr_t)cookie;
+    return fd < 0 ? 0 : REAL(close)((int)fd);
 }
 
-static FILE *random_file(const char *mode)
+static FILE *recorded_file(const char *path, const char *mode)
 {
     if (strchr(mode, 'w') || strchr(mode, 'a') || strchr(mode, '+')) {
-        errno = EACCES; /* the replicated random source is read-only */
+        errno = EACCES; /* a replicated input is read-only */
         return NULL;
     }
+    intptr_t fd = -1;
+    if (proc_path(path)) {
+        fd = REAL(open)(path, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+            return NULL;
+    }
     cookie_io_functions_t io = {.read = cookie_read, .close = cookie_close};
-    FILE *f = fopencookie(NULL, mode, io);
+    FILE *f = fopencookie((void *)fd, mode, io);
     if (f) /* unbuffered: each fread is one recorded read of the size asked */
         setvbuf(f, NULL, _IONBF, 0);
+    else if (fd >= 0)
+        REAL(close)((int)fd);
     return f;
 }
 
@@ -254,14 +295,14 @@ static inline int replicated(void)
 
 EXPORT FILE *fopen(const char *restrict path, const char *restrict mode)
 {
-    if (random_path(path) && replicated())
-        return random_file(mode);
+    if (recorded_path(path) != FD_LOCAL && replicated())
+        return recorded_file(path, mode);
     return REAL(fopen)(path, mode);
 }
 
 EXPORT FILE *fopen64(const char *restrict path, const char *restrict mode)
 {
-    if (random_path(path) && replicated())
-        return random_file(mode);
+    if (recorded_path(path) != FD_LOCAL && replicated())
+        return recorded_file(path, mode);
     return REAL(fopen64)(path, mode);
 }

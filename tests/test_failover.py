@@ -135,8 +135,8 @@ def test_group_clock_never_goes_back(examples, tmp_path):
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
 def test_redis_counter_survives_primary_crash(tmp_path):
-    # Two replicas: with a third, the remaining backup can still diverge from
-    # redis's new primary just after the takeover (docs/failover.md, known issues).
+    # Two replicas: with a third, the backup left can still diverge from the
+    # new primary in redis's exit path (docs/failover.md, known issues).
     group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
                                            "--appendonly", "no", "--enable-debug-command", "yes"], replicas=2)
     seen = {}

@@ -108,9 +108,14 @@ class Gateway:
         if w is not None:
             w.close()
 
-    def close(self):
+    async def close(self, timeout: float = 2.0):
+        """Stops accepting, then closes client connections once what they
+        were sent has gone out (bounded by timeout)."""
         for s in self.servers.values():
             if s is not None:
                 s.close()
-        for w in self.clients.values():
+        writers = list(self.clients.values())
+        for w in writers:
             w.close()
+        if writers:
+            await asyncio.wait([asyncio.ensure_future(w.wait_closed()) for w in writers], timeout=timeout)

@@ -173,5 +173,11 @@ class ReplicaRelay:
             if out.closed and on_close:
                 on_close(conn_id)
 
+    async def drained(self, timeout: float):
+        """Waits until every connection's output has been read to its end
+        (the replica has exited: its sockets are closed), at most timeout."""
+        if self.pumps:
+            await asyncio.wait(list(self.pumps), timeout=timeout)
+
     def output_summary(self) -> dict[str, dict]:
         return {str(k): v.summary() for k, v in sorted(self.outputs.items())}
