@@ -316,3 +316,21 @@ def conn_header(conn_id: int, host: str, port: int) -> bytes:
 def disable_aslr():
     """Called between fork and exec of a replica (preexec_fn)."""
     lib.llft_disable_aslr()
+
+
+_NSLOTS_AT = ffi.offsetof("llft_rec_t", "nslots")
+
+
+def split_groups(raw: bytes, max_bytes: int) -> list[bytes]:
+    """Cuts a run of whole record groups (as StreamFile.read returns it) into
+    runs of at most max_bytes; a group bigger than that goes alone."""
+    out, start, pos, n = [], 0, 0, len(raw)
+    while pos < n:
+        size = int.from_bytes(raw[pos + _NSLOTS_AT:pos + _NSLOTS_AT + 2], "little") * REC_SIZE
+        if pos > start and pos + size - start > max_bytes:
+            out.append(raw[start:pos])
+            start = pos
+        pos += size
+    if start < n:
+        out.append(raw[start:])
+    return out

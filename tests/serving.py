@@ -84,3 +84,13 @@ def line_client(sock: socket.socket, lines: list[str]) -> tuple[list[str], bytes
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def concurrently(client, n: int):
+    """Runs client(0) .. client(n-1) each on its own thread; returns when all have."""
+    import threading
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

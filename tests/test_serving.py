@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 from collections import Counter
 
 import pytest
 
-from serving import ServingGroup, line_client, sha, free_port, wait_for_port
+from serving import concurrently, ServingGroup, line_client, sha, free_port, wait_for_port
 from conftest import tool, PROGRAMS_DIR
 
 SERVERS = ["echo_server", "epoll_server", "poll_server"]
@@ -36,11 +35,7 @@ def test_server_replicas_agree_under_concurrent_clients(server, examples, tmp_pa
         with group.connect() as s:
             results[i] = line_client(s, [f"client{i}-line{j}" for j in range(25)])
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrently(client, 6)
     with group.connect() as s:
         final, final_raw = line_client(s, ["DIGEST", "TIME", "SHUTDOWN"])
     state = group.finish()
@@ -70,11 +65,7 @@ def test_threading_http_server(real_python, tmp_path):
         bodies[i] = got
         c.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrently(client, 4)
     c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
     c.request("GET", "/shutdown")
     assert c.getresponse().read() == b"bye\n"
@@ -186,11 +177,7 @@ def test_memcached_multithreaded(tmp_path):
                     pass
                 cas_seen[(i, j)] = header.split()[-1]
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrently(client, 4)
     with group.connect() as s:
         s.sendall(b"shutdown\r\n")
         s.recv(100)
@@ -217,11 +204,7 @@ def test_kv_server_with_expiry(examples, tmp_path):
                     lines.append(f"DEL key{j % 15}")
             replies[i] = line_client(s, lines)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    concurrently(client, 5)
     import time
     time.sleep(0.1)  # let the sweeper expire keys
     with group.connect() as s:

@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, rundir
+from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.cluster.member import HostMember, MemberOptions
+from llft.cluster.membership import JoinRefused
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
 
@@ -35,8 +38,12 @@ printed); 2 for a bad command line; 128+N if stopped by signal N."""
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
                usage=f"{PROG} [options] -- PROGRAM [ARGS...]")
-    p.add_argument("--replicas", type=int, default=3, metavar="N",
-                   help="number of replicas, primary included (default 3)")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="number of replicas on this host, primary included (default 3)")
+    p.add_argument("--join", action="store_true",
+                   help="run one replica on this host as a member of group --group across hosts: the first "
+                        "member founds the group as its primary, later ones join as backups (before the first "
+                        "client connects); clients connect through llft-gateway")
     p.add_argument("--run-dir", type=Path, metavar="DIR",
                    help="where replica output, logs and state go (default ./llft-runs/GROUP-TIME-PID)")
     p.add_argument("--group", metavar="NAME", help="group name (default: the program's name)")
@@ -66,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
                    help="what the controller prints on stderr (default warning; llft.log gets everything)")
     p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    add_network_options(p)
     return p
 
 
@@ -87,6 +95,16 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise UsageError("no program given: llft-run [options] -- PROGRAM [ARGS...]")
+    if args.join:
+        if args.replicas is not None:
+            raise UsageError("--join runs one replica on this host: start llft-run --join on each host "
+                             "instead of --replicas")
+        if not args.group:
+            raise UsageError("--join needs --group NAME, the same on every host")
+        if args.port or args.host:
+            raise UsageError("with --join, clients connect through llft-gateway (its --port and --host)")
+        args.key = network_settings(args)
+    args.replicas = 3 if args.replicas is None else args.replicas
     if args.replicas < 1:
         raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
     if args.replicas > 64:
@@ -114,13 +132,40 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     return args, program
 
 
+def run_member(args, program: list[str], run_dir: Path) -> int:
+    """llft-run --join: this host's member of a group across hosts."""
+    opts = MemberOptions(group=args.group, key=args.key, interface=args.interface, group_port=args.group_port,
+                         ring_slots=args.ring_slots, stall_timeout_ms=int(args.divergence_timeout * 1000),
+                         end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output)
+    member = HostMember(program, run_dir, opts)
+
+    def on_signal(sig):
+        member.interrupted = sig
+    try:
+        status = run_until_signal(member.run, on_signal)
+    except JoinRefused as e:
+        return fail(PROG, f"could not join group {args.group}: {e}", 1)
+    except (StreamError, OSError) as e:
+        member.stop()
+        return fail(PROG, str(e), 1)
+    finally:
+        member.cleanup()
+    if status == EXIT_DIVERGED:
+        print(f"{PROG}: this replica did not stay consistent with the primary; see {run_dir}", file=sys.stderr)
+    return status
+
+
 def main(argv=None) -> int:
     try:
         args, program = parse(sys.argv[1:] if argv is None else argv)
         group_name = args.group or Path(program[0]).name
-        run_dir = rundir.prepare(args.run_dir or rundir.default_run_dir(group_name), args.replicas)
+        run_dir = rundir.prepare(args.run_dir or rundir.default_run_dir(group_name),
+                                 0 if args.join else args.replicas)
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
+    if args.join:
+        setup_logging(args.log_level, run_dir / "llft.log")
+        return run_member(args, program, run_dir)
 
     setup_logging(args.log_level, run_dir / "llft.log")
     options = GroupOptions(replicas=args.replicas, ring_slots=args.ring_slots,

@@ -29,16 +29,24 @@ def main(argv=None) -> int:
         state = rundir.read_state(where)
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
-    members = [member_view(m) for m in state.get("replicas", [])]
+    replicas = [member_view(m) for m in state.get("replicas", [])]
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
-              "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": members,
+              "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
               "gateway": state.get("gateway")}
+    messaging = state.get("messaging")
+    if messaging is not None:   # a member or gateway of a group across hosts
+        report.update(view=state.get("view"), member=state.get("member"), replicas=replicas,
+                      members=state.get("members", []), messaging=messaging,
+                      drops=messaging.get("drops", {}))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     print(f"group {report['group']}  ({report['phase']})  run dir {where}")
-    print(f"{'replica':>7}  {'role':8} {'pid':>8}  {'state':8} {'records':>10} {'threads':>7}  problem")
-    for m in members:
+    if messaging is not None:
+        print_cluster(report)
+    if replicas:
+        print(f"{'replica':>7}  {'role':8} {'pid':>8}  {'state':8} {'records':>10} {'threads':>7}  problem")
+    for m in replicas:
         print(f"{m['index']:>7}  {m['role']:8} {m['pid'] or '-':>8}  {m['state']:8} "
               f"{m['records'] if m['records'] is not None else '-':>10} "
               f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or ''}")
@@ -47,6 +55,22 @@ def main(argv=None) -> int:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
               f"{gw.get('failovers', 0)} failovers" + (f"; errors: {'; '.join(gw['errors'])}" if gw["errors"] else ""))
     return 0
+
+
+def print_cluster(report: dict):
+    """Group-wide view of a member (or a gateway) of a group across hosts."""
+    view = report.get("view")
+    if view:
+        print(f"view {view['pvn']}  primary {view['primary']}  this member {report['member']}")
+        print(f"{'member':>11}  {'role':8} {'precedence':>10} {'rank':>4}")
+        for m in report["members"]:
+            here = "  (this host)" if m.get("here") else ""
+            print(f"{m['member']:>11}  {m['role']:8} {m['precedence']:>10} {m['rank']:>4}{here}")
+    c = report["messaging"].get("counters", {})
+    drops = report["drops"]
+    print(f"messages: {c.get('app_sent', 0)} sent, {c.get('delivered', 0)} delivered, "
+          f"{report['messaging'].get('connections', 0)} connections; dropped: {sum(drops.values())}"
+          + (f" ({', '.join(f'{k} {v}' for k, v in sorted(drops.items()))})" if drops else ""))
 
 
 if __name__ == "__main__":

@@ -146,6 +146,11 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         rides on the next message, KeepAlive or Heartbeat)."""
         return self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
 
+    def send_membership(self, mtype: MsgType, body: Any) -> None:
+        """A Fig. 7 message on the intra-group connection (unreliable: the
+        membership protocol retransmits until acknowledged)."""
+        self._transmit(self._intra(mtype, body=body))
+
     def recv(self) -> tuple[ConnId, bytes] | None:
         """Next message in msgSeqNum order on its connection, or None."""
         if not self._ready:

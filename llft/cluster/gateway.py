@@ -1,0 +1,109 @@
+"""llft-gateway: plain TCP clients in, a replica group across hosts behind.
+
+Each client connection becomes a virtual connection (messaging protocol) to
+the server group: the client's bytes go out as Requests, multicast to every
+member; the primary's Replies come back, carrying its ordering information,
+which this end reflects back to the group as messaging does for any remote
+group.  A reply names its offset in the connection's output, so whatever a
+new primary repeats after a failover is dropped here, never sent twice."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+
+from llft.cluster import payload
+from llft.messaging.endpoint import GroupEndpoint
+from llft.messaging.ids import ConnId
+
+log = logging.getLogger("llft.gateway")
+
+READ_CHUNK = 65536
+
+
+class _Client:
+    __slots__ = ("writer", "sent", "writable")
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.sent = 0                     # bytes of the server's output the client has had
+        self.writable = asyncio.Event()
+
+
+class ClusterGateway:
+    def __init__(self, ep: GroupEndpoint, server_group: int, program_port: int):
+        self.ep = ep
+        self.server_group = server_group
+        self.program_port = program_port
+        self.seqs = itertools.count(1)
+        self.clients: dict[ConnId, _Client] = {}
+        self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0}
+        ep.on_deliver = self._reply
+        ep.on_writable = self._writable
+
+    async def serve(self, host: str, port: int) -> asyncio.base_events.Server:
+        return await asyncio.start_server(self._client, host, port, reuse_address=True)
+
+    def _writable(self, cid: ConnId):
+        c = self.clients.get(cid)
+        if c is not None:
+            c.writable.set()
+
+    async def _send(self, cid: ConnId, c: _Client, body: bytes):
+        while not self.ep.writable(cid):   # a slow group slows the client down
+            c.writable.clear()
+            await c.writable.wait()
+        self.ep.send(cid, body)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        cid = self.ep.connect(self.server_group, next(self.seqs))
+        c = self.clients[cid] = _Client(writer)
+        self.stats["connections"] += 1
+        self.stats["open"] += 1
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await self._send(cid, c, payload.open_request(self.program_port, peer[0], peer[1]))
+            while chunk := await reader.read(READ_CHUNK):
+                self.stats["bytes_in"] += len(chunk)
+                await self._send(cid, c, payload.data_request(chunk))
+        except (ConnectionError, OSError):
+            pass  # the client went away: the program sees the end of its input
+        if cid in self.clients:
+            await self._send(cid, c, payload.eof_request())
+
+    def _reply(self, cid: ConnId, body: bytes):
+        c = self.clients.get(cid)
+        try:
+            kind, offset, *rest = payload.parse_reply(body)
+        except payload.BadPayload as e:
+            self.stats["bad_replies"] += 1
+            self.ep.drops.count("bad-payload")
+            log.debug("connection %s: %s", cid, e)
+            return
+        if c is None:
+            return
+        if kind == payload.CLOSE:
+            del self.clients[cid]
+            self.stats["open"] -= 1
+            c.writer.close()
+            return
+        chunk = rest[0]
+        skip = c.sent - offset      # a new primary repeats what the old one sent
+        if skip >= len(chunk):
+            return
+        part = chunk[max(skip, 0):]
+        c.sent = offset + len(chunk)
+        if not c.writer.is_closing():
+            self.stats["bytes_out"] += len(part)
+            c.writer.write(part)
+
+    async def close(self, timeout: float = 2.0):
+        writers = [c.writer for c in self.clients.values()]
+        for w in writers:
+            w.close()
+        if writers:
+            await asyncio.wait([asyncio.ensure_future(w.wait_closed()) for w in writers], timeout=timeout)

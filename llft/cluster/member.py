@@ -1,0 +1,357 @@
+"""One member of a group whose replicas are on several hosts
+(`llft-run --join`): this host's replica of the program, and its end of the
+messaging protocol.
+
+    gateway --Requests--> every member --AF_UNIX--> its replica
+    primary's replica --> primary --Replies + OrderInfo--> gateway --reflected--> backups
+
+The primary ships its replica's OrderInfo records as messaging ordering
+information (they ride on its Replies, the gateway reflects them, and
+Heartbeats carry what is late); each backup feeds them to its replica's
+replay ring.  Client bytes reach every member as Requests, in the same
+order, and the local relay hands them to the replica."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llft import rundir
+from llft.auth import Keyring
+from llft.cluster import payload
+from llft.cluster.membership import Admission, Joiner, follow, ranks
+from llft.cluster.naming import DerivedDirectory, group_id
+from llft.cluster.output import BackupOutput, Outbox, PrimaryOutput
+from llft.cluster.records import RecordFeeder, RecordShipper
+from llft.determinizer.streams import PrimarySource, stream_path
+from llft.messaging.clock import LoopClock
+from llft.messaging.config import Config
+from llft.messaging.endpoint import GroupEndpoint
+from llft.messaging.ids import ConnId, View
+from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
+from llft.replica import Replica
+from llft.serving.relay import ReplicaRelay
+from llft.transport import DEFAULT_PORT, UdpTransport
+from llft.wire import MsgType
+
+log = logging.getLogger("llft.member")
+
+STATE_EVERY_S = 1.0
+TICK_S = 0.02
+
+
+@dataclass
+class MemberOptions:
+    group: str
+    key: bytes
+    interface: str = "0.0.0.0"
+    group_port: int = DEFAULT_PORT
+    found_after: float = 0.5        # nobody of the group heard for this long: found it as primary
+    join_timeout: float = 10.0
+    end_timeout: float = 5.0        # primary: how long its backups may take to get its last records
+    ring_slots: int = DEFAULT_SLOTS
+    stall_timeout_ms: int = 60_000
+    end_grace_ms: int = 3_000
+    log_output: bool = False
+    config: Config = field(default_factory=Config)
+
+
+class HostMember:
+    def __init__(self, argv: list[str], run_dir: Path, opts: MemberOptions):
+        self.argv, self.run_dir, self.opts = argv, run_dir, opts
+        self.me = secrets.randbelow(1 << 30) + 1
+        self.gid = group_id(opts.group)
+        self.interrupted: int | None = None
+        self.replica: Replica | None = None
+        self.ep: GroupEndpoint | None = None
+        self.joiner: Joiner | None = None
+        self.history: list[bytes] = []      # primary: every ordering blob, for members joining later
+        self.cids: dict[int, ConnId] = {}
+        self.primary_status: int | None = None   # backups: the primary program's exit status
+        self.bad_payloads = 0
+        self._drops_logged: dict[str, int] = {}
+
+    # -- joining -----------------------------------------------------------
+    def _datagram(self, data: bytes, addr) -> None:
+        if self.joiner is not None:
+            self.joiner.datagram(data)
+        else:
+            self.ep.datagram_received(data, addr)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        o = self.opts
+        self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
+                                None, Keyring(o.key), o.config)
+        self.joiner = Joiner(self.ep, o.found_after, o.join_timeout)
+        self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, self.me,
+                                           self._datagram, o.interface, loop)
+        self.ep.transport = self.udp
+        try:
+            joined = await self.joiner.join()
+        finally:
+            self.joiner = None
+        if joined is None:
+            self.ep.view = View(self.gid, self.me, {self.me: 1}, pvn=1)
+            index = 0
+            log.warning("group %s (id %d): nobody there, this member (%d) founds it as primary",
+                        o.group, self.gid, self.me)
+        else:
+            self.ep.view = joined.view
+            self.ep.sequencer.skip_to(joined.oseq)
+            index = joined.index
+            log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)",
+                        o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn)
+        self.ep.start()
+        self._start_replica(index, joined)
+        try:
+            return await self._serve(loop)
+        finally:
+            self.ep.close()
+            self.udp.close()
+
+    def _start_replica(self, index: int, joined):
+        role = ROLE_BACKUP if joined else ROLE_PRIMARY
+        path = stream_path(f"{os.getpid()}", index)
+        if os.path.exists(path):
+            os.unlink(path)
+        stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=index)
+        stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
+        out_dir = self.run_dir / f"replica-{index}"
+        out_dir.mkdir(exist_ok=True)
+        self.replica = Replica(index, stream, out_dir)
+        self.outbox = Outbox(self.ep)
+        if joined is None:
+            self.output = PrimaryOutput(self.outbox)
+            self.admission = Admission(self.ep, self._history, self._why_no_joining, self._view_changed)
+        else:
+            self.output = BackupOutput(self.outbox)
+            self.feeder = RecordFeeder(stream, self.replica.alive)
+            for blob in joined.history:
+                self._order(blob)
+        self.replica.start(self.argv, dict(os.environ))
+        log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
+        if joined is not None:
+            self.feeder.start()
+            self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me})
+
+    # -- the primary's side ------------------------------------------------
+    def _history(self) -> tuple[int, list[bytes]]:
+        return self.ep.order_log.next_oseq - 1, list(self.history)
+
+    def _why_no_joining(self) -> str | None:
+        if self.ep.conns:
+            return ("the group already serves clients: a member can join only before the first client "
+                    "connects (joining later needs state transfer by checkpoint)")
+        if self.primary_status is not None:
+            return "the primary's program has exited"
+        return None
+
+    def _ship(self, blobs: list[bytes]):
+        for b in blobs:
+            self.history.append(b)
+            self.ep.add_order_info(b)
+
+    # -- a backup's side ---------------------------------------------------
+    def _order(self, blob: bytes):
+        try:
+            kind, *rest = payload.parse_blob(blob)
+        except payload.BadPayload:
+            self.ep.drops.count("bad-order-info")
+            return
+        if kind == payload.TAG_RECORDS:
+            self.feeder.feed(rest[0])
+        elif kind == payload.TAG_BOUNDARY:
+            cid, end, closed = rest
+            self.output.boundary(ConnId(*cid), end, closed)
+        elif kind == payload.TAG_END:
+            self.primary_status = rest[0]
+            self.feeder.end()
+
+    # -- both ----------------------------------------------------------------
+    def _view_changed(self):
+        self.write_state("running")
+
+    def _event(self, name: str, info: dict):
+        msg = info.get("msg")
+        if name == "membership-message" and msg is not None:
+            if self.ep.is_primary:
+                self.admission.on_message(msg)
+            else:
+                follow(self.ep, msg, self._view_changed)
+        elif name == "reset-and-rejoin":
+            log.error("a competing primary (precedence %s, view %s) claims this group", info.get("precedence"),
+                      info.get("pvn"))
+
+    def _conn_num(self, cid: ConnId) -> int:
+        """The connection's id in the program's connection header: the same at every member."""
+        num = (cid.client << 32) | cid.seq
+        self.cids[num] = cid
+        return num
+
+    def _request(self, cid: ConnId, body: bytes):
+        try:
+            req = payload.parse_request(body)
+        except payload.BadPayload as e:
+            self.bad_payloads += 1
+            self.ep.drops.count("bad-payload")
+            log.debug("connection %s: %s", cid, e)
+            return
+        num = self._conn_num(cid)
+        if req[0] == payload.OPEN:
+            self.relay.open(num, req[1], req[2], req[3])
+        elif req[0] == payload.DATA:
+            self.relay.data(num, req[1])
+        else:
+            self.relay.eof(num)
+
+    async def _inbound(self, ready: asyncio.Event):
+        """Client bytes to the replica, as fast as it takes them (bounded: a
+        slow replica leaves messages in messaging's windows)."""
+        while True:
+            await self.relay.room.wait()
+            got = self.ep.recv()
+            if got is None:
+                ready.clear()
+                await ready.wait()
+                continue
+            self._request(*got)
+
+    async def _serve(self, loop) -> int:
+        ready = asyncio.Event()
+        self.ep.on_ready = ready.set
+        self.ep.on_writable = self.outbox.writable
+        self.ep.on_event = self._event
+        if not self.ep.is_primary:
+            self.ep.on_order = self._order
+        relay_log = (self.replica.out_dir / "output") if self.opts.log_output else None
+        self.relay = ReplicaRelay(self.replica, log_dir=relay_log,
+                                  on_output=lambda n, chunk, off: self.output.data(self.cids[n], chunk, off),
+                                  on_close=lambda n: self.output.close(self.cids[n], self.relay.outputs[n].bytes))
+        tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready))]
+        shipped = asyncio.Event()
+        source = None
+        if self.ep.is_primary:
+            source = PrimarySource(self.replica.stream)
+            RecordShipper(source, loop, self._ship, shipped.set).start()
+        exited = self._watch_exit(loop)
+        next_state = 0.0
+        try:
+            while self.replica.alive() and self.interrupted is None:
+                if self.ep.is_primary:
+                    self.admission.tick()
+                if time.monotonic() >= next_state:
+                    self.write_state("running")
+                    self._log_drops()
+                    next_state = time.monotonic() + STATE_EVERY_S
+                try:
+                    await asyncio.wait_for(exited.wait(), TICK_S)
+                except asyncio.TimeoutError:
+                    pass
+            if self.interrupted is not None:
+                self.stop()
+                return 128 + self.interrupted
+            await self.relay.drained(timeout=2.0)
+            status = self.replica.poll()
+            if source is not None:
+                source.finish()
+                await asyncio.wait_for(shipped.wait(), 10)
+                await self._finish_primary(status)
+            return self._verdict(status)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.write_state("finished")
+            self._log_drops()
+
+    async def _finish_primary(self, status: int):
+        """Tells the backups the program ended, and stays until they have every
+        record and the gateways every reply (bounded)."""
+        self.primary_status = status
+        oseq = self.ep.add_order_info(payload.end_blob(status))
+        deadline = time.monotonic() + self.opts.end_timeout
+        while time.monotonic() < deadline:
+            done = self.ep.order_log.confirmed >= oseq or not self.ep.view.backups()
+            if done and not self.ep.buffers()["sent"] and not self.outbox.queued():
+                return
+            await asyncio.sleep(TICK_S)
+        log.warning("the program ended, but not every backup or gateway confirmed the end within %g s",
+                    self.opts.end_timeout)
+
+    def _verdict(self, status: int) -> int:
+        r = self.replica
+        log.info("replica %d (%s) exited with status %s", r.index, r.role, status)
+        if r.role == "primary":
+            return status
+        if r.stream.diverged:
+            log.error("replica %d diverged: %s", r.index, r.stream.divergence)
+            return EXIT_DIVERGED
+        if status == EXIT_DIVERGED:
+            log.error("replica %d stopped on a divergence (see its stderr)", r.index)
+            return EXIT_DIVERGED
+        if self.primary_status is not None and status != self.primary_status:
+            log.error("replica %d exited with status %s, the primary with %s", r.index, status,
+                      self.primary_status)
+            return EXIT_DIVERGED
+        return status
+
+    def _watch_exit(self, loop) -> asyncio.Event:
+        exited = asyncio.Event()
+        try:
+            fd = os.pidfd_open(self.replica.pid)
+        except (OSError, AttributeError):
+            return exited
+
+        def gone():
+            loop.remove_reader(fd)
+            os.close(fd)
+            exited.set()
+        loop.add_reader(fd, gone)
+        return exited
+
+    def stop(self):
+        if self.replica is None:
+            return
+        self.replica.signal(signal.SIGTERM)
+        end = time.monotonic() + 3
+        while self.replica.alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        if self.replica.alive():
+            self.replica.kill()
+
+    def cleanup(self):
+        if self.replica is not None:
+            self.replica.stream.close()
+            self.replica.stream.unlink()
+
+    # -- what llft-status shows ------------------------------------------------
+    def _log_drops(self):
+        now = self.ep.drops.snapshot() if self.ep else {}
+        new = {k: v - self._drops_logged.get(k, 0) for k, v in now.items() if v > self._drops_logged.get(k, 0)}
+        if new:
+            log.warning("dropped datagrams/messages: %s (total %d)",
+                        ", ".join(f"{k} +{v}" for k, v in sorted(new.items())), sum(now.values()))
+            self._drops_logged = now
+
+    def write_state(self, phase: str):
+        view, r = self.ep.view, self.replica
+        rank = ranks(view)
+        members = [{"member": m, "role": "primary" if m == view.primary else "backup",
+                    "precedence": p, "rank": rank[m], "here": m == self.me}
+                   for m, p in sorted(view.precedences.items(), key=lambda kv: rank[kv[0]])]
+        rundir.write_state(self.run_dir, {
+            "group": self.opts.group, "group_id": self.gid, "phase": phase, "controller_pid": os.getpid(),
+            "argv": self.argv, "member": self.me, "view": {"pvn": view.pvn, "primary": view.primary},
+            "members": members,
+            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
+                          "stream": r.stream.path, "status": r.status, "records": r.stream.records,
+                          "clock_offsets_ns": r.stream.clock_offsets(),
+                          "outputs": self.relay.output_summary() if hasattr(self, "relay") else {}}] if r else [],
+            "messaging": self.ep.stats(),
+        })

@@ -1,0 +1,194 @@
+"""Joining a group across hosts (LLFT §IV, Fig. 7: ProposeBackup,
+AcceptBackup and its acknowledgment).
+
+A process started with `llft-run --join` first listens: if a member of its
+group is already there (its Heartbeats arrive), it proposes itself as a
+backup until the primary accepts it; if nobody is there after
+`found_after` seconds, it founds the group as its primary.  The primary
+gives each new member the next precedence (never reused), adds it to the
+view and multicasts AcceptBackup with the new membership, so every member
+learns of it, plus the state the newcomer needs: the primary's ordering
+information so far (the OrderInfo records since its program started; the
+program itself restarts from the beginning at the newcomer and replays
+them).  Client input is not part of that state, so a member may join only
+while no client has connected yet; a later joiner needs the checkpoints of
+state transfer, and is refused with a clear reason.
+
+Membership messages are unreliable datagrams: AcceptBackup is repeated
+until the newcomer acknowledges it, at most `max_count` times."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from llft import wire
+from llft.messaging.ids import View
+from llft.wire import MsgType
+
+log = logging.getLogger("llft.membership")
+
+RETRY_S = 0.05
+MAX_COUNT = 40
+
+
+class JoinRefused(Exception):
+    pass
+
+
+@dataclass
+class Joined:
+    view: View
+    index: int              # this member's replica index (precedence - 1)
+    oseq: int               # ordering information up to this oseq is in history
+    history: list[bytes]
+
+
+def view_body(view: View) -> dict:
+    return {"primary": view.primary, "pvn": view.pvn, "prec": [[m, p] for m, p in view.precedences.items()]}
+
+
+def parse_view(group: int, body) -> View:
+    try:
+        prec = {int(m): int(p) for m, p in body["prec"]}
+        view = View(group, int(body["primary"]), prec, int(body["pvn"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise wire.DropError("malformed", f"membership view: {e}") from None
+    if view.primary not in prec:
+        raise wire.DropError("malformed", "membership view without its primary")
+    return view
+
+
+def ranks(view: View) -> dict[int, int]:
+    """Rank 1 is the primary; backups follow in order of precedence."""
+    order = [view.primary] + sorted(view.backups(), key=lambda m: view.precedences[m])
+    return {m: k + 1 for k, m in enumerate(order)}
+
+
+class Joiner:
+    """Before it is a member: watches the group's traffic and asks to join."""
+
+    def __init__(self, ep, found_after: float, give_up_after: float):
+        self.ep = ep
+        self.found_after = found_after
+        self.give_up_after = give_up_after
+        self.group_seen = False
+        self.answer: asyncio.Future | None = None
+
+    def datagram(self, data: bytes) -> None:
+        ep = self.ep
+        r = ep.codec.decode(data, ep.clock.now())
+        if r is None:
+            return
+        msg = r[0]
+        if msg.src_group != ep.group or msg.sender == ep.me:
+            return
+        if msg.TYPE == MsgType.HEARTBEAT and msg.precedence > 0:
+            self.group_seen = True
+        elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict) \
+                and msg.body.get("member") == ep.me and self.answer and not self.answer.done():
+            self.answer.set_result(msg.body)
+
+    async def join(self) -> Joined | None:
+        """The membership we joined, or None if we found the group."""
+        loop = asyncio.get_running_loop()
+        self.answer = loop.create_future()
+        start = loop.time()
+        while not self.answer.done():
+            waited = loop.time() - start
+            if not self.group_seen and waited >= self.found_after:
+                return None
+            if waited >= self.give_up_after:
+                raise JoinRefused(f"the group's primary did not accept us within {self.give_up_after:g} s")
+            if self.group_seen:
+                self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me})
+            await asyncio.wait([self.answer], timeout=RETRY_S)
+        body = self.answer.result()
+        if body.get("refused"):
+            raise JoinRefused(str(body["refused"]))
+        try:
+            view = parse_view(self.ep.group, body.get("view"))
+            history = body["history"]
+            if not isinstance(history, list) or not all(isinstance(b, bytes) for b in history):
+                raise TypeError("history")
+            return Joined(view, int(body["index"]), int(body["oseq"]), history)
+        except (KeyError, TypeError, ValueError, wire.DropError) as e:
+            raise JoinRefused(f"the primary's AcceptBackup is malformed: {e}") from None
+
+
+class Admission:
+    """At the primary: accepts new members (ProposeBackup -> AcceptBackup)."""
+
+    def __init__(self, ep, history, serving, on_change):
+        self.ep = ep
+        self.history = history          # fn() -> (oseq, [blob, ...]): the ordering information so far
+        self.serving = serving          # fn() -> str | None: why nobody may join now
+        self.on_change = on_change      # fn(): the view changed
+        self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
+        self.pending: dict[int, list] = {}   # member -> [body, sends]
+
+    def on_message(self, msg) -> None:
+        body = msg.body if isinstance(msg.body, dict) else {}
+        member = body.get("member")
+        if not isinstance(member, int) or member != msg.sender:
+            self.ep.drops.count("malformed")
+            return
+        if msg.TYPE == MsgType.PROPOSE_BACKUP:
+            self._propose(member)
+        elif msg.TYPE == MsgType.ACCEPT_BACKUP_ACK and self.pending.pop(member, None) is not None:
+            log.info("member %d acknowledged its admission", member)
+
+    def _propose(self, member: int) -> None:
+        if member in self.pending:
+            return  # repeated proposal: the AcceptBackup is being repeated already
+        view = self.ep.view
+        if member in view:
+            return  # accepted and acknowledged before; a late duplicate
+        why = self.serving()
+        if why:
+            log.warning("member %d asked to join: refused, %s", member, why)
+            self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": why})
+            return
+        precedence = self.next_precedence
+        self.next_precedence += 1
+        oseq, history = self.history()
+        view.precedences[member] = precedence
+        body = {"member": member, "index": precedence - 1, "view": view_body(view),
+                "oseq": oseq, "history": history}
+        log.warning("member %d joins as a backup: precedence %d, replica %d, %d records' worth of state",
+                    member, precedence, precedence - 1, sum(len(b) for b in history) // 64)
+        self.pending[member] = [body, 0]
+        self.on_change()
+        self.tick()
+
+    def tick(self) -> None:
+        for member, entry in list(self.pending.items()):
+            body, sends = entry
+            if sends >= MAX_COUNT:
+                log.warning("member %d never acknowledged its admission: removed", member)
+                del self.pending[member]
+                self.ep.view.precedences.pop(member, None)
+                self.on_change()
+                continue
+            entry[1] = sends + 1
+            self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
+
+
+def follow(ep, msg, on_change) -> None:
+    """At a backup: a membership message from the primary."""
+    if msg.sender != ep.view.primary or msg.TYPE != MsgType.ACCEPT_BACKUP or not isinstance(msg.body, dict):
+        return
+    member = msg.body.get("member")
+    if member == ep.me:
+        ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": ep.me})  # our ack was lost
+        return
+    if msg.body.get("refused") or not isinstance(member, int):
+        return
+    try:
+        view = parse_view(ep.group, msg.body.get("view"))
+    except wire.DropError as e:
+        ep.drops.count(e.reason)
+        return
+    if view.pvn == ep.view.pvn and view.primary == ep.view.primary and view.precedences != ep.view.precedences:
+        ep.view.precedences = view.precedences
+        on_change()

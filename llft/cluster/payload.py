@@ -1,0 +1,116 @@
+"""What rides inside the messaging protocol's messages for a replicated TCP
+server, and inside its ordering information.
+
+Requests (gateway -> server group), one msgpack array each:
+    [OPEN, program_port, client_host, client_port]   a client connected
+    [DATA, bytes]                                     the client's bytes
+    [EOF]                                             the client shut down its side
+Replies (primary -> gateway):
+    [DATA, offset, bytes]    the server's bytes at this offset of the connection's output
+    [CLOSE, offset]          the server closed the connection after `offset` bytes
+Offsets let a gateway drop what it already sent when a new primary repeats
+output after a failover.
+
+Ordering information (primary -> its backups), a tag byte then the body:
+    b"R" + record slots      the primary's OrderInfo records (whole groups)
+    b"B" + msgpack [client_group, server_group, conn_seq, end_offset, closed]
+                             where the primary cut its output into a message, so
+                             a backup generates the very same messages (msns)
+    b"E" + msgpack [status]  the primary's program exited with this status
+"""
+from __future__ import annotations
+
+import msgpack
+
+OPEN, DATA, EOF, CLOSE = 0, 1, 2, 3
+TAG_RECORDS, TAG_BOUNDARY, TAG_END = b"R", b"B", b"E"
+
+
+class BadPayload(ValueError):
+    """A message body that is not one of the forms above: counted and dropped."""
+
+
+def _unpack(raw: bytes) -> list:
+    try:
+        v = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as e:
+        raise BadPayload(f"undecodable: {e}") from None
+    if not isinstance(v, list) or not v or not isinstance(v[0], int):
+        raise BadPayload("not a tagged array")
+    return v
+
+
+def _pack(*fields) -> bytes:
+    return msgpack.packb(list(fields), use_bin_type=True)
+
+
+# -- requests ------------------------------------------------------------------
+def open_request(port: int, host: str, client_port: int) -> bytes:
+    return _pack(OPEN, port, host, client_port)
+
+
+def data_request(chunk: bytes) -> bytes:
+    return _pack(DATA, chunk)
+
+
+def eof_request() -> bytes:
+    return _pack(EOF)
+
+
+def parse_request(raw: bytes) -> tuple:
+    v = _unpack(raw)
+    kind = v[0]
+    if kind == OPEN and len(v) == 4 and isinstance(v[1], int) and 0 < v[1] < 65536 \
+            and isinstance(v[2], str) and isinstance(v[3], int) and 0 <= v[3] < 65536:
+        return OPEN, v[1], v[2], v[3]
+    if kind == DATA and len(v) == 2 and isinstance(v[1], bytes):
+        return DATA, v[1]
+    if kind == EOF and len(v) == 1:
+        return (EOF,)
+    raise BadPayload(f"not a request: {v[:1]}")
+
+
+# -- replies -------------------------------------------------------------------
+def data_reply(offset: int, chunk: bytes) -> bytes:
+    return _pack(DATA, offset, chunk)
+
+
+def close_reply(offset: int) -> bytes:
+    return _pack(CLOSE, offset)
+
+
+def parse_reply(raw: bytes) -> tuple:
+    v = _unpack(raw)
+    if v[0] == DATA and len(v) == 3 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], bytes):
+        return DATA, v[1], v[2]
+    if v[0] == CLOSE and len(v) == 2 and isinstance(v[1], int) and v[1] >= 0:
+        return CLOSE, v[1]
+    raise BadPayload(f"not a reply: {v[:1]}")
+
+
+# -- ordering information ------------------------------------------------------
+def records_blob(slots: bytes) -> bytes:
+    return TAG_RECORDS + slots
+
+
+def boundary_blob(conn: tuple[int, int, int], end: int, closed: bool) -> bytes:
+    return TAG_BOUNDARY + _pack(*conn, end, closed)
+
+
+def end_blob(status: int) -> bytes:
+    return TAG_END + _pack(status)
+
+
+def parse_blob(blob: bytes) -> tuple:
+    tag, body = blob[:1], blob[1:]
+    if tag == TAG_RECORDS:
+        return TAG_RECORDS, body
+    if tag == TAG_BOUNDARY:
+        v = _unpack(body)
+        if len(v) == 5 and all(isinstance(x, int) and x >= 0 for x in v[:4]) and isinstance(v[4], bool):
+            return TAG_BOUNDARY, (v[0], v[1], v[2]), v[3], v[4]
+    if tag == TAG_END:
+        v = _unpack(body)
+        if len(v) == 1:
+            return TAG_END, v[0]
+    raise BadPayload(f"unknown ordering information {tag!r}")

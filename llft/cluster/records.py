@@ -1,0 +1,80 @@
+"""The OrderInfo stream between hosts.  At the primary, RecordShipper reads
+its replica's ring and hands the records, cut into ordering-information
+blobs, to the event loop (which gives them to messaging).  At a backup,
+RecordFeeder writes what messaging delivered into its replica's replay
+ring, on a thread of its own because a full ring blocks."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from llft.cluster.payload import records_blob
+from llft.native import REC_SIZE, StreamError, split_groups
+
+log = logging.getLogger("llft.records")
+
+READ_SLOTS = 4097 * 2     # room for the largest record group
+BLOB_BYTES = 4096         # ordering information per blob (messaging piggybacks up to 8 KiB per message)
+WRITE_TIMEOUT_MS = 100
+
+
+class RecordShipper(threading.Thread):
+    def __init__(self, source, loop, ship, done):
+        super().__init__(name="llft-shipper", daemon=True)
+        self.source, self.loop, self.ship, self.done = source, loop, ship, done
+        self.records_bytes = 0
+        self.error: str | None = None
+
+    def run(self):
+        try:
+            while True:
+                chunk = self.source.read(READ_SLOTS)
+                if chunk:
+                    self._hand(chunk)
+                elif self.source.finished():
+                    while chunk := self.source.read(READ_SLOTS):
+                        self._hand(chunk)
+                    break
+                else:
+                    self.source.wait(20)
+        except StreamError as e:
+            self.error = str(e)
+            log.error("the primary's record stream is unusable: %s", e)
+        self.loop.call_soon_threadsafe(self.done)
+
+    def _hand(self, chunk: bytes):
+        self.records_bytes += len(chunk)
+        blobs = [records_blob(b) for b in split_groups(chunk, BLOB_BYTES)]
+        self.loop.call_soon_threadsafe(self.ship, blobs)
+
+
+class RecordFeeder(threading.Thread):
+    END = object()
+
+    def __init__(self, stream, alive):
+        super().__init__(name="llft-feeder", daemon=True)
+        self.stream, self.alive = stream, alive
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.slots = 0
+
+    def feed(self, slots: bytes):
+        self.q.put(slots)
+
+    def end(self):
+        self.q.put(self.END)
+
+    def run(self):
+        while True:
+            item = self.q.get()
+            if item is self.END:
+                if self.alive() and not self.stream.write_end(timeout_ms=2000):
+                    log.warning("could not mark the end of the replica's stream")
+                return
+            view = memoryview(item)
+            while view:
+                n = self.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
+                self.slots += n
+                view = view[n * REC_SIZE:]
+                if n == 0 and not self.alive():
+                    return

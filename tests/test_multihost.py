@@ -1,0 +1,237 @@
+"""A group whose replicas are on several hosts (network namespaces on one
+bridge): `llft-run --join` on three hosts, `llft-gateway` on a fourth, real
+clients, everything over the messaging protocol on UDP multicast."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import tool
+from netns import bridged_hosts, in_ns
+from serving import concurrently, sha
+
+PROGRAM_PORT = 7000
+
+
+class Cluster:
+    """Members and a gateway, each a real process in its namespace."""
+
+    def __init__(self, hosts, tmp: Path):
+        self.hosts, self.tmp = hosts, tmp
+        self.key = tmp / "group.key"
+        subprocess.run([tool("llft-gateway"), "--make-key", str(self.key)], check=True, capture_output=True)
+        self.procs: list[subprocess.Popen] = []
+        self.members: list[tuple[subprocess.Popen, Path]] = []
+
+    def _start(self, host: int, argv: list) -> subprocess.Popen:
+        p = subprocess.Popen(in_ns(self.hosts[host][0], *argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        self.procs.append(p)
+        return p
+
+    def start_member(self, host: int, program: list, group: str = "kv"):
+        run_dir = self.tmp / f"member-{host}"
+        p = self._start(host, [tool("llft-run"), "--join", "--group", group, "--key-file", self.key,
+                               "--run-dir", run_dir, "--log-level", "info", "--", *program])
+        self.members.append((p, run_dir))
+        return run_dir
+
+    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT):
+        self.gateway_dir = self.tmp / "gateway"
+        self.gateway = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
+                                          "--key-file", self.key, "--run-dir", self.gateway_dir])
+        self.gateway_host = host
+        self.wait(lambda: self.status(self.gateway_dir) is not None, "the gateway to start")
+
+    def status(self, run_dir: Path) -> dict | None:
+        r = subprocess.run([tool("llft-status"), "--run-dir", str(run_dir), "--json"], capture_output=True,
+                           text=True, timeout=30)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def wait(self, cond, what: str, timeout: float = 30):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise AssertionError(f"a process ended early ({p.returncode}) waiting for {what}: "
+                                         f"{p.args} {p.stderr.read()[-3000:]}")
+            if cond():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def wait_members(self, n: int):
+        def all_see_n():
+            views = [self.status(d) for _, d in self.members]
+            return all(v and len(v["members"]) == n for v in views)
+        self.wait(all_see_n, f"every member to see {n} members")
+
+    def client(self) -> "ClientConn":
+        """A client connection from the gateway's host (a shell in its namespace)."""
+        return ClientConn(self.hosts[self.gateway_host][0])
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class ClientConn:
+    """A line client inside a namespace: a tiny Python process relaying lines
+    (the test process itself lives in the root namespace)."""
+
+    SCRIPT = ("import socket,sys\n"
+              "s=socket.create_connection(('127.0.0.1',%d),timeout=60);f=s.makefile('rwb')\n"
+              "for line in sys.stdin.buffer:\n"
+              " f.write(line);f.flush();r=f.readline();sys.stdout.buffer.write(r);sys.stdout.flush()\n"
+              " if not r: break\n")
+
+    def __init__(self, ns: str, port: int = PROGRAM_PORT):
+        import sys
+        self.p = subprocess.Popen(in_ns(ns, sys.executable, "-c", self.SCRIPT % port), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+
+    def lines(self, lines: list[str]) -> tuple[list[str], bytes]:
+        raw = b""
+        replies = []
+        for line in lines:
+            self.p.stdin.write(line.encode() + b"\n")
+            self.p.stdin.flush()
+            r = self.p.stdout.readline()
+            raw += r
+            replies.append(r.decode().rstrip("\n"))
+        return replies, raw
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with bridged_hosts(4) as hosts:
+        c = Cluster(hosts, tmp_path)
+        try:
+            yield c
+        finally:
+            c.stop()
+
+
+def outputs_of(status: dict) -> dict:
+    return status["replicas"][0]["outputs"]
+
+
+def test_three_hosts_and_a_gateway(cluster, examples):
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"]
+                 and s["members"][0]["role"] == "primary", "the first member to found the group")
+    for host in (1, 2):
+        cluster.start_member(host, program)
+    cluster.wait_members(3)
+    views = [cluster.status(d) for _, d in cluster.members]
+    assert len({json.dumps(v["members"], sort_keys=True) for v in
+                ({**s, "members": [{k: m[k] for k in ("member", "role", "precedence", "rank")}
+                                   for m in s["members"]]} for s in views)}) == 1, "one view everywhere"
+    assert [m["rank"] for m in views[0]["members"]] == [1, 2, 3]
+    assert [s["replicas"][0]["role"] for s in views] == ["primary", "backup", "backup"]
+
+    cluster.start_gateway(3)
+    results = {}
+
+    def client(i):
+        c = cluster.client()
+        results[i] = c.lines([f"SET k{i}-{j} v{j}" if j % 3 else f"GET k{i}-{j - 1}" for j in range(60)])
+        c.close()
+
+    concurrently(client, 4)
+    c = cluster.client()
+    final, final_raw = c.lines(["DIGEST", "SHUTDOWN"])
+    c.close()
+    for i, (replies, _) in results.items():
+        assert len(replies) == 60 and all(r in ("OK", "NONE") or r.startswith("VALUE") for r in replies), replies
+    assert final[0].startswith("DIGEST ") and final[0].split()[2] == str(4 * 40) and final[1] == "BYE"
+
+    # The program ended at the primary; every member ends with its status.
+    for p, _ in cluster.members:
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    # Every replica generated, byte for byte, what the primary sent the clients.
+    outs = [outputs_of(cluster.status(d)) for _, d in cluster.members]
+    assert len(outs[0]) == 5 and outs[1] == outs[0] and outs[2] == outs[0]
+    sent = sorted(v["sha256"] for v in outs[0].values())
+    assert sent == sorted(sha(raw) for raw in [r for _, r in results.values()] + [final_raw])
+
+    gw = cluster.status(cluster.gateway_dir)
+    assert gw["gateway"]["connections"] == 5 and gw["drops"] == {}
+
+
+FORGER = """
+import os, socket, sys
+from llft.auth import Keyring
+from llft.cluster.naming import group_id
+from llft.messaging.fragments import split
+from llft.transport import group_multicast_address
+from llft import wire
+gid = group_id("kv")
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dest = (group_multicast_address(gid), 17400)
+wrong = Keyring(os.urandom(32))
+forged = [wire.make(wire.MsgType.PROPOSE_PRIMARY, src_group=gid, dst_group=gid, role=2, sender=7, pvn=99,
+                    precedence=99, body={"primary": 7}),
+          wire.make(wire.MsgType.ACCEPT_BACKUP, src_group=gid, dst_group=gid, role=2, sender=7, pvn=1,
+                    precedence=99, body={"member": 7, "view": {"primary": 7, "pvn": 1, "prec": [[7, 1]]}}),
+          wire.make(wire.MsgType.REQUEST, src_group=4242, dst_group=gid, conn_seq=1, role=0, sender=1, msn=1,
+                    payload=b"SET stolen 1\\n")]
+for i in range(50):
+    for m in forged:
+        for d in split(wrong, gid, wire.encode_message(m), 1472):
+            s.sendto(d, dest)              # well-formed, but not MACed with the group's key
+    s.sendto(os.urandom(i * 7 % 1400 + 1), dest)       # garbage
+    s.sendto(b"LL" + os.urandom(40), dest)             # our magic, then garbage
+"""
+
+
+def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, examples):
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    cluster.start_member(1, program)
+    cluster.wait_members(2)
+    cluster.start_gateway(3)
+    c = cluster.client()
+    assert c.lines(["SET a 1"])[0] == ["OK"]
+    import sys
+    subprocess.run(in_ns(cluster.hosts[3][0], sys.executable, "-c", FORGER), check=True, timeout=60)
+    assert c.lines(["GET a", "GET stolen"])[0] == ["VALUE 1", "NONE"], "the group still serves, unforged"
+
+    # A member joining once clients are served is refused, with the reason.
+    late = cluster.start_member(2, program)
+    late_proc = cluster.members[-1][0]
+    assert late_proc.wait(timeout=60) == 1
+    err = late_proc.stderr.read()
+    assert "could not join group kv" in err and "already serves clients" in err, err
+    cluster.procs.remove(late_proc)
+    del late
+
+    for _, run_dir in cluster.members[:2]:
+        cluster.wait(lambda: cluster.status(run_dir)["drops"], "llft-status to show the drops")
+        st = cluster.status(run_dir)
+        assert [m["precedence"] for m in st["members"]] == [1, 2], "forged messages changed the membership"
+        assert st["view"]["pvn"] == 1
+        assert st["drops"].get("bad-mac", 0) >= 50 * 3 and st["drops"].get("malformed", 0) + \
+            st["drops"].get("truncated", 0) + st["drops"].get("bad-version", 0) >= 50, st["drops"]
+        text = subprocess.run([tool("llft-status"), "--run-dir", str(run_dir)], capture_output=True,
+                              text=True).stdout
+        assert "dropped: " in text and "bad-mac" in text, text
+        assert "dropped datagrams" in (run_dir / "llft.log").read_text()
+    c.close()
