@@ -52,10 +52,11 @@ class Cluster:
                            text=True, timeout=30)
         return json.loads(r.stdout) if r.returncode == 0 else None
 
-    def wait(self, cond, what: str, timeout: float = 30):
+    def wait(self, cond, what: str, timeout: float = 30, watch: bool = True):
+        """Polls cond; with watch, any of our processes ending fails the wait."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            for p in self.procs:
+            for p in self.procs if watch else ():
                 if p.poll() is not None:
                     raise AssertionError(f"a process ended early ({p.returncode}) waiting for {what}: "
                                          f"{p.args} {p.stderr.read()[-3000:]}")
@@ -171,8 +172,9 @@ def test_three_hosts_and_a_gateway(cluster, examples):
     sent = sorted(v["sha256"] for v in outs[0].values())
     assert sent == sorted(sha(raw) for raw in [r for _, r in results.values()] + [final_raw])
 
-    gw = cluster.status(cluster.gateway_dir)
-    assert gw["gateway"]["connections"] == 5 and gw["drops"] == {}
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["connections"] == 5,
+                 "the gateway's state", watch=False)
+    assert cluster.status(cluster.gateway_dir)["drops"] == {}
 
 
 FORGER = """
@@ -235,3 +237,53 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
         assert "dropped: " in text and "bad-mac" in text, text
         assert "dropped datagrams" in (run_dir / "llft.log").read_text()
     c.close()
+
+
+def test_primary_host_fails_and_a_backup_takes_over(cluster, examples):
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in (1, 2):
+        cluster.start_member(host, program)
+    cluster.wait_members(3)
+    cluster.start_gateway(3)
+    old = cluster.status(first)
+    old_primary, successor = old["members"][0]["member"], old["members"][1]["member"]
+    replica_pid = old["replicas"][0]["pid"]
+
+    results = {}
+
+    def client(i):
+        c = cluster.client()
+        out = []
+        for j in range(150):
+            if i == 0 and j == 50:
+                import os
+                import signal
+                os.kill(replica_pid, signal.SIGKILL)    # the primary fails mid-stream
+            out.append(c.lines([f"SET k{i}-{j} v{j}"])[0][0])
+        results[i] = out + c.lines([f"GET k{i}-{j}" for j in range(150)])[0]
+        c.close()
+
+    concurrently(client, 3)
+    for i, replies in results.items():
+        assert replies[:150] == ["OK"] * 150, f"client {i}: {replies[:150]}"
+        assert replies[150:] == [f"VALUE v{j}" for j in range(150)], "an acknowledged write was lost"
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+
+    survivors = [d for _, d in cluster.members[1:]]
+    views = [cluster.status(d) for d in survivors]
+    for v in views:
+        assert v["view"] == {"pvn": 2, "primary": successor}, v["view"]
+        assert [m["member"] for m in v["members"]][0] == successor and old_primary not in \
+            [m["member"] for m in v["members"]]
+    c = cluster.client()
+    digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
+    c.close()
+    assert digest[0].split()[2] == str(3 * 150) and digest[1] == "BYE"
+    for p, _ in cluster.members[1:]:
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    outs = [outputs_of(cluster.status(d)) for d in survivors]
+    assert outs[0] == outs[1], "the backup left did not produce what the new primary did"
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["connections"] == 4,
+                 "the gateway to count 4 client connections, none dropped", watch=False)

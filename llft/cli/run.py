@@ -136,7 +136,9 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
     """llft-run --join: this host's member of a group across hosts."""
     opts = MemberOptions(group=args.group, key=args.key, interface=args.interface, group_port=args.group_port,
                          ring_slots=args.ring_slots, stall_timeout_ms=int(args.divergence_timeout * 1000),
-                         end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output)
+                         end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output,
+                         # Heartbeats come every 20 ms: suspect a primary only after a few are missing.
+                         fault_timeout=max(args.fault_timeout / 1000, 0.05))
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

@@ -16,6 +16,8 @@ import socket
 from llft.cluster import payload
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId
+from llft.messaging.viewchange import answer_new_primary_view
+from llft.wire import MsgType
 
 log = logging.getLogger("llft.gateway")
 
@@ -41,6 +43,15 @@ class ClusterGateway:
         self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0}
         ep.on_deliver = self._reply
         ep.on_writable = self._writable
+        ep.on_event = self._event
+
+    def _event(self, name: str, info: dict):
+        msg = info.get("msg")
+        if name == "membership-message" and msg is not None and msg.src_group == self.server_group \
+                and msg.TYPE == MsgType.NEW_PRIMARY_VIEW:
+            answer_new_primary_view(self.ep, msg)
+        elif name == "remote-primary-changed":
+            log.warning("group %d has a new primary (view %d)", info["group"], info["pvn"])
 
     async def serve(self, host: str, port: int) -> asyncio.base_events.Server:
         return await asyncio.start_server(self._client, host, port, reuse_address=True)
@@ -93,6 +104,8 @@ class ClusterGateway:
             return
         chunk = rest[0]
         skip = c.sent - offset      # a new primary repeats what the old one sent
+        if skip < 0:
+            log.error("connection %s: %d bytes of the server's output are missing", cid, -skip)
         if skip >= len(chunk):
             return
         part = chunk[max(skip, 0):]

@@ -24,25 +24,31 @@ from pathlib import Path
 from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
+from llft.cluster.election import Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
-from llft.cluster.output import BackupOutput, Outbox, PrimaryOutput
+from llft.cluster.output import Outbox, ReplyStream
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.determinizer.streams import PrimarySource, stream_path
 from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
+from llft.messaging.viewchange import (deliver_held_order, new_primary_view,
+                                       parse_new_primary_view_ack, rebase, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
+from llft import wire
 from llft.wire import MsgType
 
 log = logging.getLogger("llft.member")
 
 STATE_EVERY_S = 1.0
 TICK_S = 0.02
+EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
+HELD_ENTRIES = 20_000    # backups: ordering information kept for a new primary that lacks it
 
 
 @dataclass
@@ -58,6 +64,7 @@ class MemberOptions:
     stall_timeout_ms: int = 60_000
     end_grace_ms: int = 3_000
     log_output: bool = False
+    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this; rank k after (k-1) times it
     config: Config = field(default_factory=Config)
 
 
@@ -74,6 +81,13 @@ class HostMember:
         self.cids: dict[int, ConnId] = {}
         self.primary_status: int | None = None   # backups: the primary program's exit status
         self.bad_payloads = 0
+        self.released: dict[int, bytes] = {}    # backups: recent ordering information, by oseq
+        self.released_upto = 0
+        self.view_acks: dict[int, tuple] = {}   # new primary: NewPrimaryView answers by remote group
+        self.view_answered = asyncio.Event()
+        self.source: PrimarySource | None = None
+        self.shipped = asyncio.Event()
+        self.taking_over = False
         self._drops_logged: dict[str, int] = {}
 
     # -- joining -----------------------------------------------------------
@@ -104,6 +118,7 @@ class HostMember:
         else:
             self.ep.view = joined.view
             self.ep.sequencer.skip_to(joined.oseq)
+            self.released_upto = joined.oseq
             index = joined.index
             log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)",
                         o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn)
@@ -126,11 +141,12 @@ class HostMember:
         out_dir.mkdir(exist_ok=True)
         self.replica = Replica(index, stream, out_dir)
         self.outbox = Outbox(self.ep)
+        self.output = ReplyStream(self.outbox, primary=joined is None)
+        self.election = Election(self.ep, self.opts.fault_timeout, self._held_after, self._elected,
+                                 lambda view: self._view_changed())
         if joined is None:
-            self.output = PrimaryOutput(self.outbox)
             self.admission = Admission(self.ep, self._history, self._why_no_joining, self._view_changed)
         else:
-            self.output = BackupOutput(self.outbox)
             self.feeder = RecordFeeder(stream, self.replica.alive)
             for blob in joined.history:
                 self._order(blob)
@@ -138,7 +154,7 @@ class HostMember:
         log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
         if joined is not None:
             self.feeder.start()
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me})
+            self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me, "for": self.me})
 
     # -- the primary's side ------------------------------------------------
     def _history(self) -> tuple[int, list[bytes]]:
@@ -157,7 +173,28 @@ class HostMember:
             self.history.append(b)
             self.ep.add_order_info(b)
 
+    def _start_shipping(self, loop):
+        self.source = PrimarySource(self.replica.stream)
+        RecordShipper(self.source, loop, self._ship, self.shipped.set).start()
+
+    async def _stop_shipping(self):
+        """Ships the records left in the ring; the ring may be unmapped after."""
+        if self.source is not None:
+            self.source.finish()
+            await asyncio.wait_for(self.shipped.wait(), 10)
+
     # -- a backup's side ---------------------------------------------------
+    def _released_order(self, blob: bytes):
+        """Ordering information released by messaging, in oseq order."""
+        self.released_upto += 1
+        self.released[self.released_upto] = blob
+        self.released.pop(self.released_upto - HELD_ENTRIES, None)
+        self._order(blob)
+
+    def _held_after(self, oseq: int) -> tuple[int, list[bytes]]:
+        blobs = [self.released[k] for k in range(oseq + 1, self.released_upto + 1) if k in self.released]
+        return (oseq + 1 if blobs else 0), blobs
+
     def _order(self, blob: bytes):
         try:
             kind, *rest = payload.parse_blob(blob)
@@ -169,6 +206,11 @@ class HostMember:
         elif kind == payload.TAG_BOUNDARY:
             cid, end, closed = rest
             self.output.boundary(ConnId(*cid), end, closed)
+        elif kind == payload.TAG_VIEW:
+            for cid, base in rest[1]:
+                cid = ConnId(*cid)
+                if cid in self.ep.conns:
+                    self.output.rebase(cid, rebase(self.ep, cid, base))
         elif kind == payload.TAG_END:
             self.primary_status = rest[0]
             self.feeder.end()
@@ -180,11 +222,20 @@ class HostMember:
     def _event(self, name: str, info: dict):
         msg = info.get("msg")
         if name == "membership-message" and msg is not None:
-            if self.ep.is_primary:
+            t = msg.TYPE
+            if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
+                self.election.on_message(msg)
+            elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
+                try:
+                    self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
+                    self.view_answered.set()
+                except wire.DropError as e:
+                    self.ep.drops.count(e.reason)
+            elif self.ep.is_primary:
                 self.admission.on_message(msg)
             else:
                 follow(self.ep, msg, self._view_changed)
-        elif name == "reset-and-rejoin":
+        elif name == "reset-and-rejoin" and not (self.taking_over or self.election.proposal):
             log.error("a competing primary (precedence %s, view %s) claims this group", info.get("precedence"),
                       info.get("pvn"))
 
@@ -228,23 +279,27 @@ class HostMember:
         self.ep.on_writable = self.outbox.writable
         self.ep.on_event = self._event
         if not self.ep.is_primary:
-            self.ep.on_order = self._order
+            self.ep.on_order = self._released_order
         relay_log = (self.replica.out_dir / "output") if self.opts.log_output else None
         self.relay = ReplicaRelay(self.replica, log_dir=relay_log,
                                   on_output=lambda n, chunk, off: self.output.data(self.cids[n], chunk, off),
                                   on_close=lambda n: self.output.close(self.cids[n], self.relay.outputs[n].bytes))
         tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready))]
-        shipped = asyncio.Event()
-        source = None
         if self.ep.is_primary:
-            source = PrimarySource(self.replica.stream)
-            RecordShipper(source, loop, self._ship, shipped.set).start()
+            self._start_shipping(loop)
         exited = self._watch_exit(loop)
         next_state = 0.0
         try:
             while self.replica.alive() and self.interrupted is None:
-                if self.ep.is_primary:
+                if self.ep.is_primary and not self.taking_over:
                     self.admission.tick()
+                try:
+                    self.election.tick()
+                except Excluded as e:
+                    log.error("%s: this member leaves the group (rejoining needs state transfer)", e)
+                    self.stop()
+                    await self._stop_shipping()
+                    return EXIT_EXCLUDED
                 if time.monotonic() >= next_state:
                     self.write_state("running")
                     self._log_drops()
@@ -255,13 +310,21 @@ class HostMember:
                     pass
             if self.interrupted is not None:
                 self.stop()
+                await self._stop_shipping()
                 return 128 + self.interrupted
-            await self.relay.drained(timeout=2.0)
             status = self.replica.poll()
-            if source is not None:
-                source.finish()
-                await asyncio.wait_for(shipped.wait(), 10)
+            if status >= 128 and not self.replica.killed_by_llft:
+                log.error("replica %d (%s) was killed (status %d): this member leaves the group%s",
+                          self.replica.index, self.replica.role, status,
+                          "; a backup takes over" if self.ep.is_primary else "")
+                await self._stop_shipping()
+                return status
+            await self.relay.drained(timeout=2.0)
+            if self.source is not None:
+                await self._stop_shipping()
                 await self._finish_primary(status)
+            else:
+                self.ep.heartbeat_now()   # tell the primary we had its last record
             return self._verdict(status)
         finally:
             for t in tasks:
@@ -269,6 +332,70 @@ class HostMember:
             await asyncio.gather(*tasks, return_exceptions=True)
             self.write_state("finished")
             self._log_drops()
+
+    # -- taking over (phase 2) ----------------------------------------------------
+    def _elected(self, view: View, acks: dict):
+        self.taking_over = True
+        asyncio.get_running_loop().create_task(self._take_over(view, acks))
+
+    async def _take_over(self, view: View, acks: dict):
+        """LLFT Fig. 9 lines 26-35: reach the virtual synchrony point (every
+        ordering entry any member or remote group holds, every message the
+        remote groups sent), then this replica takes over where the old
+        primary's output stopped."""
+        ep, loop = self.ep, asyncio.get_running_loop()
+        start = loop.time()
+        for _upto, first, blobs in acks.values():
+            deliver_held_order(ep, first, blobs)
+        remotes = {c.remote for c in ep.conns.values()}
+        self.view_acks.clear()
+        deadline = start + 0.5
+        while remotes - self.view_acks.keys() and loop.time() < deadline:
+            for g in remotes - self.view_acks.keys():
+                new_primary_view(ep, g)
+            self.view_answered.clear()
+            try:
+                await asyncio.wait_for(self.view_answered.wait(), 0.03)
+            except asyncio.TimeoutError:
+                pass
+        bases, last_sent = {}, {}
+        for g in remotes:
+            if g not in self.view_acks:
+                log.warning("remote group %d did not answer NewPrimaryView", g)
+                continue
+            rows, first, blobs = self.view_acks[g]
+            deliver_held_order(ep, first, blobs)
+            for cid, recv_upto, sent in rows:
+                c = ep.conns.get(cid)
+                if c is not None:
+                    bases[cid], last_sent[cid] = recv_upto, sent
+                    c.rx.learn_highest(sent, ep.clock.now())
+        deadline = loop.time() + 1.0
+        while loop.time() < deadline and (ep.sequencer.pending or any(
+                ep.conns[cid].rx.received_upto < n for cid, n in last_sent.items())):
+            await asyncio.sleep(0.005)
+        if ep.sequencer.pending:
+            log.error("ordering information %d..%d never arrived: the new primary may differ from the old",
+                      ep.sequencer.upto + 1, min(ep.sequencer.pending) - 1)
+        for cid, c in ep.conns.items():
+            bases.setdefault(cid, c.tx.remote_ack)
+        lowest = min((upto for upto, _first, _blobs in acks.values()), default=ep.sequencer.upto)
+        take_over(ep, view, {k: self.released[k] for k in range(lowest + 1, ep.sequencer.upto + 1)
+                             if k in self.released})
+        ep.on_order = None
+        ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
+        self.output.primary = True
+        for cid, base in bases.items():
+            self.output.rebase(cid, rebase(ep, cid, base))
+        self.output.promote()
+        self.feeder.promote()
+        self.replica.role = "primary"
+        self._start_shipping(loop)
+        self.admission = Admission(ep, self._history, self._why_no_joining, self._view_changed)
+        self.taking_over = False
+        log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "
+                    "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, ep.sequencer.upto)
+        self.write_state("running")
 
     async def _finish_primary(self, status: int):
         """Tells the backups the program ended, and stays until they have every
@@ -281,8 +408,10 @@ class HostMember:
             if done and not self.ep.buffers()["sent"] and not self.outbox.queued():
                 return
             await asyncio.sleep(TICK_S)
-        log.warning("the program ended, but not every backup or gateway confirmed the end within %g s",
-                    self.opts.end_timeout)
+        log.warning("the program ended, but not every backup or gateway confirmed the end within %g s "
+                    "(ordering information confirmed up to %d of %d, %s messages unacknowledged, %d queued)",
+                    self.opts.end_timeout, self.ep.order_log.confirmed, oseq, self.ep.buffers()["sent"],
+                    self.outbox.queued())
 
     def _verdict(self, status: int) -> int:
         r = self.replica
@@ -326,6 +455,10 @@ class HostMember:
             self.replica.kill()
 
     def cleanup(self):
+        feeder = getattr(self, "feeder", None)
+        if feeder is not None and feeder.is_alive():
+            feeder.end()
+            feeder.join(timeout=3)   # it writes into the ring we are about to unmap
         if self.replica is not None:
             self.replica.stream.close()
             self.replica.stream.unlink()

@@ -135,8 +135,13 @@ class Admission:
             return
         if msg.TYPE == MsgType.PROPOSE_BACKUP:
             self._propose(member)
-        elif msg.TYPE == MsgType.ACCEPT_BACKUP_ACK and self.pending.pop(member, None) is not None:
-            log.info("member %d acknowledged its admission", member)
+        elif msg.TYPE == MsgType.ACCEPT_BACKUP_ACK:
+            entry = self.pending.get(body.get("for"))
+            if entry is not None and member in entry[2]:
+                entry[2].discard(member)
+                log.info("member %d acknowledged the admission of %d", member, body.get("for"))
+                if not entry[2]:
+                    del self.pending[body["for"]]
 
     def _propose(self, member: int) -> None:
         if member in self.pending:
@@ -157,33 +162,37 @@ class Admission:
                 "oseq": oseq, "history": history}
         log.warning("member %d joins as a backup: precedence %d, replica %d, %d records' worth of state",
                     member, precedence, precedence - 1, sum(len(b) for b in history) // 64)
-        self.pending[member] = [body, 0]
+        self.pending[member] = [body, 0, set(view.backups())]   # every backup must acknowledge
         self.on_change()
         self.tick()
 
     def tick(self) -> None:
         for member, entry in list(self.pending.items()):
-            body, sends = entry
+            body, sends, waiting = entry
             if sends >= MAX_COUNT:
-                log.warning("member %d never acknowledged its admission: removed", member)
                 del self.pending[member]
-                self.ep.view.precedences.pop(member, None)
-                self.on_change()
+                if member in waiting:
+                    log.warning("member %d never acknowledged its admission: removed", member)
+                    self.ep.view.precedences.pop(member, None)
+                    self.on_change()
+                else:
+                    log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
                 continue
             entry[1] = sends + 1
             self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
 
 
 def follow(ep, msg, on_change) -> None:
-    """At a backup: a membership message from the primary."""
+    """At a backup: AcceptBackup from the primary (every backup acknowledges
+    it, so that all hold the same membership and ranks)."""
     if msg.sender != ep.view.primary or msg.TYPE != MsgType.ACCEPT_BACKUP or not isinstance(msg.body, dict):
         return
     member = msg.body.get("member")
-    if member == ep.me:
-        ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": ep.me})  # our ack was lost
-        return
     if msg.body.get("refused") or not isinstance(member, int):
         return
+    ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": ep.me, "for": member})
+    if member == ep.me:
+        return   # our own admission, repeated: our acknowledgment was lost
     try:
         view = parse_view(ep.group, msg.body.get("view"))
     except wire.DropError as e:

@@ -43,31 +43,24 @@ class Outbox:
         return sum(len(q) for q in self.waiting.values())
 
 
-class PrimaryOutput:
-    def __init__(self, outbox: Outbox):
-        self.outbox = outbox
-
-    def data(self, cid: ConnId, chunk: bytes, offset: int):
-        end = offset + len(chunk)
-        self.outbox.put(cid, payload.data_reply(offset, chunk), payload.boundary_blob(cid, end, False))
-
-    def close(self, cid: ConnId, total: int):
-        self.outbox.put(cid, payload.close_reply(total), payload.boundary_blob(cid, total, True))
-
-
 class _Produced:
-    __slots__ = ("buf", "start", "closed", "cuts")
+    __slots__ = ("buf", "start", "closed", "close_sent", "cuts")
 
     def __init__(self):
         self.buf = bytearray()   # output not yet cut into messages, from offset start
         self.start = 0
-        self.closed = False
-        self.cuts: deque = deque()   # (end, closed) from the primary, in order
+        self.closed = False      # the program closed the connection
+        self.close_sent = False
+        self.cuts: deque = deque()   # backups: (end, closed) from the primary, in order
 
 
-class BackupOutput:
-    def __init__(self, outbox: Outbox):
+class ReplyStream:
+    """A replica's output on every connection, cut into Reply messages: as
+    it comes at the primary, where the primary cut it at a backup."""
+
+    def __init__(self, outbox: Outbox, primary: bool):
         self.outbox = outbox
+        self.primary = primary
         self.conns: dict[ConnId, _Produced] = {}
 
     def _of(self, cid: ConnId) -> _Produced:
@@ -91,7 +84,27 @@ class BackupOutput:
         p.cuts.append((end, closed))
         self._emit(cid, p)
 
+    def _send(self, cid: ConnId, p: _Produced, n: int):
+        """The next n buffered bytes as one message (an empty one keeps a
+        backup's numbering when it is past the primary's cut)."""
+        body = payload.data_reply(p.start, bytes(p.buf[:n]))
+        end = p.start + n
+        del p.buf[:n]
+        p.start = end
+        self.outbox.put(cid, body, payload.boundary_blob(cid, end, False) if self.primary else b"")
+
+    def _send_close(self, cid: ConnId, p: _Produced):
+        p.close_sent = True
+        end = p.start + len(p.buf)
+        self.outbox.put(cid, payload.close_reply(end), payload.boundary_blob(cid, end, True) if self.primary else b"")
+
     def _emit(self, cid: ConnId, p: _Produced):
+        if self.primary:
+            if p.buf:
+                self._send(cid, p, len(p.buf))
+            if p.closed and not p.close_sent:
+                self._send_close(cid, p)
+            return
         while p.cuts:
             end, closed = p.cuts[0]
             have = p.start + len(p.buf)
@@ -99,12 +112,39 @@ class BackupOutput:
                 return  # this replica has not produced it yet
             p.cuts.popleft()
             if closed:
-                self.outbox.put(cid, payload.close_reply(end))
+                self._send_close(cid, p)
+            else:
+                self._send(cid, p, max(0, end - p.start))
+
+    def rebase(self, cid: ConnId, later: list[bytes]):
+        """After a primary change: messages logged beyond what the remote
+        group has (`later`, from messaging's rebase) go back into the buffer,
+        to be cut again in the new view."""
+        p = self._of(cid)
+        p.cuts.clear()
+        chunks, start, closed = [], None, False
+        for body in later:
+            try:
+                kind, offset, *rest = payload.parse_reply(body)
+            except payload.BadPayload:
                 continue
-            n = end - p.start
-            self.outbox.put(cid, payload.data_reply(p.start, bytes(p.buf[:n])))
-            del p.buf[:n]
-            p.start = end
+            if kind == payload.CLOSE:
+                closed = True
+                continue
+            start = offset if start is None else start
+            chunks.append(rest[0])
+        if start is not None:
+            p.buf[0:0] = b"".join(chunks)
+            p.start = start
+        if closed:
+            p.close_sent = False
+            p.closed = True
+        self._emit(cid, p)
+
+    def promote(self):
+        self.primary = True
+        for cid, p in self.conns.items():
+            self._emit(cid, p)
 
     def unsent(self) -> int:
         return sum(len(p.buf) for p in self.conns.values())

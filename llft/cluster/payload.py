@@ -17,13 +17,16 @@ Ordering information (primary -> its backups), a tag byte then the body:
                              where the primary cut its output into a message, so
                              a backup generates the very same messages (msns)
     b"E" + msgpack [status]  the primary's program exited with this status
+    b"V" + msgpack [pvn, [[client_group, server_group, conn_seq, base], ...]]
+                             a new primary's first entry: on each connection the
+                             remote group has msns <= base; numbering restarts there
 """
 from __future__ import annotations
 
 import msgpack
 
 OPEN, DATA, EOF, CLOSE = 0, 1, 2, 3
-TAG_RECORDS, TAG_BOUNDARY, TAG_END = b"R", b"B", b"E"
+TAG_RECORDS, TAG_BOUNDARY, TAG_END, TAG_VIEW = b"R", b"B", b"E", b"V"
 
 
 class BadPayload(ValueError):
@@ -101,6 +104,10 @@ def end_blob(status: int) -> bytes:
     return TAG_END + _pack(status)
 
 
+def view_blob(pvn: int, bases: list[tuple[tuple[int, int, int], int]]) -> bytes:
+    return TAG_VIEW + _pack(pvn, [[*cid, base] for cid, base in bases])
+
+
 def parse_blob(blob: bytes) -> tuple:
     tag, body = blob[:1], blob[1:]
     if tag == TAG_RECORDS:
@@ -113,4 +120,9 @@ def parse_blob(blob: bytes) -> tuple:
         v = _unpack(body)
         if len(v) == 1:
             return TAG_END, v[0]
+    if tag == TAG_VIEW:
+        v = _unpack(body)
+        if len(v) == 2 and isinstance(v[1], list) and all(
+                isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) and x >= 0 for x in r) for r in v[1]):
+            return TAG_VIEW, v[0], [((r[0], r[1], r[2]), r[3]) for r in v[1]]
     raise BadPayload(f"unknown ordering information {tag!r}")

@@ -51,6 +51,7 @@ class RecordShipper(threading.Thread):
 
 class RecordFeeder(threading.Thread):
     END = object()
+    PROMOTE = object()
 
     def __init__(self, stream, alive):
         super().__init__(name="llft-feeder", daemon=True)
@@ -64,9 +65,17 @@ class RecordFeeder(threading.Thread):
     def end(self):
         self.q.put(self.END)
 
+    def promote(self):
+        """After the records queued so far, the replica takes over as primary."""
+        self.q.put(self.PROMOTE)
+
     def run(self):
         while True:
             item = self.q.get()
+            if item is self.PROMOTE:
+                if not self.stream.write_promote(timeout_ms=5000):
+                    log.error("could not tell the replica to take over")
+                continue
             if item is self.END:
                 if self.alive() and not self.stream.write_end(timeout_ms=2000):
                     log.warning("could not mark the end of the replica's stream")

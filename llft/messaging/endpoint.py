@@ -58,6 +58,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.reflected = OrderSequencer()   # primary: own entries seen reflected back
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
+        self.last_heard: dict[int, float] = {}               # member -> when its last intra-group message came
         self.primary_gwm: dict[ConnId, int] = {}             # backups: group watermarks from the primary
         self.competitors: set[tuple[int, int, int]] = set()
         self.counters: Counter = Counter()
@@ -150,6 +151,10 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         """A Fig. 7 message on the intra-group connection (unreliable: the
         membership protocol retransmits until acknowledged)."""
         self._transmit(self._intra(mtype, body=body))
+
+    def heartbeat_now(self) -> None:
+        """A Heartbeat at once (e.g. a backup's last report before it leaves)."""
+        self._send_heartbeat(self.clock.now())
 
     def recv(self) -> tuple[ConnId, bytes] | None:
         """Next message in msgSeqNum order on its connection, or None."""

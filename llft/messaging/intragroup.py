@@ -22,6 +22,7 @@ class IntraGroupMixin:
     def _on_intra(self, msg: wire.Message, data: bytes) -> None:
         if msg.sender == self.me:
             return  # our own multicast looped back
+        self.last_heard[msg.sender] = self.clock.now()   # the membership's fault detector reads it
         self.counters[f"rx_{msg.TYPE.name.lower()}"] += 1
         if msg.timestamp > self.lamport:
             self.lamport = msg.timestamp
@@ -40,8 +41,8 @@ class IntraGroupMixin:
         if t == MsgType.HEARTBEAT:
             if self.is_primary:
                 self._backup_heartbeat(msg)
-            elif msg.sender == self.view.primary:
-                self._primary_heartbeat(msg)
+            elif msg.sender == self.view.primary and isinstance(msg.body, dict) and "gwm" in msg.body:
+                self._primary_heartbeat(msg)   # (not a primary-elect's last backup Heartbeats)
         elif self.is_primary:
             self._answer_backup_nack(msg)
 

@@ -72,6 +72,17 @@ class RecvSide:
             if e.ts > self.rw:
                 self.rw = e.ts
 
+    def flush_after_upto(self) -> int:
+        """A new primary took over the remote group (Fig. 9 line 38): what
+        came after receivedUpToMsn from the old one is discarded; the new
+        primary goes on from there.  Returns how many were discarded."""
+        later = [m for m in self.received if m > self.received_upto]
+        for m in later:
+            del self.received[m]
+        self.nacks.clear()
+        self.highest = self.received_upto
+        return len(later)
+
     def note_control(self, last_msn: int, ts: int, now: float = 0.0) -> None:
         """The remote primary had sent msns <= last_msn when it stamped a
         control message `ts`: if we hold them all, nothing earlier than ts is

@@ -1,0 +1,153 @@
+"""Change of the primary across hosts, phase 1 (LLFT Fig. 9 lines 1-25):
+the fault detector, ProposePrimary and its acknowledgments.
+
+A backup that hears nothing from the primary for `base x (rank - 1)`
+seconds, and has seen no proposal for the next view from a backup of lower
+precedence, proposes itself: the new membership is itself and the backups of
+higher precedence.  A member named in a proposal acknowledges it unless it
+proposed itself for that view or already acknowledged a proposer of higher
+precedence; it also hands over the ordering information it holds beyond
+the proposer's, so the new primary can reach every member's state.  A
+member left out of a proposal it cannot contest (and an old primary that
+sees itself replaced) must reset and rejoin: here, it leaves the group.
+
+Proposals are repeated every RETRY_S; members that have not acknowledged
+after MAX_COUNT repeats are excluded and the proposal starts over."""
+from __future__ import annotations
+
+import logging
+
+from llft import wire
+from llft.cluster.membership import ranks
+from llft.messaging.ids import View
+from llft.wire import MsgType
+
+log = logging.getLogger("llft.election")
+
+RETRY_S = 0.02
+MAX_COUNT = 10
+
+
+class Excluded(Exception):
+    """This member is not in the group's new view: it must reset and rejoin."""
+
+
+class Election:
+    def __init__(self, ep, fault_base: float, held_after, on_elected, on_new_primary):
+        self.ep = ep
+        self.fault_base = fault_base
+        self.held_after = held_after          # fn(oseq) -> (first, [blob]): ordering info we hold after oseq
+        self.on_elected = on_elected          # fn(View, acks): phase 1 done, this member is the new primary
+        self.on_new_primary = on_new_primary  # fn(View): we acknowledged another member's proposal
+        self.watch_since = ep.clock.now()
+        self.proposal: dict | None = None     # ours: body, acks, sends
+        self.proposed_pvn = 0                 # the view we proposed ourselves for
+        self.acked_precedence = ep.view.primary_precedence
+        self.lower_proposal_pvn = 0           # a lower-precedence backup proposed for this next view
+        self.elected_pvn = 0                  # phase 1 won for this view; phase 2 under way
+
+    def _my_precedence(self) -> int:
+        return self.ep.view.precedences.get(self.ep.me, 0)
+
+    def timeout(self) -> float:
+        return self.fault_base * max(1, ranks(self.ep.view).get(self.ep.me, 2) - 1)
+
+    def tick(self) -> None:
+        ep = self.ep
+        now = ep.clock.now()
+        if self.proposal is not None:
+            self._repeat()
+            return
+        if ep.is_primary or self.elected_pvn > ep.view.pvn:
+            return
+        heard = max(ep.last_heard.get(ep.view.primary, 0.0), self.watch_since)
+        if now - heard < self.timeout() or self.lower_proposal_pvn > ep.view.pvn:
+            return
+        self._propose(now - heard)
+
+    def _propose(self, silence: float) -> None:
+        ep, mine = self.ep, self._my_precedence()
+        members = {m: p for m, p in ep.view.precedences.items() if p >= mine and m != ep.view.primary}
+        log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
+                    "with %s", ep.view.primary, silence * 1000, ep.me, ep.view.pvn + 1, sorted(members))
+        self.proposed_pvn = ep.view.pvn + 1
+        self.proposal = {"members": members, "acks": {}, "sends": 0}
+        self._repeat()
+
+    def _repeat(self) -> None:
+        ep, pr = self.ep, self.proposal
+        others = [m for m in pr["members"] if m != ep.me]
+        if all(m in pr["acks"] for m in others):
+            view = View(ep.group, ep.me, dict(pr["members"]), ep.view.pvn + 1)
+            acks, self.proposal = pr["acks"], None
+            self.elected_pvn = view.pvn
+            self.on_elected(view, acks)
+            return
+        if pr["sends"] >= MAX_COUNT:
+            gone = [m for m in others if m not in pr["acks"]]
+            log.warning("members %s did not acknowledge the proposal: excluded", gone)
+            for m in gone:
+                del pr["members"][m]
+            pr["sends"] = 0
+        pr["sends"] += 1
+        ep.send_membership(MsgType.PROPOSE_PRIMARY, {
+            "pvn": ep.view.pvn, "precedence": self._my_precedence(), "upto": ep.sequencer.upto,
+            "prec": [[m, p] for m, p in pr["members"].items()]})
+
+    # -- messages -----------------------------------------------------------------
+    def on_message(self, msg) -> None:
+        body = msg.body if isinstance(msg.body, dict) else None
+        try:
+            if msg.TYPE == MsgType.PROPOSE_PRIMARY:
+                self._on_proposal(msg.sender, body)
+            elif msg.TYPE == MsgType.PROPOSE_PRIMARY_ACK:
+                self._on_ack(msg.sender, body)
+        except (KeyError, TypeError, ValueError) as e:
+            self.ep.drops.count("malformed")
+            log.debug("bad %s from %d: %s", msg.TYPE.name, msg.sender, e)
+
+    def _on_proposal(self, sender: int, body) -> None:
+        ep = self.ep
+        pvn, precedence, upto = int(body["pvn"]), int(body["precedence"]), int(body["upto"])
+        members = {int(m): int(p) for m, p in body["prec"]}
+        new_pvn = pvn + 1
+        if new_pvn < ep.view.pvn:
+            return                                   # about a view already replaced
+        if ep.view.pvn == new_pvn and ep.view.primary == sender:
+            if ep.me in members:
+                self._ack(sender, pvn, upto)         # our acknowledgment was lost
+            return
+        if ep.me in members:
+            if precedence < self._my_precedence():
+                self.lower_proposal_pvn = max(self.lower_proposal_pvn, new_pvn)
+            if self.proposed_pvn == new_pvn:
+                return                               # we compete for this view ourselves
+            # Line 20: only a proposer of higher precedence than the one we follow.
+            floor = self.acked_precedence if ep.view.pvn == new_pvn else ep.view.primary_precedence
+            if precedence <= floor:
+                return
+            self.acked_precedence = precedence
+            self._ack(sender, pvn, upto)
+            log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
+            ep.view = View(ep.group, sender, members, new_pvn)
+            self.watch_since = ep.clock.now()
+            self.on_new_primary(ep.view)
+            return
+        if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:
+            return                                   # line 25's exception: we are the stronger claimant
+        raise Excluded(f"member {sender} took over as primary of view {new_pvn} without this member")
+
+    def _ack(self, proposer: int, pvn: int, upto: int) -> None:
+        first, blobs = self.held_after(upto)
+        self.ep.send_membership(MsgType.PROPOSE_PRIMARY_ACK, {"to": proposer, "pvn": pvn,
+                                                               "upto": self.ep.sequencer.upto,
+                                                               "of": first, "ord": blobs})
+
+    def _on_ack(self, sender: int, body) -> None:
+        pr = self.proposal
+        if pr is None or body["to"] != self.ep.me or int(body["pvn"]) != self.ep.view.pvn:
+            return
+        blobs = body["ord"]
+        if not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
+            raise wire.DropError("malformed", "proposal ack order")
+        pr["acks"][sender] = (int(body["upto"]), int(body["of"]), blobs)
