@@ -102,7 +102,9 @@ def main():
         unit = "ms" if key == "total" else "ns_per_op"
         print(f"{key:22} {row['plain'][unit]:>9} {row['primary'][unit]:>9} {row['primary']['added']:>7} "
               f"{row['primary']['ratio']:>6} {row['backup'][unit]:>9} {row['backup']['ratio']:>6}")
+    total = {l["mode"]: l["ms"] for l in lines if l["bench"] == "total"}
     print(f"(ns per call, medians; 'total' is the whole run in ms; written to {args.out})")
+    print(f"backup/primary, whole run: {total['backup'] / total['primary']:.2f} (target: at most 1.5)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-/* Primary only: maps a lock's address to its logical identity and turn
- * counter.  The identity is the (T, N) of the first recorded call that
- * touched it, so it never carries an address to the backups.  Open
- * addressing, insert-only, lock-free; a destroyed lock keeps its entry and
- * a new lock at the same address continues its order, which is harmless:
- * the old one can no longer be used. */
+/* Primary only (a backup fills it when it takes over: replay.c): maps a
+ * lock's address to its logical identity and turn counter.  The identity
+ * is the (T, N) of the first recorded call that touched it, so it never
+ * carries an address to the backups.  Open addressing, insert-only,
+ * lock-free; a destroyed lock keeps its entry and a new lock at the same
+ * address continues its order, which is harmless: the old one can no
+ * longer be used. */
 #include "shim.h"
 
 #include <sys/mman.h>
@@ -49,31 +50,17 @@ static inline uint32_t hash_addr(uintptr_t a)
     return (uint32_t)(x >> (64 - OBJ_BITS));
 }
 
-static struct llft_obj *slot_for(const void *addr, uint64_t new_id);
-
 struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t)
 {
     /* The record being written is this thread's call #tn+1. */
-    return slot_for(addr, ((uint64_t)t->tid << 32) | (uint64_t)(t->tn + 1));
+    return llft_obj_at(addr, ((uint64_t)t->tid << 32) | (uint64_t)(t->tn + 1));
 }
 
-/* Backup: this address is the primary's object id, whose turn `turn` was
- * just replayed here.  Should this replica take over, it goes on with the
- * same identities and turn numbers, and its backups keep ordering them. */
-void llft_obj_learn(const void *addr, uint64_t id, uint64_t turn)
-{
-    struct llft_obj *o = slot_for(addr, id);
-    if (__atomic_load_n(&o->id, __ATOMIC_ACQUIRE) != id) { /* reused here for another object */
-        __atomic_store_n(&o->id, id, __ATOMIC_RELEASE);
-        __atomic_store_n(&o->turns, turn, __ATOMIC_RELAXED);
-        return;
-    }
-    uint64_t cur = __atomic_load_n(&o->turns, __ATOMIC_RELAXED);
-    while (cur < turn && !__atomic_compare_exchange_n(&o->turns, &cur, turn, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
-}
-
-static struct llft_obj *slot_for(const void *addr, uint64_t new_id)
+/* A backup does not use this table while it replays: it fills it when it
+ * takes over (replay.c, adopt_objects), so that it goes on with the failed
+ * primary's identities and turn numbers, and its backups keep ordering
+ * them. */
+struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id)
 {
     struct llft_obj *tab = table_get();
     uintptr_t a = (uintptr_t)addr;

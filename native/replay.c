@@ -105,7 +105,9 @@ struct tqueue {
     struct qchunk *wr_chunk;      /* producer (the dispatcher) */
     uint64_t pushed;              /* slots the dispatcher queued for this thread */
     uint64_t popped;              /* slots this thread has taken (calls it has started) */
-    uint64_t _pad[3];
+    uint64_t turns_taken;         /* of those, records that take a turn */
+    uint64_t turns_done;          /* turns this thread has done (try_promote reads these) */
+    uint64_t _pad;
 };
 
 static struct tqueue *queues;
@@ -115,10 +117,7 @@ static uint32_t epoch_waiters;
 static uint32_t stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
-static uint64_t slots_pushed;     /* dispatcher */
-static uint64_t slots_popped;     /* all threads */
 static uint32_t max_tid;          /* highest thread id the primary used */
-static uint64_t pending_turns;    /* turns taken from the stream and not yet done */
 static uint64_t stream_ended_ms;
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
@@ -145,7 +144,6 @@ static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
     memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
     STORE(&c->count, c->count + 1, REL);
     q->pushed++;
-    STORE(&slots_pushed, slots_pushed + 1, REL);
 }
 
 static int q_pop(struct tqueue *q, llft_rec_t *out)
@@ -163,8 +161,12 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
     if (q->rd >= LOAD(&c->count, ACQ))
         return 0;
     memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
+    /* The turn is counted before the record counts as taken, so that
+     * try_promote never sees every record taken and this turn not pending.
+     * Only this thread writes these counts: the hot path shares no line. */
+    if (out->op != LLFT_OP_DATA && out->turn)
+        STORE(&q->turns_taken, q->turns_taken + 1, RLX);
     STORE(&q->popped, q->popped + 1, REL);
-    __atomic_fetch_add(&slots_popped, 1, __ATOMIC_RELEASE);
     return 1;
 }
 
@@ -263,23 +265,45 @@ static long try_dispatch(void)
     return n;
 }
 
+static void adopt_objects(void);
+
+/* Every record of the failed primary's stream taken, and every turn among
+ * them done: otherwise a native acquisition here could overtake a replayed
+ * one.  Nothing is queued any more (promote_pending stopped the dispatcher),
+ * so a thread found finished stays so. */
+static int all_replayed(void)
+{
+    for (uint32_t tid = 0; tid <= max_tid; tid++) {
+        const struct tqueue *q = &queues[tid];
+        if (LOAD(&q->popped, ACQ) != q->pushed)
+            return 0;
+        uint64_t done = LOAD(&q->turns_done, ACQ);
+        if (done != LOAD(&q->turns_taken, RLX))
+            return 0;
+    }
+    return 1;
+}
+
 /* Takes over as primary once every thread has taken every record of the
  * failed primary's stream: the virtual synchrony point.  From then on the
  * wrappers record (llft_mode reads the role) into this replica's ring. */
 static int try_promote(void)
 {
-    /* Every record taken, and every turn among them done: otherwise a
-     * native acquisition here could overtake a replayed one. */
-    if (LOAD(&slots_popped, ACQ) != LOAD(&slots_pushed, ACQ) || LOAD(&pending_turns, ACQ))
+    static uint32_t promoted; /* 1: a thread is taking over, 2: taken over */
+    uint32_t p = LOAD(&promoted, ACQ);
+    if (p)
+        return p == 2; /* the others wait until the lock table is filled */
+    if (!all_replayed())
         return 0;
-    static uint32_t done;
-    if (!__atomic_exchange_n(&done, 1, SEQ)) {
-        __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
-        __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
-        llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
-                 llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));
-        bump_epoch();
-    }
+    if (!__atomic_compare_exchange_n(&promoted, &p, 1, 0, SEQ, RLX))
+        return 0;
+    adopt_objects();
+    __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
+    __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
+    llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
+             llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));
+    STORE(&promoted, 2, SEQ);
+    bump_epoch();
     return 1;
 }
 
@@ -365,9 +389,9 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
         llft_diverge(t, op, out, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
                      t->tn + 1, out->tn - 1);
     t->tn = out->tn;
-    __atomic_fetch_add(&llft_ctl->records, 1, RLX);
-    if (out->turn)
-        __atomic_fetch_add(&pending_turns, 1, SEQ);
+    /* The count orders this call after every replayed call that happened
+     * before it here (one atomic variable's order follows happens-before). */
+    t->stamp = __atomic_fetch_add(&llft_ctl->records, 1, RLX) + 1;
     t->depth--;
     return 0;
 }
@@ -405,6 +429,8 @@ struct sleeper {
 struct turnstile {
     uint64_t key;                 /* logical object id, 0 = free slot */
     uint64_t done;                /* turns completed */
+    uintptr_t addr;               /* where the last turn acquired the object here */
+    uint64_t stamp;               /* when (the taker's llft_thread.stamp) */
     uint32_t nsleepers;
     uint32_t crowd;               /* waiters that found no sleeper slot */
     uint32_t crowd_futex;
@@ -414,6 +440,8 @@ struct turnstile {
     struct sleeper sleepers[SLEEPERS];
 };
 static struct turnstile *turnstiles;
+static uint32_t *ts_used;         /* indices of the turnstiles in use, in order of first use */
+static uint32_t ts_nused;
 static __thread uint32_t park_word TLS_IE;
 
 static struct turnstile *ts_get(uint64_t obj)
@@ -424,8 +452,10 @@ static struct turnstile *ts_get(uint64_t obj)
         uint64_t k = LOAD(&ts->key, ACQ);
         if (k == 0) {
             uint64_t zero = 0;
-            if (__atomic_compare_exchange_n(&ts->key, &zero, obj, 0, __ATOMIC_ACQ_REL, ACQ))
+            if (__atomic_compare_exchange_n(&ts->key, &zero, obj, 0, __ATOMIC_ACQ_REL, ACQ)) {
+                ts_used[__atomic_fetch_add(&ts_nused, 1, RLX)] = i;
                 return ts;
+            }
             k = zero;
         }
         if (k == obj)
@@ -549,10 +579,14 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
     return ts;
 }
 
-void llft_turn_done(struct turnstile *ts, uint64_t turn)
+void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn)
 {
-    __atomic_fetch_sub(&pending_turns, 1, SEQ);
+    /* Plain stores to a line written anyway; adopt_objects reads them once
+     * turns_done, counted after them, says every turn is done. */
+    ts->addr = (uintptr_t)addr;
+    ts->stamp = t->stamp;
     STORE(&ts->done, turn, SEQ);
+    STORE(&t->q->turns_done, t->q->turns_done + 1, REL);
     if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
         return;
     for (int i = 0; i < SLEEPERS; i++) {
@@ -565,6 +599,28 @@ void llft_turn_done(struct turnstile *ts, uint64_t turn)
     if (LOAD(&ts->crowd, SEQ)) {
         __atomic_fetch_add(&ts->crowd_futex, 1, SEQ);
         llft_futex_wake(&ts->crowd_futex);
+    }
+}
+
+/* At the takeover, with every replayed turn done and no thread acquiring
+ * natively yet: the lock table (objtable.c) gets each object at the address
+ * of its last acquisition here, with the turns taken, so that this replica
+ * continues the failed primary's identities and turn numbers.  Where two
+ * objects were acquired at one address here (a lock freed and another made
+ * there, which the primary had elsewhere), the later one keeps it. */
+static void adopt_objects(void)
+{
+    uint32_t n = LOAD(&ts_nused, ACQ);
+    for (uint32_t k = 0; k < n; k++) {
+        const struct turnstile *ts = &turnstiles[ts_used[k]];
+        if (!ts->addr)
+            continue;
+        struct llft_obj *o = llft_obj_at((const void *)ts->addr, ts->key);
+        uint64_t other = LOAD(&o->id, ACQ);
+        if (other != ts->key && ts_get(other)->stamp > ts->stamp)
+            continue;
+        STORE(&o->id, ts->key, REL);
+        STORE(&o->turns, ts->done, RLX);
     }
 }
 
@@ -584,6 +640,7 @@ void llft_replay_reserve(void)
 {
     queues = map_anon(sizeof(struct tqueue) * MAX_TIDS, "replay queues");
     turnstiles = map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
+    ts_used = map_anon(sizeof(uint32_t) * TS_SLOTS, "turnstiles");
     pool_base = map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
 }
 

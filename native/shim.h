@@ -26,6 +26,7 @@ struct llft_thread {
     uint32_t depth;          /* > 0 while inside the shim: nested calls pass through */
     uint64_t cached_tail;    /* primary: last seen ring tail, saves a shared load */
     struct tqueue *q;        /* backup: this thread's replay queue */
+    uint64_t stamp;          /* backup: when its last record was replayed (the replica's record count) */
 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
@@ -88,7 +89,8 @@ struct llft_obj {
     uint64_t turns;
 };
 struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t);
-void llft_obj_learn(const void *addr, uint64_t id, uint64_t turn);
+/* The entry for addr, made with id new_id if there was none. */
+struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id);
 static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 {
     return __atomic_add_fetch(&o->turns, 1, __ATOMIC_RELAXED);
@@ -105,7 +107,9 @@ int  llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
 struct turnstile;
 struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);
-void llft_turn_done(struct turnstile *ts, uint64_t turn);
+/* The turn is taken, acquiring the object at addr (a lock's address, an
+ * fd's tag): what this replica continues with, should it take over. */
+void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn);
 void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);

@@ -98,8 +98,7 @@ static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const str
         if (peek)
             break; /* a peek fills the first buffer only */
     }
-    llft_obj_learn(llft_fd_object(fd), e.obj, e.turn);
-    llft_turn_done(ts, e.turn);
+    llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
     if (UNLIKELY(err))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "could not %s the %zu bytes the primary did here (error %d)",
                      op == LLFT_OP_READ ? "read" : "write", want, err);

@@ -69,8 +69,7 @@ static int replay_acquire(struct llft_thread *t, uint16_t op, void *obj, int (*b
     }
     struct turnstile *ts = llft_turn_wait(t, &e);
     int r = block(obj);
-    llft_obj_learn(obj, e.obj, e.turn);
-    llft_turn_done(ts, e.turn);
+    llft_turn_done(t, ts, obj, e.turn);
     if (UNLIKELY(r != 0))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "acquiring for real failed here (error %d)", r);
     return 0;
@@ -210,8 +209,7 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, i
     }
     struct turnstile *ts = llft_turn_wait(t, &e);
     int r = REAL(pthread_mutex_lock)(m);
-    llft_obj_learn(m, e.obj, e.turn);
-    llft_turn_done(ts, e.turn);
+    llft_turn_done(t, ts, m, e.turn);
     if (UNLIKELY(r != 0))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "re-acquiring the mutex failed here (error %d)", r);
     return 0;

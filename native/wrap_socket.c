@@ -312,8 +312,7 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
             REAL(close)(fd);
             fd = (int)e.ret;
         }
-        llft_obj_learn(llft_fd_object(lfd), e.obj, e.turn);
-        llft_turn_done(ts, e.turn);
+        llft_turn_done(t, ts, llft_fd_object(lfd), e.turn);
         conn_setup(fd, lfd, &h);
         give_peer(addr, len, &h);
         *res = fd;
