@@ -34,7 +34,8 @@ from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
-from llft.messaging.viewchange import (deliver_held_order, new_primary_view,
+from llft.cluster.view_notice import ViewNotice
+from llft.messaging.viewchange import (deliver_held_order, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, rebase, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica
@@ -64,7 +65,8 @@ class MemberOptions:
     stall_timeout_ms: int = 60_000
     end_grace_ms: int = 3_000
     log_output: bool = False
-    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this; rank k after (k-1) times it
+    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this long
+    fault_step: float = 0.06        # and each later rank this much later
     config: Config = field(default_factory=Config)
 
 
@@ -79,6 +81,8 @@ class HostMember:
         self.joiner: Joiner | None = None
         self.history: list[bytes] = []      # primary: every ordering blob, for members joining later
         self.cids: dict[int, ConnId] = {}
+        self.next_open: dict[int, int] = {}            # client group -> connSeqNum of its next connection
+        self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
         self.primary_status: int | None = None   # backups: the primary program's exit status
         self.bad_payloads = 0
         self.released: dict[int, bytes] = {}    # backups: recent ordering information, by oseq
@@ -88,6 +92,7 @@ class HostMember:
         self.source: PrimarySource | None = None
         self.shipped = asyncio.Event()
         self.taking_over = False
+        self.stepped_down: str | None = None
         self._drops_logged: dict[str, int] = {}
 
     # -- joining -----------------------------------------------------------
@@ -108,6 +113,7 @@ class HostMember:
         self.ep.transport = self.udp
         try:
             joined = await self.joiner.join()
+            seen = self.joiner.seen_admissions
         finally:
             self.joiner = None
         if joined is None:
@@ -124,6 +130,9 @@ class HostMember:
                         o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn)
         self.ep.start()
         self._start_replica(index, joined)
+        if joined is not None:
+            for msg in seen:   # admissions of members who joined while we did
+                follow(self.ep, msg, self._view_changed)
         try:
             return await self._serve(loop)
         finally:
@@ -142,7 +151,9 @@ class HostMember:
         self.replica = Replica(index, stream, out_dir)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
-        self.election = Election(self.ep, self.opts.fault_timeout, self._held_after, self._elected,
+        self.view_notice = ViewNotice(self.ep, self._follow_new_view)
+        self.election = Election(self.ep, self.opts.fault_timeout, self.opts.fault_step, self._held_after,
+                                 self._elected,
                                  lambda view: self._view_changed())
         if joined is None:
             self.admission = Admission(self.ep, self._history, self._why_no_joining, self._view_changed)
@@ -191,8 +202,22 @@ class HostMember:
         self.released.pop(self.released_upto - HELD_ENTRIES, None)
         self._order(blob)
 
-    def _held_after(self, oseq: int) -> tuple[int, list[bytes]]:
-        blobs = [self.released[k] for k in range(oseq + 1, self.released_upto + 1) if k in self.released]
+    def _follow_new_view(self, body: dict) -> None:
+        if self.me not in body["members"]:
+            self.stepped_down = f"the new primary's view {self.ep.view.pvn} does not include this member"
+            return
+        if not follow_new_view(self.ep, body["sync"], body["base"], body["of"], body["ord"]):
+            log.error("this backup lacks ordering information of the old primary up to %d: it cannot follow "
+                      "the new primary", body["sync"])
+            self.stepped_down = "it cannot reach the new view's synchrony point"
+        self.released_upto = self.ep.sequencer.upto
+
+    def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
+        """The released entries after oseq (up to upto), as one consecutive run."""
+        blobs, k = [], oseq + 1
+        while k in self.released and (upto is None or k <= upto):
+            blobs.append(self.released[k])
+            k += 1
         return (oseq + 1 if blobs else 0), blobs
 
     def _order(self, blob: bytes):
@@ -225,19 +250,30 @@ class HostMember:
             t = msg.TYPE
             if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
                 self.election.on_message(msg)
-            elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
+            elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
                 try:
                     self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
                     self.view_answered.set()
                 except wire.DropError as e:
                     self.ep.drops.count(e.reason)
+            elif t in (MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK) and msg.src_group == self.gid:
+                self.view_notice.on_message(msg)
             elif self.ep.is_primary:
                 self.admission.on_message(msg)
             else:
                 follow(self.ep, msg, self._view_changed)
-        elif name == "reset-and-rejoin" and not (self.taking_over or self.election.proposal):
-            log.error("a competing primary (precedence %s, view %s) claims this group", info.get("precedence"),
-                      info.get("pvn"))
+        elif name == "reset-and-rejoin":
+            self._competing_primary(info)
+
+    def _competing_primary(self, info: dict):
+        """Fig. 6 lines 18-20: a primary of higher precedence in a view no
+        older than ours.  A primary steps down (one primary per view); a
+        backup leaves it to its fault detector and the election."""
+        sender, precedence = info.get("sender"), info.get("precedence")
+        claims = self.ep.view.precedences.get(sender) == precedence   # the sender says it is primary
+        if self.ep.is_primary and claims and not self.taking_over:
+            self.stepped_down = (f"member {sender} (precedence {precedence}) is primary of view {info.get('pvn')}, "
+                                 f"which replaces ours ({self.ep.view.pvn})")
 
     def _conn_num(self, cid: ConnId) -> int:
         """The connection's id in the program's connection header: the same at every member."""
@@ -245,14 +281,37 @@ class HostMember:
         self.cids[num] = cid
         return num
 
-    def _request(self, cid: ConnId, body: bytes):
-        try:
-            req = payload.parse_request(body)
-        except payload.BadPayload as e:
-            self.bad_payloads += 1
-            self.ep.drops.count("bad-payload")
-            log.debug("connection %s: %s", cid, e)
+    def _request(self, cid: ConnId, body: bytes | None, req: tuple | None = None):
+        if req is None:
+            try:
+                req = payload.parse_request(body)
+            except payload.BadPayload as e:
+                self.bad_payloads += 1
+                self.ep.drops.count("bad-payload")
+                log.debug("connection %s: %s", cid, e)
+                return
+        held = self.unopened.get(cid)
+        if held is not None:
+            held.append(req)
             return
+        if req[0] == payload.OPEN and cid.seq != self.next_open.get(cid.client, 1):
+            # Connections reach the program in the gateway's order at every
+            # member (the primary's accept order is then the backups'), even
+            # when loss delivers a later connection's first message first.
+            self.unopened[cid] = [req]
+            return
+        self._to_relay(cid, req)
+        if req[0] == payload.OPEN:
+            self.next_open[cid.client] = cid.seq + 1
+            nxt = ConnId(cid.client, cid.server, cid.seq + 1)
+            if nxt in self.unopened:
+                for r in self.unopened.pop(nxt):
+                    self._request_parsed(nxt, r)
+
+    def _request_parsed(self, cid: ConnId, req: tuple):
+        self._request(cid, None, req)
+
+    def _to_relay(self, cid: ConnId, req: tuple):
         num = self._conn_num(cid)
         if req[0] == payload.OPEN:
             self.relay.open(num, req[1], req[2], req[3])
@@ -293,8 +352,11 @@ class HostMember:
             while self.replica.alive() and self.interrupted is None:
                 if self.ep.is_primary and not self.taking_over:
                     self.admission.tick()
+                    self.view_notice.tick()
                 try:
                     self.election.tick()
+                    if self.stepped_down:
+                        raise Excluded(self.stepped_down)
                 except Excluded as e:
                     log.error("%s: this member leaves the group (rejoining needs state transfer)", e)
                     self.stop()
@@ -370,18 +432,21 @@ class HostMember:
                 if c is not None:
                     bases[cid], last_sent[cid] = recv_upto, sent
                     c.rx.learn_highest(sent, ep.clock.now())
+        # Every message the remote groups sent (line 30), and with them the
+        # ordering information they reflected.  Entries past a gap are the
+        # old primary's whose effects no client saw: not followed.
         deadline = loop.time() + 1.0
-        while loop.time() < deadline and (ep.sequencer.pending or any(
-                ep.conns[cid].rx.received_upto < n for cid, n in last_sent.items())):
+        while loop.time() < deadline and any(ep.conns[cid].rx.received_upto < n for cid, n in last_sent.items()):
             await asyncio.sleep(0.005)
-        if ep.sequencer.pending:
-            log.error("ordering information %d..%d never arrived: the new primary may differ from the old",
-                      ep.sequencer.upto + 1, min(ep.sequencer.pending) - 1)
         for cid, c in ep.conns.items():
             bases.setdefault(cid, c.tx.remote_ack)
-        lowest = min((upto for upto, _first, _blobs in acks.values()), default=ep.sequencer.upto)
-        take_over(ep, view, {k: self.released[k] for k in range(lowest + 1, ep.sequencer.upto + 1)
-                             if k in self.released})
+        sync = ep.sequencer.upto
+        base = order_base(view.pvn, sync)
+        lowest = min((upto for upto, _first, _blobs in acks.values()), default=sync)
+        take_over(ep, view, base)
+        first, lacking = self._held_after(lowest, sync)
+        self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
+                                      "members": sorted(view.precedences)})
         ep.on_order = None
         ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True

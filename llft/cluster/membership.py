@@ -74,6 +74,7 @@ class Joiner:
         self.give_up_after = give_up_after
         self.group_seen = False
         self.answer: asyncio.Future | None = None
+        self.seen_admissions: list = []
 
     def datagram(self, data: bytes) -> None:
         ep = self.ep
@@ -85,9 +86,14 @@ class Joiner:
             return
         if msg.TYPE == MsgType.HEARTBEAT and msg.precedence > 0:
             self.group_seen = True
-        elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict) \
-                and msg.body.get("member") == ep.me and self.answer and not self.answer.done():
-            self.answer.set_result(msg.body)
+        elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict):
+            if msg.body.get("member") == ep.me:
+                if self.answer and not self.answer.done():
+                    self.answer.set_result(msg.body)
+            else:
+                # Another newcomer's admission: ours to follow once we are in.
+                # (A large message repeated byte for byte is decoded once.)
+                self.seen_admissions.append(msg)
 
     async def join(self) -> Joined | None:
         """The membership we joined, or None if we found the group."""
@@ -125,7 +131,8 @@ class Admission:
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
-        self.pending: dict[int, list] = {}   # member -> [body, sends]
+        self.pending: dict[int, list] = {}   # member -> [body, sends, members yet to acknowledge]
+        self.last_sent = float("-inf")
 
     def on_message(self, msg) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
@@ -162,13 +169,17 @@ class Admission:
                 "oseq": oseq, "history": history}
         log.warning("member %d joins as a backup: precedence %d, replica %d, %d records' worth of state",
                     member, precedence, precedence - 1, sum(len(b) for b in history) // 64)
-        self.pending[member] = [body, 0, set(view.backups())]   # every backup must acknowledge
         self.on_change()
-        self.tick()
+        data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
+        self.pending[member] = [data, 1, set(view.backups())]   # every backup must acknowledge
 
     def tick(self) -> None:
+        now = self.ep.clock.now()
+        if now - self.last_sent < RETRY_S:
+            return   # AcceptBackup carries the state: not every tick
+        self.last_sent = now
         for member, entry in list(self.pending.items()):
-            body, sends, waiting = entry
+            data, sends, waiting = entry
             if sends >= MAX_COUNT:
                 del self.pending[member]
                 if member in waiting:
@@ -179,7 +190,7 @@ class Admission:
                     log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
                 continue
             entry[1] = sends + 1
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
+            self.ep.resend(data, MsgType.ACCEPT_BACKUP)
 
 
 def follow(ep, msg, on_change) -> None:
@@ -198,6 +209,9 @@ def follow(ep, msg, on_change) -> None:
     except wire.DropError as e:
         ep.drops.count(e.reason)
         return
-    if view.pvn == ep.view.pvn and view.primary == ep.view.primary and view.precedences != ep.view.precedences:
-        ep.view.precedences = view.precedences
+    # Only the newcomer is taken from it: a repeated AcceptBackup carries the
+    # membership as it was then, possibly without members admitted since.
+    if view.pvn == ep.view.pvn and view.primary == ep.view.primary and member not in ep.view \
+            and member in view.precedences:
+        ep.view.precedences[member] = view.precedences[member]
         on_change()
