@@ -73,6 +73,13 @@ class Cluster:
             return all(v and len(v["members"]) == n for v in views)
         self.wait(all_see_n, f"every member to see {n} members")
 
+    def kill(self, *args) -> str:
+        """llft-kill with every member's run dir; returns what it printed."""
+        dirs = [x for _, d in self.members for x in ("--run-dir", str(d))]
+        r = subprocess.run([tool("llft-kill"), *dirs, *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
     def client(self) -> "ClientConn":
         """A client connection from the gateway's host (a shell in its namespace)."""
         return ClientConn(self.hosts[self.gateway_host][0])
@@ -332,3 +339,72 @@ def test_failover_with_20_percent_loss_on_every_link(cluster_of, examples):
     # rest must go on with nothing lost.
     kill_primary_mid_workload(cluster, examples, members=3, extra=["--fault-timeout", "300"], requests=60,
                               allow_excluded=True)
+
+
+def start_three(cluster, examples, extra=()):
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program, extra=extra)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in (1, 2):
+        cluster.start_member(host, program, extra=extra)
+    cluster.wait_members(3)
+    cluster.start_gateway(3)
+    return cluster.status(first)
+
+
+def new_view_at(cluster, indices, old_primary):
+    """Waits until the members at these indices agree on a newer view without old_primary."""
+    def agreed():
+        views = [cluster.status(cluster.members[k][1])["view"] for k in indices]
+        return all(v["pvn"] >= 2 and v["primary"] != old_primary for v in views) and \
+            len({json.dumps(v) for v in views}) == 1
+    cluster.wait(agreed, "a new view", watch=False)
+
+
+def writes_then_reads(cluster, tag: str, n: int) -> None:
+    c = cluster.client()
+    assert c.lines([f"SET {tag}{j} v{j}" for j in range(n)])[0] == ["OK"] * n
+    assert c.lines([f"GET {tag}{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
+    c.close()
+
+
+def survivors_agree_and_end(cluster, indices, expected_keys: int):
+    c = cluster.client()
+    digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
+    c.close()
+    assert digest[0].split()[2] == str(expected_keys) and digest[1] == "BYE"
+    for k in indices:
+        p, _ = cluster.members[k]
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    outs = [outputs_of(cluster.status(cluster.members[k][1])) for k in indices]
+    assert all(o == outs[0] for o in outs), "the survivors did not produce the same output"
+
+
+def test_partition_then_heal_one_branch_survives(cluster, examples):
+    old = start_three(cluster, examples)["members"][0]["member"]
+    writes_then_reads(cluster, "before", 30)
+    assert "partitioned replicas [0] from [1, 2]" in cluster.kill("--partition", "0 / 1,2")
+    new_view_at(cluster, [1, 2], old)
+    writes_then_reads(cluster, "during", 30)      # served by the branch the gateway follows: the new view
+    assert "healed" in cluster.kill("--heal")
+    # The old primary hears a primary of a newer view and higher precedence: it resets (leaves).
+    p0 = cluster.members[0][0]
+    assert p0.wait(timeout=30) == 3
+    assert "which replaces ours" in p0.stderr.read()
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [1, 2], 90)
+
+
+def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
+    old = start_three(cluster, examples)["members"][0]["member"]
+    writes_then_reads(cluster, "before", 30)
+    assert "sent SIGSTOP" in cluster.kill("--primary", "--signal", "STOP")
+    new_view_at(cluster, [1, 2], old)
+    writes_then_reads(cluster, "during", 30)
+    # Woken, it finds a newer primary view: what it sends in its old view is dropped, and it resets.
+    cluster.kill("--replica", "0", "--signal", "CONT")
+    p0 = cluster.members[0][0]
+    assert p0.wait(timeout=30) == 3
+    assert "which replaces ours" in p0.stderr.read()
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [1, 2], 90)

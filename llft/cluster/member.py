@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,13 @@ class MemberOptions:
     fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this long
     fault_step: float = 0.06        # and each later rank this much later
     config: Config = field(default_factory=Config)
+
+
+def host_addresses() -> list[str]:
+    """This host's IPv4 addresses (llft-kill --partition drops by them)."""
+    import psutil
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
 
 
 class HostMember:
@@ -551,5 +559,5 @@ class HostMember:
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {}}] if r else [],
-            "messaging": self.ep.stats(),
+            "messaging": self.ep.stats(), "group_port": self.opts.group_port, "addresses": host_addresses(),
         })
