@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --join: each backup after the first (by rank) suspects a silent primary this much "
                         "later than the one before, so that they do not compete (default: the fault timeout; "
                         "0 makes them all time out together)")
+    p.add_argument("--no-rejoin", action="store_true",
+                   help="with --join: when this member is left out of the group, or its replica fails, exit "
+                        "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -146,7 +149,7 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          ring_slots=args.ring_slots, stall_timeout_ms=int(args.divergence_timeout * 1000),
                          end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output,
                          # Heartbeats come every 20 ms: suspect a primary only after a few are missing.
-                         fault_timeout=max(args.fault_timeout / 1000, 0.05),
+                         fault_timeout=max(args.fault_timeout / 1000, 0.05), rejoin=not args.no_rejoin,
                          fault_step=(args.fault_timeout_step if args.fault_timeout_step is not None
                                      else max(args.fault_timeout, 50)) / 1000)
     member = HostMember(program, run_dir, opts)

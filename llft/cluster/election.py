@@ -16,6 +16,7 @@ after MAX_COUNT repeats are excluded and the proposal starts over."""
 from __future__ import annotations
 
 import logging
+import time
 
 from llft import wire
 from llft.cluster.membership import ranks
@@ -74,6 +75,7 @@ class Election:
         self._propose(now - heard)
 
     def _propose(self, silence: float) -> None:
+        self.suspected_at = time.monotonic()     # measurement (bench/cluster.py)
         ep, mine = self.ep, self._my_precedence()
         members = {m: p for m, p in ep.view.precedences.items() if p >= mine and m != ep.view.primary}
         log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
@@ -185,3 +187,4 @@ class Election:
         if not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
             raise wire.DropError("malformed", "proposal ack order")
         pr["acks"][sender] = (int(body["upto"]), int(body["of"]), blobs)
+        self.last_ack_at = time.monotonic()      # measurement (bench/cluster.py)

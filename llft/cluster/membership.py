@@ -41,7 +41,8 @@ class Joined:
     view: View
     index: int              # this member's replica index (precedence - 1)
     oseq: int               # ordering information up to this oseq is in history
-    history: list[bytes]
+    history: list           # [[oseq, blob], ...]
+    conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
 
 
 def view_body(view: View) -> dict:
@@ -114,10 +115,16 @@ class Joiner:
             raise JoinRefused(str(body["refused"]))
         try:
             view = parse_view(self.ep.group, body.get("view"))
-            history = body["history"]
-            if not isinstance(history, list) or not all(isinstance(b, bytes) for b in history):
+            history, conns = body["history"], body.get("conns", [])
+            if not isinstance(history, list) or not all(
+                    isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and isinstance(h[1], bytes)
+                    for h in history):
                 raise TypeError("history")
-            return Joined(view, int(body["index"]), int(body["oseq"]), history)
+            if not isinstance(conns, list) or not all(
+                    isinstance(c, list) and len(c) == 5 and all(isinstance(x, int) for x in c[:4])
+                    and isinstance(c[4], list) for c in conns):
+                raise TypeError("conns")
+            return Joined(view, int(body["index"]), int(body["oseq"]), history, conns)
         except (KeyError, TypeError, ValueError, wire.DropError) as e:
             raise JoinRefused(f"the primary's AcceptBackup is malformed: {e}") from None
 
@@ -127,7 +134,7 @@ class Admission:
 
     def __init__(self, ep, history, serving, on_change):
         self.ep = ep
-        self.history = history          # fn() -> (oseq, [blob, ...]): the ordering information so far
+        self.state = history            # fn() -> {"oseq", "history", "conns"}: what a newcomer needs
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
@@ -163,12 +170,12 @@ class Admission:
             return
         precedence = self.next_precedence
         self.next_precedence += 1
-        oseq, history = self.history()
+        state = self.state()
         view.precedences[member] = precedence
-        body = {"member": member, "index": precedence - 1, "view": view_body(view),
-                "oseq": oseq, "history": history}
-        log.warning("member %d joins as a backup: precedence %d, replica %d, %d records' worth of state",
-                    member, precedence, precedence - 1, sum(len(b) for b in history) // 64)
+        body = {"member": member, "index": precedence - 1, "view": view_body(view), **state}
+        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB of records, "
+                    "%d client connections", member, precedence, precedence - 1,
+                    sum(len(b) for _k, b in state["history"]) // 1024, len(state["conns"]))
         self.on_change()
         data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
         self.pending[member] = [data, 1, set(view.backups())]   # every backup must acknowledge

@@ -58,6 +58,28 @@ def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) ->
     return complete
 
 
+def nack_remote(ep, cid: ConnId, upto: int) -> int:
+    """New primary, before it is one (Fig. 9 line 30): Nack to the remote
+    group what it lacks of that group's messages up to msn `upto` (a backup's
+    own Nacks go to its primary, who is gone).  Returns how many it lacks."""
+    c = ep.conns[cid]
+    c.rx.learn_highest(upto, ep.clock.now())
+    missing = [m for m in range(c.rx.received_upto + 1, upto + 1) if c.rx.received.get(m) is None]
+    if missing:
+        body = wire.nack_body(cid, missing[: ep.config.nack_batch])
+        ep._transmit(ep._header(MsgType.NACK, c, body=body))
+    return len(missing)
+
+
+def adopt_connection(ep, cid: ConnId, consumed: int) -> None:
+    """State transfer: a newcomer's connection whose messages up to msn
+    `consumed` reached the application elsewhere (their content comes with
+    the state); it takes the next ones from messaging."""
+    c = ep._conn(cid)
+    if c is not None:
+        c.rx.received_upto = c.rx.consumed = c.rx.highest = consumed
+
+
 def deliver_held_order(ep, first: int, blobs: list[bytes]) -> None:
     """Ordering information of the old primary obtained another way (from a
     remote group or another backup): released in order, once, as if it had
