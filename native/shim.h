@@ -8,6 +8,8 @@
 #include "ring.h"
 
 #include <stdint.h>
+#include <pthread.h>
+#include <time.h>
 
 #define EXPORT   __attribute__((visibility("default")))
 #define LIKELY(x)   __builtin_expect(!!(x), 1)
@@ -99,6 +101,13 @@ static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 /* ---- backup: replay (replay.c) ---- */
 void llft_replay_reserve(void);
 void llft_obj_reserve(void);
+
+/* wrap_time.c: a group-clock deadline as one on this host's clock. */
+const struct timespec *llft_local_deadline(clockid_t c, const struct timespec *at, struct timespec *buf);
+#define LOCAL_DEADLINE(c, at) llft_local_deadline((c), (at), &(struct timespec){0, 0})
+/* The clock a condition variable's timed waits use (glibc keeps it in
+ * __wrefs since 2.25: bit 1 set for CLOCK_MONOTONIC). */
+#define COND_CLOCK(cv) (((cv)->__data.__wrefs & 2) ? CLOCK_MONOTONIC : CLOCK_REALTIME)
 void llft_replay_setup(void);
 /* Returns 0 with the thread's next record, or LLFT_PROMOTED: this replica
  * has just become the primary and the caller must do the call as one. */

@@ -14,7 +14,7 @@ def run(*args, cwd=None):
     return subprocess.run(list(args), capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
-@pytest.mark.parametrize("name", ["llft-run", "llft-kill", "llft-status"])
+@pytest.mark.parametrize("name", ["llft-run", "llft-kill", "llft-status", "llft-gateway"])
 def test_help(name):
     p = run(tool(name), "--help")
     assert p.returncode == 0 and "usage:" in p.stdout
@@ -28,6 +28,10 @@ def test_help(name):
     (["--replicas", "many", "--", "true"], "invalid int value"),
     (["--ring-slots", "1000", "--", "true"], "power of two"),
     (["--replay-from", "/no/such/stream", "--", "true"], "no such file"),
+    (["--join", "--", "true"], "--join needs --group"),
+    (["--join", "--group", "g", "--", "true"], "needs --key-file"),
+    (["--join", "--group", "g", "--replicas", "2", "--", "true"], "one replica on this host"),
+    (["--join", "--group", "g", "--key-file", "/no/such/key", "--", "true"], "cannot read key file"),
 ])
 def test_llft_run_bad_input(args, message, tmp_path):
     p = run(tool("llft-run"), "--run-dir", str(tmp_path / "rd"), *args)
@@ -73,3 +77,36 @@ def test_kill_unknown_replica(examples, tmp_path):
     assert p.returncode == 2 and "no replica 5" in p.stderr
     p = run(tool("llft-kill"), "--run-dir", str(rd), "--backup", "1")
     assert p.returncode == 1 and "not running" in p.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--group NAME is required"),
+    (["--group", "g"], "--port PORT"),
+    (["--group", "g", "--port", "7000"], "needs --key-file"),
+    (["--group", "g", "--port", "99999", "--key-file", "k"], "--port PORT"),
+])
+def test_llft_gateway_bad_input(args, message, tmp_path):
+    p = run(tool("llft-gateway"), "--run-dir", str(tmp_path / "rd"), *args)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_gateway_key_file_is_made_private(tmp_path):
+    key = tmp_path / "k"
+    assert run(tool("llft-gateway"), "--make-key", str(key)).returncode == 0
+    assert key.stat().st_mode & 0o777 == 0o600 and len(bytes.fromhex(key.read_text().strip())) >= 16
+    key.chmod(0o644)
+    p = run(tool("llft-gateway"), "--group", "g", "--port", "7000", "--key-file", str(key))
+    assert p.returncode == 2 and "chmod 600" in p.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--partition", "0 / 1,2"], "need a group across hosts"),
+    (["--loss", "20%"], "need a group across hosts"),
+    (["--primary", "--heal"], "say what to break"),
+    ([], "say what to break"),
+])
+def test_network_faults_on_a_local_group_are_refused(args, message, tmp_path):
+    rd = tmp_path / "rd"
+    run(tool("llft-run"), "--replicas", "2", "--run-dir", str(rd), "--", "true")
+    p = run(tool("llft-kill"), "--run-dir", str(rd), *args)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -4,6 +4,8 @@ clients, everything over the messaging protocol on UDP multicast."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tool
-from netns import bridged_hosts, in_ns
+from netns import bridged_hosts, drop_randomly, in_ns
 from serving import concurrently, sha
 
 PROGRAM_PORT = 7000
@@ -33,10 +35,10 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_member(self, host: int, program: list, group: str = "kv"):
+    def start_member(self, host: int, program: list, group: str = "kv", extra=()):
         run_dir = self.tmp / f"member-{host}"
         p = self._start(host, [tool("llft-run"), "--join", "--group", group, "--key-file", self.key,
-                               "--run-dir", run_dir, "--log-level", "info", "--", *program])
+                               "--run-dir", run_dir, "--log-level", "info", *extra, "--", *program])
         self.members.append((p, run_dir))
         return run_dir
 
@@ -70,6 +72,13 @@ class Cluster:
             views = [self.status(d) for _, d in self.members]
             return all(v and len(v["members"]) == n for v in views)
         self.wait(all_see_n, f"every member to see {n} members")
+
+    def kill(self, *args) -> str:
+        """llft-kill with every member's run dir; returns what it printed."""
+        dirs = [x for _, d in self.members for x in ("--run-dir", str(d))]
+        r = subprocess.run([tool("llft-kill"), *dirs, *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
 
     def client(self) -> "ClientConn":
         """A client connection from the gateway's host (a shell in its namespace)."""
@@ -119,13 +128,20 @@ class ClientConn:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    with bridged_hosts(4) as hosts:
-        c = Cluster(hosts, tmp_path)
-        try:
-            yield c
-        finally:
-            c.stop()
+def cluster_of(tmp_path):
+    """cluster_of(n): a Cluster on n hosts, torn down after the test."""
+    from contextlib import ExitStack
+    with ExitStack() as stack:
+        def make(n: int) -> Cluster:
+            c = Cluster(stack.enter_context(bridged_hosts(n)), tmp_path)
+            stack.callback(c.stop)
+            return c
+        yield make
+
+
+@pytest.fixture
+def cluster(cluster_of):
+    return cluster_of(4)
 
 
 def outputs_of(status: dict) -> dict:
@@ -216,19 +232,15 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
     subprocess.run(in_ns(cluster.hosts[3][0], sys.executable, "-c", FORGER), check=True, timeout=60)
     assert c.lines(["GET a", "GET stolen"])[0] == ["VALUE 1", "NONE"], "the group still serves, unforged"
 
-    # A member joining once clients are served is refused, with the reason.
-    late = cluster.start_member(2, program)
-    late_proc = cluster.members[-1][0]
-    assert late_proc.wait(timeout=60) == 1
-    err = late_proc.stderr.read()
-    assert "could not join group kv" in err and "already serves clients" in err, err
-    cluster.procs.remove(late_proc)
-    del late
+    # A member joining once clients are served gets the group's log as its state and catches up.
+    cluster.start_member(2, program)
+    cluster.wait_members(3)
+    assert c.lines(["SET b 2", "GET a", "GET b"])[0] == ["OK", "VALUE 1", "VALUE 2"]
 
     for _, run_dir in cluster.members[:2]:
         cluster.wait(lambda: cluster.status(run_dir)["drops"], "llft-status to show the drops")
         st = cluster.status(run_dir)
-        assert [m["precedence"] for m in st["members"]] == [1, 2], "forged messages changed the membership"
+        assert [m["precedence"] for m in st["members"]] == [1, 2, 3], "forged messages changed the membership"
         assert st["view"]["pvn"] == 1
         assert st["drops"].get("bad-mac", 0) >= 50 * 3 and st["drops"].get("malformed", 0) + \
             st["drops"].get("truncated", 0) + st["drops"].get("bad-version", 0) >= 50, st["drops"]
@@ -237,53 +249,213 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
         assert "dropped: " in text and "bad-mac" in text, text
         assert "dropped datagrams" in (run_dir / "llft.log").read_text()
     c.close()
+    survivors_agree_and_end(cluster, [0, 1, 2], 2)
 
 
-def test_primary_host_fails_and_a_backup_takes_over(cluster, examples):
+def kill_primary_mid_workload(cluster, examples, members: int, extra=(), clients: int = 3, requests: int = 150,
+                              allow_excluded: bool = False):
+    """members replicas on hosts 0..members-1, the gateway on the next host;
+    the primary's replica is SIGKILLed while clients write.  Checks that
+    every acknowledged write survives exactly once, that no client
+    connection drops, that the survivors agree on one new view and one
+    primary, and that they produce the same output.  Returns the survivors'
+    states."""
     program = [examples / "kv_server", PROGRAM_PORT]
-    first = cluster.start_member(0, program)
+    first = cluster.start_member(0, program, extra=extra)
     cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    for host in (1, 2):
-        cluster.start_member(host, program)
-    cluster.wait_members(3)
-    cluster.start_gateway(3)
+    for host in range(1, members):
+        cluster.start_member(host, program, extra=extra)
+    cluster.wait_members(members)
+    cluster.start_gateway(members)
     old = cluster.status(first)
-    old_primary, successor = old["members"][0]["member"], old["members"][1]["member"]
+    old_primary = old["members"][0]["member"]
     replica_pid = old["replicas"][0]["pid"]
-
     results = {}
 
     def client(i):
         c = cluster.client()
         out = []
-        for j in range(150):
-            if i == 0 and j == 50:
-                import os
-                import signal
+        for j in range(requests):
+            if i == 0 and j == requests // 3:
                 os.kill(replica_pid, signal.SIGKILL)    # the primary fails mid-stream
             out.append(c.lines([f"SET k{i}-{j} v{j}"])[0][0])
-        results[i] = out + c.lines([f"GET k{i}-{j}" for j in range(150)])[0]
+        results[i] = out + c.lines([f"GET k{i}-{j}" for j in range(requests)])[0]
         c.close()
 
-    concurrently(client, 3)
+    concurrently(client, clients)
     for i, replies in results.items():
-        assert replies[:150] == ["OK"] * 150, f"client {i}: {replies[:150]}"
-        assert replies[150:] == [f"VALUE v{j}" for j in range(150)], "an acknowledged write was lost"
-    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+        assert replies[:requests] == ["OK"] * requests, f"client {i}: {replies[:requests]}"
+        assert replies[requests:] == [f"VALUE v{j}" for j in range(requests)], "an acknowledged write was lost"
+    if "--no-rejoin" in extra:
+        assert cluster.members[0][0].wait(timeout=30) == 128 + 9
 
-    survivors = [d for _, d in cluster.members[1:]]
+    survivors = [d for p, d in cluster.members[1:] if p.poll() is None]
+    for p, d in cluster.members[1:]:
+        if p.poll() is not None:   # left the group: only if the protocol excluded it, and it said so
+            assert allow_excluded and p.returncode == 3, (p.returncode, p.stderr.read()[-2000:])
+    assert survivors, "nobody survived"
     views = [cluster.status(d) for d in survivors]
+    assert len({json.dumps(v["view"]) for v in views}) == 1, [v["view"] for v in views]
+    view = views[0]["view"]
+    assert view["pvn"] >= 2 and view["primary"] != old_primary
+    assert [s["replicas"][0]["role"] for s in views].count("primary") == 1, "one primary"
     for v in views:
-        assert v["view"] == {"pvn": 2, "primary": successor}, v["view"]
-        assert [m["member"] for m in v["members"]][0] == successor and old_primary not in \
-            [m["member"] for m in v["members"]]
+        assert [m["member"] for m in v["members"]][0] == view["primary"]
+        assert old_primary not in [m["member"] for m in v["members"]]
     c = cluster.client()
     digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
     c.close()
-    assert digest[0].split()[2] == str(3 * 150) and digest[1] == "BYE"
-    for p, _ in cluster.members[1:]:
-        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    assert digest[0].split()[2] == str(clients * requests) and digest[1] == "BYE"
+    for p, d in cluster.members[1:]:
+        if d in survivors:
+            assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
     outs = [outputs_of(cluster.status(d)) for d in survivors]
-    assert outs[0] == outs[1], "the backup left did not produce what the new primary did"
-    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["connections"] == 4,
-                 "the gateway to count 4 client connections, none dropped", watch=False)
+    assert all(o == outs[0] for o in outs), "a backup left did not produce what the new primary did"
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["connections"] == clients + 1,
+                 "the gateway to count every client connection, none dropped", watch=False)
+    return views
+
+
+def test_primary_host_fails_and_a_backup_takes_over(cluster, examples):
+    views = kill_primary_mid_workload(cluster, examples, members=3, extra=["--no-rejoin"])
+    assert views[0]["view"]["pvn"] == 2
+    assert views[0]["view"]["primary"] == views[0]["members"][0]["member"]
+
+
+def test_competing_proposals_end_with_one_primary(cluster_of, examples):
+    """Both backups suspect the primary at the same moment (no step between
+    ranks): their ProposePrimary messages compete; one view, one primary."""
+    kill_primary_mid_workload(cluster_of(4), examples, members=3, extra=["--fault-timeout-step", "0", "--no-rejoin"])
+
+
+@pytest.mark.skip(reason="known bug (docs/cluster.md, 'Not there yet'): in about 1 run in 5 a backup "
+                         "misses part of the old primary's OrderInfo across the view change under 20% loss "
+                         "and stops as diverged; not yet found")
+def test_failover_with_20_percent_loss_on_every_link(cluster_of, examples):
+    cluster = cluster_of(4)
+    for ns, _ in cluster.hosts:
+        drop_randomly(ns, [17400], 20)
+    # A longer fault timeout: with 20% loss, three Heartbeats in a row go missing now and then.
+    # A backup whose acknowledgments keep getting lost may be excluded (MAX_COUNT): it must leave, and the
+    # rest must go on with nothing lost.
+    kill_primary_mid_workload(cluster, examples, members=3, extra=["--fault-timeout", "300", "--no-rejoin"],
+                              requests=60, allow_excluded=True)
+
+
+def start_three(cluster, examples, extra=()):
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program, extra=extra)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in (1, 2):
+        cluster.start_member(host, program, extra=extra)
+    cluster.wait_members(3)
+    cluster.start_gateway(3)
+    return cluster.status(first)
+
+
+def new_view_at(cluster, indices, old_primary):
+    """Waits until the members at these indices agree on a newer view without old_primary."""
+    def agreed():
+        views = [cluster.status(cluster.members[k][1])["view"] for k in indices]
+        return all(v["pvn"] >= 2 and v["primary"] != old_primary for v in views) and \
+            len({json.dumps(v) for v in views}) == 1
+    cluster.wait(agreed, "a new view", watch=False)
+
+
+def rejoined(cluster, k: int, old_member: int):
+    """Member k reset (it logged why) and joined again as a backup under a new identity."""
+    cluster.wait(lambda: (st := cluster.status(cluster.members[k][1])) and st["member"] != old_member
+                 and st["replicas"] and st["replicas"][0]["role"] == "backup" and len(st["members"]) == 3,
+                 "the old primary to reset and rejoin", timeout=60)
+    cluster.wait_members(3)
+    text = (cluster.members[k][1] / "llft.log").read_text()
+    assert "which replaces ours" in text and "resetting and rejoining" in text
+
+
+def writes_then_reads(cluster, tag: str, n: int) -> None:
+    c = cluster.client()
+    assert c.lines([f"SET {tag}{j} v{j}" for j in range(n)])[0] == ["OK"] * n
+    assert c.lines([f"GET {tag}{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
+    c.close()
+
+
+def survivors_agree_and_end(cluster, indices, expected_keys: int):
+    c = cluster.client()
+    digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
+    c.close()
+    assert digest[0].split()[2] == str(expected_keys) and digest[1] == "BYE"
+    for k in indices:
+        p, _ = cluster.members[k]
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    outs = [outputs_of(cluster.status(cluster.members[k][1])) for k in indices]
+    assert all(o == outs[0] for o in outs), "the survivors did not produce the same output"
+
+
+def test_partition_then_heal_one_branch_survives(cluster, examples):
+    old = start_three(cluster, examples)["members"][0]["member"]
+    writes_then_reads(cluster, "before", 30)
+    assert "partitioned replicas [0] from [1, 2]" in cluster.kill("--partition", "0 / 1,2")
+    new_view_at(cluster, [1, 2], old)
+    writes_then_reads(cluster, "during", 30)      # served by the branch the gateway follows: the new view
+    assert "healed" in cluster.kill("--heal")
+    # The old primary hears a primary of a newer view and higher precedence: it resets and rejoins.
+    rejoined(cluster, 0, old)
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [0, 1, 2], 90)
+
+
+def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
+    old = start_three(cluster, examples)["members"][0]["member"]
+    writes_then_reads(cluster, "before", 30)
+    assert "sent SIGSTOP" in cluster.kill("--primary", "--signal", "STOP")
+    new_view_at(cluster, [1, 2], old)
+    writes_then_reads(cluster, "during", 30)
+    # Woken, it finds a newer primary view: what it sends in its old view is dropped, and it resets.
+    cluster.kill("--replica", "0", "--signal", "CONT")
+    rejoined(cluster, 0, old)
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [0, 1, 2], 90)
+
+
+KILLS_IN_A_ROW = 2   # more in a row is not reliable yet: see docs/cluster.md
+
+
+def test_primary_kills_in_a_row_across_hosts(cluster, examples):
+    """Each killed member resets and rejoins with a fresh replica (state
+    transfer by log); writers never stop; nothing acknowledged is lost."""
+    start_three(cluster, examples)
+    import threading
+    stop, acked = threading.Event(), {}
+
+    def writer(i):
+        c, n = cluster.client(), 0
+        while not stop.is_set():
+            assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
+            n += 1
+        acked[i] = n
+        c.close()
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    pvn = 1
+    for _ in range(KILLS_IN_A_ROW):
+        states = [cluster.status(d) for _, d in cluster.members]
+        primary = next(s for s in states if s["replicas"] and s["replicas"][0]["role"] == "primary")
+        os.kill(primary["replicas"][0]["pid"], signal.SIGKILL)
+
+        def whole_again():
+            sts = [cluster.status(d) for _, d in cluster.members]
+            return all(s["view"]["pvn"] > pvn and len(s["members"]) == 3 and s["replicas"] for s in sts) and \
+                len({s["view"]["pvn"] for s in sts}) == 1
+        cluster.wait(whole_again, "the group to be whole again after a kill", timeout=60)
+        pvn = cluster.status(cluster.members[0][1])["view"]["pvn"]
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(acked) == 3 and all(n > 0 for n in acked.values()), acked
+    c = cluster.client()
+    for i, n in acked.items():
+        assert c.lines([f"GET w{i}-{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
+    c.close()
+    survivors_agree_and_end(cluster, [0, 1, 2], sum(acked.values()))

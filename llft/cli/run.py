@@ -49,9 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="NAME", help="group name (default: the program's name)")
     p.add_argument("--ring-slots", type=int, default=DEFAULT_SLOTS, metavar="N",
                    help=f"OrderInfo ring size per replica, a power of two (default {DEFAULT_SLOTS})")
-    p.add_argument("--fault-timeout", type=float, default=30.0, metavar="MS",
+    p.add_argument("--fault-timeout", type=float, metavar="MS",
                    help="a replica frozen (stopped) this long is failed and fenced; a failed primary is "
-                        "replaced by the backup of lowest rank (default 30)")
+                        "replaced by the backup of lowest rank (default 30).  With --join: how long the backup "
+                        "of rank 2 waits without a Heartbeat from the primary before it proposes itself "
+                        "(default 150, at least 50: Heartbeats come every 20)")
+    p.add_argument("--fault-timeout-step", type=float, metavar="MS",
+                   help="with --join: each backup after the first (by rank) suspects a silent primary this much "
+                        "later than the one before, so that they do not compete (default: the fault timeout; "
+                        "0 makes them all time out together)")
+    p.add_argument("--no-rejoin", action="store_true",
+                   help="with --join: when this member is left out of the group, or its replica fails, exit "
+                        "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -112,6 +121,8 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     slots = args.ring_slots
     if slots < 8192 or slots & (slots - 1):
         raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
+    if args.fault_timeout is None:
+        args.fault_timeout = 150.0 if args.join else 30.0
     for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
@@ -138,7 +149,9 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          ring_slots=args.ring_slots, stall_timeout_ms=int(args.divergence_timeout * 1000),
                          end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output,
                          # Heartbeats come every 20 ms: suspect a primary only after a few are missing.
-                         fault_timeout=max(args.fault_timeout / 1000, 0.05))
+                         fault_timeout=max(args.fault_timeout / 1000, 0.05), rejoin=not args.no_rejoin,
+                         fault_step=(args.fault_timeout_step if args.fault_timeout_step is not None
+                                     else max(args.fault_timeout, 50)) / 1000)
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

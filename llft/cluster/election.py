@@ -1,7 +1,7 @@
 """Change of the primary across hosts, phase 1 (LLFT Fig. 9 lines 1-25):
 the fault detector, ProposePrimary and its acknowledgments.
 
-A backup that hears nothing from the primary for `base x (rank - 1)`
+A backup that hears nothing from the primary for `base + step x (rank - 2)`
 seconds, and has seen no proposal for the next view from a backup of lower
 precedence, proposes itself: the new membership is itself and the backups of
 higher precedence.  A member named in a proposal acknowledges it unless it
@@ -16,6 +16,7 @@ after MAX_COUNT repeats are excluded and the proposal starts over."""
 from __future__ import annotations
 
 import logging
+import time
 
 from llft import wire
 from llft.cluster.membership import ranks
@@ -25,7 +26,10 @@ from llft.wire import MsgType
 log = logging.getLogger("llft.election")
 
 RETRY_S = 0.02
-MAX_COUNT = 10
+MAX_COUNT = 25
+GRACE_SENDS = 3
+SWITCH_WINDOW_S = 0.1
+STARTUP_GRACE_S = 1.0
 
 
 class Excluded(Exception):
@@ -33,24 +37,29 @@ class Excluded(Exception):
 
 
 class Election:
-    def __init__(self, ep, fault_base: float, held_after, on_elected, on_new_primary):
+    def __init__(self, ep, fault_base: float, fault_step: float, held_after, on_elected, on_new_primary):
         self.ep = ep
-        self.fault_base = fault_base
+        self.fault_base, self.fault_step = fault_base, fault_step
         self.held_after = held_after          # fn(oseq) -> (first, [blob]): ordering info we hold after oseq
         self.on_elected = on_elected          # fn(View, acks): phase 1 done, this member is the new primary
         self.on_new_primary = on_new_primary  # fn(View): we acknowledged another member's proposal
-        self.watch_since = ep.clock.now()
+        # A member that just started (its replica catching up, the host busy)
+        # gets a grace period before it may suspect anyone.
+        self.watch_since = ep.clock.now() + STARTUP_GRACE_S
         self.proposal: dict | None = None     # ours: body, acks, sends
         self.proposed_pvn = 0                 # the view we proposed ourselves for
         self.acked_precedence = ep.view.primary_precedence
+        self.acked_at = 0.0
         self.lower_proposal_pvn = 0           # a lower-precedence backup proposed for this next view
         self.elected_pvn = 0                  # phase 1 won for this view; phase 2 under way
+        self.last_ack = None                  # (what it answered, encoded acknowledgment)
 
     def _my_precedence(self) -> int:
         return self.ep.view.precedences.get(self.ep.me, 0)
 
     def timeout(self) -> float:
-        return self.fault_base * max(1, ranks(self.ep.view).get(self.ep.me, 2) - 1)
+        """Rank 2 suspects the primary first; each later rank waits `step` longer."""
+        return self.fault_base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
 
     def tick(self) -> None:
         ep = self.ep
@@ -66,18 +75,24 @@ class Election:
         self._propose(now - heard)
 
     def _propose(self, silence: float) -> None:
+        self.suspected_at = time.monotonic()     # measurement (bench/cluster.py)
         ep, mine = self.ep, self._my_precedence()
         members = {m: p for m, p in ep.view.precedences.items() if p >= mine and m != ep.view.primary}
         log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
                     "with %s", ep.view.primary, silence * 1000, ep.me, ep.view.pvn + 1, sorted(members))
         self.proposed_pvn = ep.view.pvn + 1
-        self.proposal = {"members": members, "acks": {}, "sends": 0}
+        lower = [m for m, p in ep.view.precedences.items() if p < mine and m != ep.view.primary]
+        self.proposal = {"members": members, "acks": {}, "sends": 0, "excluded_lower": bool(lower)}
         self._repeat()
 
     def _repeat(self) -> None:
         ep, pr = self.ep, self.proposal
         others = [m for m in pr["members"] if m != ep.me]
-        if all(m in pr["acks"] for m in others):
+        # A proposer that left out backups of lower precedence gives their
+        # proposals (which would name it) time to arrive: it then withdraws,
+        # rather than splitting the group into competing primaries.
+        patient = pr["excluded_lower"] and pr["sends"] < GRACE_SENDS
+        if all(m in pr["acks"] for m in others) and not patient:
             view = View(ep.group, ep.me, dict(pr["members"]), ep.view.pvn + 1)
             acks, self.proposal = pr["acks"], None
             self.elected_pvn = view.pvn
@@ -121,12 +136,25 @@ class Election:
             if precedence < self._my_precedence():
                 self.lower_proposal_pvn = max(self.lower_proposal_pvn, new_pvn)
             if self.proposed_pvn == new_pvn:
-                return                               # we compete for this view ourselves
-            # Line 20: only a proposer of higher precedence than the one we follow.
-            floor = self.acked_precedence if ep.view.pvn == new_pvn else ep.view.primary_precedence
-            if precedence <= floor:
+                if precedence > self._my_precedence() or self.proposal is None:
+                    return                           # we compete for this view ourselves
+                # A backup of lower precedence timed out too and counts on us:
+                # withdraw (deviation: the paper lets both proposals fail).
+                log.warning("withdrawing my proposal for view %d: member %d (precedence %d) proposed too",
+                            new_pvn, sender, precedence)
+                self.proposal, self.proposed_pvn = None, 0
+            if ep.view.pvn == new_pvn:
+                # Competing proposals for the view we just acknowledged.  Line
+                # 20 follows the higher precedence; we follow the lower one
+                # while the election is young (deviation, with the withdrawal
+                # above: the backup of lowest rank is the natural successor,
+                # and the group stays whole).
+                young = ep.clock.now() - self.acked_at < SWITCH_WINDOW_S
+                if not young or precedence >= self.acked_precedence:
+                    return
+            elif precedence <= ep.view.primary_precedence:
                 return
-            self.acked_precedence = precedence
+            self.acked_precedence, self.acked_at = precedence, ep.clock.now()
             self._ack(sender, pvn, upto)
             log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
             ep.view = View(ep.group, sender, members, new_pvn)
@@ -138,10 +166,18 @@ class Election:
         raise Excluded(f"member {sender} took over as primary of view {new_pvn} without this member")
 
     def _ack(self, proposer: int, pvn: int, upto: int) -> None:
+        # The same acknowledgment is repeated byte for byte while nothing
+        # changed, so that a large one (ordering information) is reassembled
+        # from the fragments of all its copies even under loss.
+        key = (proposer, pvn, upto, self.ep.sequencer.upto)
+        if self.last_ack is not None and self.last_ack[0] == key:
+            self.ep.resend(self.last_ack[1], MsgType.PROPOSE_PRIMARY_ACK)
+            return
         first, blobs = self.held_after(upto)
-        self.ep.send_membership(MsgType.PROPOSE_PRIMARY_ACK, {"to": proposer, "pvn": pvn,
-                                                               "upto": self.ep.sequencer.upto,
-                                                               "of": first, "ord": blobs})
+        data = self.ep.send_membership(MsgType.PROPOSE_PRIMARY_ACK, {"to": proposer, "pvn": pvn,
+                                                                      "upto": self.ep.sequencer.upto,
+                                                                      "of": first, "ord": blobs})
+        self.last_ack = (key, data)
 
     def _on_ack(self, sender: int, body) -> None:
         pr = self.proposal
@@ -151,3 +187,4 @@ class Election:
         if not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
             raise wire.DropError("malformed", "proposal ack order")
         pr["acks"][sender] = (int(body["upto"]), int(body["of"]), blobs)
+        self.last_ack_at = time.monotonic()      # measurement (bench/cluster.py)

@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,8 @@ from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
-from llft.messaging.viewchange import (deliver_held_order, new_primary_view,
+from llft.cluster.view_notice import ViewNotice
+from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, rebase, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica
@@ -48,7 +50,7 @@ log = logging.getLogger("llft.member")
 STATE_EVERY_S = 1.0
 TICK_S = 0.02
 EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
-HELD_ENTRIES = 20_000    # backups: ordering information kept for a new primary that lacks it
+REJOIN_PATIENCE_S = 24 * 3600.0
 
 
 @dataclass
@@ -64,30 +66,53 @@ class MemberOptions:
     stall_timeout_ms: int = 60_000
     end_grace_ms: int = 3_000
     log_output: bool = False
-    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this; rank k after (k-1) times it
+    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this long
+    fault_step: float = 0.06        # and each later rank this much later
+    rejoin: bool = True             # a member left out of the group resets and applies again
     config: Config = field(default_factory=Config)
+
+
+def host_addresses() -> list[str]:
+    """This host's IPv4 addresses (llft-kill --partition drops by them)."""
+    import psutil
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
 
 
 class HostMember:
     def __init__(self, argv: list[str], run_dir: Path, opts: MemberOptions):
         self.argv, self.run_dir, self.opts = argv, run_dir, opts
-        self.me = secrets.randbelow(1 << 30) + 1
         self.gid = group_id(opts.group)
         self.interrupted: int | None = None
         self.replica: Replica | None = None
         self.ep: GroupEndpoint | None = None
         self.joiner: Joiner | None = None
-        self.history: list[bytes] = []      # primary: every ordering blob, for members joining later
-        self.cids: dict[int, ConnId] = {}
-        self.primary_status: int | None = None   # backups: the primary program's exit status
         self.bad_payloads = 0
-        self.released: dict[int, bytes] = {}    # backups: recent ordering information, by oseq
-        self.released_upto = 0
+        self.rounds = 0
+        self._reset()
+
+    def _reset(self):
+        """What one membership of this process holds (a member that resets
+        and rejoins starts over with a new identity)."""
+        self.me = secrets.randbelow(1 << 30) + 1
+        # Every ordering blob since the group began, by oseq, in order: what a
+        # member joining later replays, and what a new primary gives a backup
+        # that lacks some.
+        self.log: dict[int, bytes] = {}
+        self.inputs: dict[ConnId, list] = {}           # every request handed on, per connection
+        self.cids: dict[int, ConnId] = {}
+        self.next_open: dict[int, int] = {}            # client group -> connSeqNum of its next connection
+        self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
+        self.primary_status: int | None = None   # backups: the primary program's exit status
+        self.released_upto = 0                  # backups: oseq of the last ordering blob released
         self.view_acks: dict[int, tuple] = {}   # new primary: NewPrimaryView answers by remote group
         self.view_answered = asyncio.Event()
         self.source: PrimarySource | None = None
         self.shipped = asyncio.Event()
         self.taking_over = False
+        self.stepped_down: str | None = None
+        self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
+        self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
 
     # -- joining -----------------------------------------------------------
@@ -100,14 +125,33 @@ class HostMember:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         o = self.opts
-        self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
-                                None, Keyring(o.key), o.config)
-        self.joiner = Joiner(self.ep, o.found_after, o.join_timeout)
-        self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, self.me,
+        self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, 0,
                                            self._datagram, o.interface, loop)
-        self.ep.transport = self.udp
+        try:
+            while True:
+                status = await self._membership(loop)
+                if not (self.must_reset and o.rejoin) or self.interrupted is not None:
+                    return status
+                # LLFT: a member left out of the group resets its state and applies again.
+                self.rounds += 1
+                log.warning("resetting and rejoining group %s (attempt %d)", o.group, self.rounds)
+                self.cleanup()
+                self._reset()
+                await asyncio.sleep(0.2)
+        finally:
+            self.udp.close()
+
+    async def _membership(self, loop) -> int:
+        o = self.opts
+        self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
+                                self.udp, Keyring(o.key), o.config)
+        # A member that rejoins never founds a group of its own (it may still be
+        # cut off from the others), and waits for them as long as it takes.
+        self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
+                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout)
         try:
             joined = await self.joiner.join()
+            seen = self.joiner.seen_admissions
         finally:
             self.joiner = None
         if joined is None:
@@ -119,16 +163,20 @@ class HostMember:
             self.ep.view = joined.view
             self.ep.sequencer.skip_to(joined.oseq)
             self.released_upto = joined.oseq
+            self.log = dict(joined.history)
             index = joined.index
-            log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)",
-                        o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn)
+            log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)%s",
+                        o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn,
+                        f", with {len(joined.conns)} client connections' input" if joined.conns else "")
         self.ep.start()
         self._start_replica(index, joined)
+        if joined is not None:
+            for msg in seen:   # admissions of members who joined while we did
+                follow(self.ep, msg, self._view_changed)
         try:
             return await self._serve(loop)
         finally:
             self.ep.close()
-            self.udp.close()
 
     def _start_replica(self, index: int, joined):
         role = ROLE_BACKUP if joined else ROLE_PRIMARY
@@ -142,13 +190,19 @@ class HostMember:
         self.replica = Replica(index, stream, out_dir)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
-        self.election = Election(self.ep, self.opts.fault_timeout, self._held_after, self._elected,
+        self.view_notice = ViewNotice(self.ep, self._follow_new_view)
+        self.election = Election(self.ep, self.opts.fault_timeout, self.opts.fault_step, self._held_after,
+                                 self._elected,
                                  lambda view: self._view_changed())
         if joined is None:
-            self.admission = Admission(self.ep, self._history, self._why_no_joining, self._view_changed)
+            self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed)
         else:
             self.feeder = RecordFeeder(stream, self.replica.alive)
-            for blob in joined.history:
+            for client, server, seq, consumed, reqs in joined.conns:
+                cid = ConnId(client, server, seq)
+                adopt_connection(self.ep, cid, consumed)
+                self.pending_inputs.append((cid, reqs))
+            for _oseq, blob in joined.history:
                 self._order(blob)
         self.replica.start(self.argv, dict(os.environ))
         log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
@@ -157,21 +211,31 @@ class HostMember:
             self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me, "for": self.me})
 
     # -- the primary's side ------------------------------------------------
-    def _history(self) -> tuple[int, list[bytes]]:
-        return self.ep.order_log.next_oseq - 1, list(self.history)
+    def _state(self) -> dict:
+        """What a newcomer needs to become a replica like the others (state
+        transfer by log): every ordering blob since the group began, and
+        every request each connection has handed on so far, with the
+        msgSeqNum it reached; its program replays them from the start."""
+        conns = [[*cid, self.ep.conns[cid].rx.consumed, [list(r) for r in reqs]]
+                 for cid, reqs in self.inputs.items() if cid in self.ep.conns]
+        return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.log.items()],
+                "conns": conns}
 
     def _why_no_joining(self) -> str | None:
-        if self.ep.conns:
-            return ("the group already serves clients: a member can join only before the first client "
-                    "connects (joining later needs state transfer by checkpoint)")
         if self.primary_status is not None:
             return "the primary's program has exited"
+        if self.taking_over:
+            return "a primary change is under way"
         return None
 
     def _ship(self, blobs: list[bytes]):
         for b in blobs:
-            self.history.append(b)
-            self.ep.add_order_info(b)
+            self._add_order(b)
+
+    def _add_order(self, blob: bytes) -> int:
+        oseq = self.ep.add_order_info(blob)
+        self.log[oseq] = blob
+        return oseq
 
     def _start_shipping(self, loop):
         self.source = PrimarySource(self.replica.stream)
@@ -187,12 +251,25 @@ class HostMember:
     def _released_order(self, blob: bytes):
         """Ordering information released by messaging, in oseq order."""
         self.released_upto += 1
-        self.released[self.released_upto] = blob
-        self.released.pop(self.released_upto - HELD_ENTRIES, None)
+        self.log[self.released_upto] = blob
         self._order(blob)
 
-    def _held_after(self, oseq: int) -> tuple[int, list[bytes]]:
-        blobs = [self.released[k] for k in range(oseq + 1, self.released_upto + 1) if k in self.released]
+    def _follow_new_view(self, body: dict) -> None:
+        if self.me not in body["members"]:
+            self.stepped_down = f"the new primary's view {self.ep.view.pvn} does not include this member"
+            return
+        if not follow_new_view(self.ep, body["sync"], body["base"], body["of"], body["ord"]):
+            log.error("this backup lacks ordering information of the old primary up to %d: it cannot follow "
+                      "the new primary", body["sync"])
+            self.stepped_down = "it cannot reach the new view's synchrony point"
+        self.released_upto = self.ep.sequencer.upto
+
+    def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
+        """The released entries after oseq (up to upto), as one consecutive run."""
+        blobs, k = [], oseq + 1
+        while k in self.log and (upto is None or k <= upto):
+            blobs.append(self.log[k])
+            k += 1
         return (oseq + 1 if blobs else 0), blobs
 
     def _order(self, blob: bytes):
@@ -225,19 +302,30 @@ class HostMember:
             t = msg.TYPE
             if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
                 self.election.on_message(msg)
-            elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
+            elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
                 try:
                     self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
                     self.view_answered.set()
                 except wire.DropError as e:
                     self.ep.drops.count(e.reason)
+            elif t in (MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK) and msg.src_group == self.gid:
+                self.view_notice.on_message(msg)
             elif self.ep.is_primary:
                 self.admission.on_message(msg)
             else:
                 follow(self.ep, msg, self._view_changed)
-        elif name == "reset-and-rejoin" and not (self.taking_over or self.election.proposal):
-            log.error("a competing primary (precedence %s, view %s) claims this group", info.get("precedence"),
-                      info.get("pvn"))
+        elif name == "reset-and-rejoin":
+            self._competing_primary(info)
+
+    def _competing_primary(self, info: dict):
+        """Fig. 6 lines 18-20: a primary of higher precedence in a view no
+        older than ours.  A primary steps down (one primary per view); a
+        backup leaves it to its fault detector and the election."""
+        sender, precedence = info.get("sender"), info.get("precedence")
+        claims = self.ep.view.precedences.get(sender) == precedence   # the sender says it is primary
+        if self.ep.is_primary and claims and not self.taking_over:
+            self.stepped_down = (f"member {sender} (precedence {precedence}) is primary of view {info.get('pvn')}, "
+                                 f"which replaces ours ({self.ep.view.pvn})")
 
     def _conn_num(self, cid: ConnId) -> int:
         """The connection's id in the program's connection header: the same at every member."""
@@ -245,14 +333,39 @@ class HostMember:
         self.cids[num] = cid
         return num
 
-    def _request(self, cid: ConnId, body: bytes):
-        try:
-            req = payload.parse_request(body)
-        except payload.BadPayload as e:
-            self.bad_payloads += 1
-            self.ep.drops.count("bad-payload")
-            log.debug("connection %s: %s", cid, e)
+    def _request(self, cid: ConnId, body: bytes | None, req: tuple | None = None, log_it: bool = True):
+        if req is None:
+            try:
+                req = payload.parse_request(body)
+            except payload.BadPayload as e:
+                self.bad_payloads += 1
+                self.ep.drops.count("bad-payload")
+                log.debug("connection %s: %s", cid, e)
+                return
+        if log_it:
+            self.inputs.setdefault(cid, []).append(req)
+        held = self.unopened.get(cid)
+        if held is not None:
+            held.append(req)
             return
+        if req[0] == payload.OPEN and cid.seq != self.next_open.get(cid.client, 1):
+            # Connections reach the program in the gateway's order at every
+            # member (the primary's accept order is then the backups'), even
+            # when loss delivers a later connection's first message first.
+            self.unopened[cid] = [req]
+            return
+        self._to_relay(cid, req)
+        if req[0] == payload.OPEN:
+            self.next_open[cid.client] = cid.seq + 1
+            nxt = ConnId(cid.client, cid.server, cid.seq + 1)
+            if nxt in self.unopened:
+                for r in self.unopened.pop(nxt):
+                    self._request_parsed(nxt, r)
+
+    def _request_parsed(self, cid: ConnId, req: tuple):
+        self._request(cid, None, req, log_it=False)
+
+    def _to_relay(self, cid: ConnId, req: tuple):
         num = self._conn_num(cid)
         if req[0] == payload.OPEN:
             self.relay.open(num, req[1], req[2], req[3])
@@ -284,6 +397,13 @@ class HostMember:
         self.relay = ReplicaRelay(self.replica, log_dir=relay_log,
                                   on_output=lambda n, chunk, off: self.output.data(self.cids[n], chunk, off),
                                   on_close=lambda n: self.output.close(self.cids[n], self.relay.outputs[n].bytes))
+        for cid, reqs in sorted(self.pending_inputs, key=lambda p: p[0]):   # a late joiner's transferred input
+            for r in reqs:
+                try:
+                    self._request(cid, payload.encode_request(r))
+                except payload.BadPayload:
+                    self.ep.drops.count("bad-payload")
+        self.pending_inputs = []
         tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready))]
         if self.ep.is_primary:
             self._start_shipping(loop)
@@ -293,12 +413,17 @@ class HostMember:
             while self.replica.alive() and self.interrupted is None:
                 if self.ep.is_primary and not self.taking_over:
                     self.admission.tick()
+                    self.view_notice.tick()
                 try:
                     self.election.tick()
+                    if self.stepped_down:
+                        raise Excluded(self.stepped_down)
                 except Excluded as e:
-                    log.error("%s: this member leaves the group (rejoining needs state transfer)", e)
+                    log.error("%s: this member leaves the group%s", e,
+                              " and resets" if self.opts.rejoin else "")
                     self.stop()
                     await self._stop_shipping()
+                    self.must_reset = True
                     return EXIT_EXCLUDED
                 if time.monotonic() >= next_state:
                     self.write_state("running")
@@ -314,10 +439,12 @@ class HostMember:
                 return 128 + self.interrupted
             status = self.replica.poll()
             if status >= 128 and not self.replica.killed_by_llft:
-                log.error("replica %d (%s) was killed (status %d): this member leaves the group%s",
+                log.error("replica %d (%s) was killed (status %d): this member leaves the group%s%s",
                           self.replica.index, self.replica.role, status,
-                          "; a backup takes over" if self.ep.is_primary else "")
+                          "; a backup takes over" if self.ep.is_primary else "",
+                          "; it resets and rejoins with a new replica" if self.opts.rejoin else "")
                 await self._stop_shipping()
+                self.must_reset = True
                 return status
             await self.relay.drained(timeout=2.0)
             if self.source is not None:
@@ -335,6 +462,7 @@ class HostMember:
 
     # -- taking over (phase 2) ----------------------------------------------------
     def _elected(self, view: View, acks: dict):
+        self.elected_at = time.monotonic()     # measurement (bench/cluster.py)
         self.taking_over = True
         asyncio.get_running_loop().create_task(self._take_over(view, acks))
 
@@ -370,20 +498,28 @@ class HostMember:
                 if c is not None:
                     bases[cid], last_sent[cid] = recv_upto, sent
                     c.rx.learn_highest(sent, ep.clock.now())
-        deadline = loop.time() + 1.0
-        while loop.time() < deadline and (ep.sequencer.pending or any(
-                ep.conns[cid].rx.received_upto < n for cid, n in last_sent.items())):
-            await asyncio.sleep(0.005)
-        if ep.sequencer.pending:
-            log.error("ordering information %d..%d never arrived: the new primary may differ from the old",
-                      ep.sequencer.upto + 1, min(ep.sequencer.pending) - 1)
+        # Every message the remote groups sent (line 30), and with them the
+        # ordering information they reflected.  Entries past a gap are the
+        # old primary's whose effects no client saw: not followed.
+        deadline = loop.time() + 2.0
+        while loop.time() < deadline:
+            lacking = sum(nack_remote(ep, cid, n) for cid, n in last_sent.items())
+            if not lacking:
+                break
+            await asyncio.sleep(0.015)
+        else:
+            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them")
         for cid, c in ep.conns.items():
             bases.setdefault(cid, c.tx.remote_ack)
-        lowest = min((upto for upto, _first, _blobs in acks.values()), default=ep.sequencer.upto)
-        take_over(ep, view, {k: self.released[k] for k in range(lowest + 1, ep.sequencer.upto + 1)
-                             if k in self.released})
+        sync = ep.sequencer.upto
+        base = order_base(view.pvn, sync)
+        lowest = min((upto for upto, _first, _blobs in acks.values()), default=sync)
+        take_over(ep, view, base)
+        first, lacking = self._held_after(lowest, sync)
+        self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
+                                      "members": sorted(view.precedences)})
         ep.on_order = None
-        ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
+        self._add_order(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():
             self.output.rebase(cid, rebase(ep, cid, base))
@@ -391,8 +527,9 @@ class HostMember:
         self.feeder.promote()
         self.replica.role = "primary"
         self._start_shipping(loop)
-        self.admission = Admission(ep, self._history, self._why_no_joining, self._view_changed)
+        self.admission = Admission(ep, self._state, self._why_no_joining, self._view_changed)
         self.taking_over = False
+        self.took_over_at = time.monotonic()   # measurement (bench/cluster.py)
         log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "
                     "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, ep.sequencer.upto)
         self.write_state("running")
@@ -486,5 +623,10 @@ class HostMember:
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {}}] if r else [],
-            "messaging": self.ep.stats(),
+            "messaging": self.ep.stats(), "group_port": self.opts.group_port, "addresses": host_addresses(),
+            # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
+            "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
+                            "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),
+                            "elected": getattr(self, "elected_at", None),
+                            "took_over": getattr(self, "took_over_at", None)},
         })

@@ -41,7 +41,8 @@ class Joined:
     view: View
     index: int              # this member's replica index (precedence - 1)
     oseq: int               # ordering information up to this oseq is in history
-    history: list[bytes]
+    history: list           # [[oseq, blob], ...]
+    conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
 
 
 def view_body(view: View) -> dict:
@@ -74,6 +75,7 @@ class Joiner:
         self.give_up_after = give_up_after
         self.group_seen = False
         self.answer: asyncio.Future | None = None
+        self.seen_admissions: list = []
 
     def datagram(self, data: bytes) -> None:
         ep = self.ep
@@ -85,9 +87,14 @@ class Joiner:
             return
         if msg.TYPE == MsgType.HEARTBEAT and msg.precedence > 0:
             self.group_seen = True
-        elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict) \
-                and msg.body.get("member") == ep.me and self.answer and not self.answer.done():
-            self.answer.set_result(msg.body)
+        elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict):
+            if msg.body.get("member") == ep.me:
+                if self.answer and not self.answer.done():
+                    self.answer.set_result(msg.body)
+            else:
+                # Another newcomer's admission: ours to follow once we are in.
+                # (A large message repeated byte for byte is decoded once.)
+                self.seen_admissions.append(msg)
 
     async def join(self) -> Joined | None:
         """The membership we joined, or None if we found the group."""
@@ -108,10 +115,16 @@ class Joiner:
             raise JoinRefused(str(body["refused"]))
         try:
             view = parse_view(self.ep.group, body.get("view"))
-            history = body["history"]
-            if not isinstance(history, list) or not all(isinstance(b, bytes) for b in history):
+            history, conns = body["history"], body.get("conns", [])
+            if not isinstance(history, list) or not all(
+                    isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and isinstance(h[1], bytes)
+                    for h in history):
                 raise TypeError("history")
-            return Joined(view, int(body["index"]), int(body["oseq"]), history)
+            if not isinstance(conns, list) or not all(
+                    isinstance(c, list) and len(c) == 5 and all(isinstance(x, int) for x in c[:4])
+                    and isinstance(c[4], list) for c in conns):
+                raise TypeError("conns")
+            return Joined(view, int(body["index"]), int(body["oseq"]), history, conns)
         except (KeyError, TypeError, ValueError, wire.DropError) as e:
             raise JoinRefused(f"the primary's AcceptBackup is malformed: {e}") from None
 
@@ -121,11 +134,12 @@ class Admission:
 
     def __init__(self, ep, history, serving, on_change):
         self.ep = ep
-        self.history = history          # fn() -> (oseq, [blob, ...]): the ordering information so far
+        self.state = history            # fn() -> {"oseq", "history", "conns"}: what a newcomer needs
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
-        self.pending: dict[int, list] = {}   # member -> [body, sends]
+        self.pending: dict[int, list] = {}   # member -> [body, sends, members yet to acknowledge]
+        self.last_sent = float("-inf")
 
     def on_message(self, msg) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
@@ -156,19 +170,23 @@ class Admission:
             return
         precedence = self.next_precedence
         self.next_precedence += 1
-        oseq, history = self.history()
+        state = self.state()
         view.precedences[member] = precedence
-        body = {"member": member, "index": precedence - 1, "view": view_body(view),
-                "oseq": oseq, "history": history}
-        log.warning("member %d joins as a backup: precedence %d, replica %d, %d records' worth of state",
-                    member, precedence, precedence - 1, sum(len(b) for b in history) // 64)
-        self.pending[member] = [body, 0, set(view.backups())]   # every backup must acknowledge
+        body = {"member": member, "index": precedence - 1, "view": view_body(view), **state}
+        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB of records, "
+                    "%d client connections", member, precedence, precedence - 1,
+                    sum(len(b) for _k, b in state["history"]) // 1024, len(state["conns"]))
         self.on_change()
-        self.tick()
+        data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
+        self.pending[member] = [data, 1, set(view.backups())]   # every backup must acknowledge
 
     def tick(self) -> None:
+        now = self.ep.clock.now()
+        if now - self.last_sent < RETRY_S:
+            return   # AcceptBackup carries the state: not every tick
+        self.last_sent = now
         for member, entry in list(self.pending.items()):
-            body, sends, waiting = entry
+            data, sends, waiting = entry
             if sends >= MAX_COUNT:
                 del self.pending[member]
                 if member in waiting:
@@ -179,7 +197,7 @@ class Admission:
                     log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
                 continue
             entry[1] = sends + 1
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
+            self.ep.resend(data, MsgType.ACCEPT_BACKUP)
 
 
 def follow(ep, msg, on_change) -> None:
@@ -198,6 +216,9 @@ def follow(ep, msg, on_change) -> None:
     except wire.DropError as e:
         ep.drops.count(e.reason)
         return
-    if view.pvn == ep.view.pvn and view.primary == ep.view.primary and view.precedences != ep.view.precedences:
-        ep.view.precedences = view.precedences
+    # Only the newcomer is taken from it: a repeated AcceptBackup carries the
+    # membership as it was then, possibly without members admitted since.
+    if view.pvn == ep.view.pvn and view.primary == ep.view.primary and member not in ep.view \
+            and member in view.precedences:
+        ep.view.precedences[member] = view.precedences[member]
         on_change()

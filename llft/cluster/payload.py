@@ -60,6 +60,13 @@ def eof_request() -> bytes:
     return _pack(EOF)
 
 
+def encode_request(req) -> bytes:
+    """A parsed request (as kept in a member's input log) back to its bytes."""
+    if not isinstance(req, (list, tuple)) or not req:
+        raise BadPayload("not a request")
+    return _pack(*req)
+
+
 def parse_request(raw: bytes) -> tuple:
     v = _unpack(raw)
     kind = v[0]

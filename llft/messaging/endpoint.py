@@ -147,10 +147,17 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         rides on the next message, KeepAlive or Heartbeat)."""
         return self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
 
-    def send_membership(self, mtype: MsgType, body: Any) -> None:
+    def send_membership(self, mtype: MsgType, body: Any) -> bytes:
         """A Fig. 7 message on the intra-group connection (unreliable: the
-        membership protocol retransmits until acknowledged)."""
-        self._transmit(self._intra(mtype, body=body))
+        membership protocol retransmits until acknowledged).  Returns the
+        encoded message, for `resend`: a large message repeated byte for
+        byte is reassembled from the fragments of all its transmissions."""
+        data = wire.encode_message(self._intra(mtype, body=body))
+        self._transmit_data(self.group, data, mtype)
+        return data
+
+    def resend(self, data: bytes, mtype: MsgType) -> None:
+        self._transmit_data(self.group, data, mtype)
 
     def heartbeat_now(self) -> None:
         """A Heartbeat at once (e.g. a backup's last report before it leaves)."""

@@ -76,6 +76,12 @@ class IntraGroupMixin:
             of, blobs = self.order_log.older_than(self._min_oupto(), now - cfg.order_fallback,
                                                   cfg.order_budget)
             body = {"gwm": rows, "of": of, "ord": blobs}
+            if blobs:
+                # A Heartbeat with ordering information may take several
+                # datagrams, and is lost if any is: the backups' fault
+                # detectors also get a small one, lost only on its own.
+                self._transmit(self._intra(MsgType.HEARTBEAT, back=min((r[3] for r in rows), default=self.lamport),
+                                           body={"gwm": rows}))
             back = min((r[3] for r in rows), default=self.lamport)
         else:
             rows = [[*cid, c.rx.rw, c.tx.msg_seq_count] for cid, c in self.conns.items()]

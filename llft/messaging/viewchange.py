@@ -20,23 +20,64 @@ from llft.messaging.ids import ConnId, View
 from llft.wire import MsgType, Role
 
 
-def take_over(ep, view: View, lacking: dict[int, bytes]) -> None:
-    """ep (a backup) is the primary of `view` now.  Its ordering information
-    continues after the last entry it released from the old primary;
-    `lacking` (oseq -> blob) are old entries some backup does not hold yet:
-    they go to the backups on the next Heartbeat, as late entries do."""
-    upto = ep.sequencer.upto
+VIEW_BASE_SHIFT = 40
+
+
+def order_base(pvn: int, sync: int) -> int:
+    """Where a new primary's ordering information starts: a range of its
+    own, so that an entry of the old primary still on its way (a reflection
+    in flight, an entry beyond a gap that no client ever saw the effect of)
+    can never be taken for one of the new primary's."""
+    return max(sync + 1, pvn << VIEW_BASE_SHIFT)
+
+
+def take_over(ep, view: View, base: int) -> None:
+    """ep (a backup) is the primary of `view` now; its ordering information
+    is numbered from `base` (see order_base)."""
     ep.view = view
     log = ep.order_log
     log.entries.clear()
-    stale = ep.clock.now() - ep.config.order_fallback
-    for oseq in sorted(lacking):
-        log.entries[oseq] = (lacking[oseq], stale)
-    log.next_oseq = upto + 1
-    log.confirmed = log.carried = min(lacking, default=upto + 1) - 1
-    ep.reflected.skip_to(upto)
+    log.next_oseq = base
+    log.confirmed = log.carried = base - 1
+    ep.reflected.skip_to(base - 1)
+    ep.sequencer.pending.clear()
     ep.backup_reports.clear()
     ep.counters["view_changes"] += 1
+
+
+def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) -> bool:
+    """A backup learns the virtual synchrony point of the new view: it
+    releases the old primary's entries up to `sync` (`blobs` from `first`
+    fill what it lacks), drops the rest of the old view's, and then takes
+    the new primary's from `base`.  False if it still lacks some entry up to
+    sync (it then cannot follow the new primary)."""
+    deliver_held_order(ep, first, blobs)
+    complete = ep.sequencer.upto >= sync
+    if ep.sequencer.upto < base - 1:
+        ep.sequencer.skip_to(base - 1)
+    return complete
+
+
+def nack_remote(ep, cid: ConnId, upto: int) -> int:
+    """New primary, before it is one (Fig. 9 line 30): Nack to the remote
+    group what it lacks of that group's messages up to msn `upto` (a backup's
+    own Nacks go to its primary, who is gone).  Returns how many it lacks."""
+    c = ep.conns[cid]
+    c.rx.learn_highest(upto, ep.clock.now())
+    missing = [m for m in range(c.rx.received_upto + 1, upto + 1) if c.rx.received.get(m) is None]
+    if missing:
+        body = wire.nack_body(cid, missing[: ep.config.nack_batch])
+        ep._transmit(ep._header(MsgType.NACK, c, body=body))
+    return len(missing)
+
+
+def adopt_connection(ep, cid: ConnId, consumed: int) -> None:
+    """State transfer: a newcomer's connection whose messages up to msn
+    `consumed` reached the application elsewhere (their content comes with
+    the state); it takes the next ones from messaging."""
+    c = ep._conn(cid)
+    if c is not None:
+        c.rx.received_upto = c.rx.consumed = c.rx.highest = consumed
 
 
 def deliver_held_order(ep, first: int, blobs: list[bytes]) -> None:
