@@ -64,6 +64,7 @@ class LocalGroup:
         self.feeders: dict[int, CatchUpFeeder] = {}
         self.exited = asyncio.Event()   # set as soon as any replica exits (pidfd)
         self.tasks: list[asyncio.Task] = []
+        self.failovers: list[dict] = []   # each view change: who failed, who took over, when (time.monotonic)
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -120,6 +121,7 @@ class LocalGroup:
                           "outputs": rl.output_summary() if rl else {}}
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
+            "failovers": self.failovers,
         })
 
     # -- run to completion -----------------------------------------------
@@ -179,6 +181,8 @@ class LocalGroup:
         other backups follow new's records; clients keep their connections."""
         log.warning("replica %d (primary) failed (status %s); replica %d takes over", failed.index,
                     failed.status, new.index)
+        self.failovers.append({"failed": failed.index, "successor": new.index,
+                               "fenced": failed.fenced_at, "detected": time.monotonic()})
         failed.role = "failed"
         new.role = "primary"
         new_source = PrimarySource(new.stream)
@@ -251,6 +255,7 @@ class LocalGroup:
             if now - since >= self.opts.fault_timeout:
                 log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
                             (now - since) * 1000)
+                r.fenced_at = time.monotonic()
                 r.signal(signal.SIGKILL)
                 if r.role == "backup":
                     self._backup_failed(r, "was fenced")

@@ -26,6 +26,7 @@ class Replica:
     replaces: int | None = None         # the failed replica this one was started to replace
     catch_up: dict | None = None        # a replacement's progress: records, ms, done
     replaced: bool = False              # failed, and a replacement has been started
+    fenced_at: float | None = None      # time.monotonic() when llft-run fenced it (a timing fault)
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")

@@ -275,6 +275,7 @@ static int try_promote(void)
     static uint32_t done;
     if (!__atomic_exchange_n(&done, 1, SEQ)) {
         __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
+        __atomic_store_n(&llft_ctl->promoted_ns, llft_now_ns(), SEQ); /* for llft-run and benchmarks */
         __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
         llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
                  llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));

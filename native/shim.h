@@ -111,11 +111,21 @@ void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
 void llft_replay_exec_failed(void);
 
+/* ---- group clock (wrap_time.c) ---- */
+/* A primary that took over keeps the group clock at an offset from its own:
+ * an absolute deadline the program computed from the group clock becomes
+ * one on this replica's clock (buf), so a timed wait lasts as long as the
+ * program meant; otherwise at itself. */
+struct timespec;
+const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf);
+#define LOCAL_DEADLINE(clock, at) llft_local_deadline((clock), (at), &(struct timespec){0, 0})
+
 /* ---- divergence (core.c) ---- */
 __attribute__((noreturn, format(printf, 5, 6)))
 void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
                   int exit_code, const char *fmt, ...);
 void llft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t llft_now_ms(void);
+uint64_t llft_now_ns(void);
 
 #endif

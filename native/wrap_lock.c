@@ -123,12 +123,12 @@ EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
 
 EXPORT int pthread_mutex_timedlock(pthread_mutex_t *restrict m, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_timedlock)(m, at));
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_timedlock)(m, LOCAL_DEADLINE(CLOCK_REALTIME, at)));
 }
 
 EXPORT int pthread_mutex_clocklock(pthread_mutex_t *restrict m, clockid_t c, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_clocklock)(m, c, at));
+    PTHREAD_ACQUIRE(LLFT_OP_MUTEX_TIMEDLOCK, m, block_mutex, REAL(pthread_mutex_clocklock)(m, c, LOCAL_DEADLINE(c, at)));
 }
 
 EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
@@ -153,22 +153,22 @@ EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
 
 EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *restrict l, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_timedrdlock)(l, at));
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_timedrdlock)(l, LOCAL_DEADLINE(CLOCK_REALTIME, at)));
 }
 
 EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *restrict l, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_timedwrlock)(l, at));
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_timedwrlock)(l, LOCAL_DEADLINE(CLOCK_REALTIME, at)));
 }
 
 EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *restrict l, clockid_t c, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_clockrdlock)(l, c, at));
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDRDLOCK, l, block_rd, REAL(pthread_rwlock_clockrdlock)(l, c, LOCAL_DEADLINE(c, at)));
 }
 
 EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *restrict l, clockid_t c, const struct timespec *restrict at)
 {
-    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_clockwrlock)(l, c, at));
+    PTHREAD_ACQUIRE(LLFT_OP_RWLOCK_TIMEDWRLOCK, l, block_wr, REAL(pthread_rwlock_clockwrlock)(l, c, LOCAL_DEADLINE(c, at)));
 }
 
 /* Semaphores return -1 and set errno. */
@@ -176,11 +176,11 @@ EXPORT int sem_wait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_WAIT, s, REAL(sem_wait)(
 EXPORT int sem_trywait(sem_t *s) { SEM_ACQUIRE(LLFT_OP_SEM_TRYWAIT, s, REAL(sem_trywait)(s)); }
 EXPORT int sem_timedwait(sem_t *restrict s, const struct timespec *restrict at)
 {
-    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_timedwait)(s, at));
+    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_timedwait)(s, LOCAL_DEADLINE(CLOCK_REALTIME, at)));
 }
 EXPORT int sem_clockwait(sem_t *restrict s, clockid_t c, const struct timespec *restrict at)
 {
-    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_clockwait)(s, c, at));
+    SEM_ACQUIRE(LLFT_OP_SEM_TIMEDWAIT, s, REAL(sem_clockwait)(s, c, LOCAL_DEADLINE(c, at)));
 }
 
 /* Condition waits: the mutex is held again on return with 0 or ETIMEDOUT. */
@@ -232,6 +232,13 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, i
         return real_call;                                                           \
     } while (0)
 
+/* The clock a condition variable's timed waits use (glibc keeps it in bit 1
+ * of __wrefs: pthread_condattr_setclock). */
+static inline int cond_clock(const pthread_cond_t *c)
+{
+    return (__atomic_load_n(&c->__data.__wrefs, __ATOMIC_RELAXED) & 2) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+}
+
 EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m)
 {
     COND_WAIT(LLFT_OP_COND_WAIT, m, REAL(pthread_cond_wait)(c, m));
@@ -240,11 +247,11 @@ EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restri
 EXPORT int pthread_cond_timedwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, at));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
 }
 
 EXPORT int pthread_cond_clockwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m, clockid_t clk,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_clockwait)(c, m, clk, at));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_clockwait)(c, m, clk, LOCAL_DEADLINE(clk, at)));
 }

@@ -48,6 +48,22 @@ static inline void note_offset(int slot, int64_t group, int64_t local)
 
 static inline int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * NS + ts->tv_nsec; }
 
+const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf)
+{
+    int slot = offset_slot(clock);
+    if (!at || slot < 0 || !llft_ctl || llft_self.state != TS_TRACKED)
+        return at;
+    int64_t off = __atomic_load_n(&llft_ctl->clock_offset_ns[slot], __ATOMIC_RELAXED);
+    if (LIKELY(off == 0) || __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) != LLFT_ROLE_PRIMARY)
+        return at;
+    int64_t v = ts_ns(at) - off;
+    if (v < 0)
+        v = 0;
+    buf->tv_sec = v / NS;
+    buf->tv_nsec = v % NS;
+    return buf;
+}
+
 static int64_t local_ns(clockid_t c)
 {
     struct timespec ts;
