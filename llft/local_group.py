@@ -188,6 +188,7 @@ class LocalGroup:
         new_source = PrimarySource(new.stream)
         self.forwarder.fail_over(new_source, self.sinks[new.index])
         self.source.finish()
+        time.sleep(0)   # the GIL to the forwarder, which finish() woke: it carries the PROMOTE
         self.source = new_source
         if self.gateway is not None:
             self.gateway.promote(self._relay_of(new))

@@ -273,6 +273,9 @@ def test_frozen_primary_never_serves_again_and_is_replaced(examples, tmp_path):
         old = st["replicas"][0]
         st = wait_for(full_and_caught_up(3), "a replacement catches up", group)
         assert st["replicas"][3]["replaces"] == 0 and st["replicas"][1]["role"] == "primary"
+        shown = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir)], capture_output=True,
+                               text=True, timeout=30).stdout
+        assert "replaces replica 0; caught up after" in shown and "(--respawn)" in shown, shown
         p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--replica", "0", "--signal", "CONT"],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 1 and "not running" in p.stderr, "the frozen primary was fenced (SIGKILL)"
