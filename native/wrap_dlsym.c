@@ -2,8 +2,11 @@
  * pthread_create that way for the background thread that purges its arenas
  * (redis turns it on), and so started a thread llft never saw, whose lock
  * acquisitions raced the replayed ones: a backup's heap drifted from the
- * primary's, and a later malloc took other locks there.  Such a lookup gets
- * the wrapper, so the thread is created, numbered and replayed like any.
+ * primary's, and a later malloc took other locks there.  Replicating the
+ * thread is not enough (it reads page counts without a lock to decide how
+ * long to sleep), so such a lookup gets a function that refuses to start
+ * it: jemalloc then purges in the threads that allocate, which are
+ * replicated.
  *
  * Every other lookup goes on to the real dlsym by a tail jump: RTLD_NEXT is
  * relative to the caller, which the real dlsym finds by its return address,
@@ -11,6 +14,7 @@
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -42,10 +46,16 @@ static int from_shim(const void *caller)
            mine.dli_fbase == theirs.dli_fbase;
 }
 
+/* What such a lookup gets: threads it would start are refused. */
+static int refuse_thread(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    return EAGAIN;
+}
+
 EXPORT void *dlsym(void *restrict handle, const char *restrict name)
 {
     if (UNLIKELY(handle == RTLD_NEXT && strcmp(name, "pthread_create") == 0) &&
         !from_shim(__builtin_return_address(0)))
-        return (void *)&pthread_create;
+        return (void *)&refuse_thread;
     return find_real_dlsym()(handle, name); /* a tail jump: see above */
 }

@@ -296,9 +296,10 @@ def test_frozen_primary_never_serves_again_and_is_replaced(examples, tmp_path):
 
 
 def test_dlsym_rtld_next_still_resolves_relative_to_the_caller(tmp_path):
-    """The shim wraps dlsym (so that dlsym(RTLD_NEXT, "pthread_create") gets
-    the wrapper); any other RTLD_NEXT lookup must still start after the
-    caller's object, not after the shim's."""
+    """The shim wraps dlsym (dlsym(RTLD_NEXT, "pthread_create") gets a function
+    of the shim that refuses to start threads behind its back); any other
+    RTLD_NEXT lookup must still start after the caller's object, not after
+    the shim's."""
     src = tmp_path / "next.c"
     src.write_text(r"""
 #define _GNU_SOURCE
@@ -321,5 +322,5 @@ int main(void) {
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True,
                          env={**os.environ, "LD_PRELOAD": str(PRELOAD_LIBRARY)}).stdout.split()
     assert out[0].endswith("libllft.so"), "RTLD_NEXT from the program finds the shim's clock_gettime first"
-    assert out[1].endswith("libllft.so"), "pthread_create found by dlsym is the shim's"
+    assert out[1].endswith("libllft.so"), "pthread_create found by dlsym is the shim's (which refuses)"
     assert out[2] == "1"
