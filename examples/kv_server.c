@@ -5,6 +5,8 @@
  *   SET key value [ttl_ms]   -> OK
  *   GET key                  -> VALUE value | NONE
  *   DEL key                  -> DELETED | NONE
+ *   INCR key                 -> VALUE n   (the key's integer value plus one; 1 for a new key)
+ *   TIME                     -> TIME sec.usec   (gettimeofday: the group clock under llft)
  *   DIGEST                   -> DIGEST <hex> <keys>   (state digest, stripe by stripe)
  *   SHUTDOWN                 -> BYE, and exit 0
  * usage: kv_server PORT */
@@ -90,6 +92,11 @@ static int command(char *line, char *out, size_t cap)
         return snprintf(out, cap, "DIGEST %016llx %llu expired %llu\n", (unsigned long long)d,
                         (unsigned long long)n, (unsigned long long)expired_total);
     }
+    if (strcmp(cmd, "TIME") == 0) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        return snprintf(out, cap, "TIME %ld.%06ld\n", (long)tv.tv_sec, (long)tv.tv_usec);
+    }
     if (!key)
         return snprintf(out, cap, "ERROR no key\n");
     uint64_t h = hash(key);
@@ -109,6 +116,19 @@ static int command(char *line, char *out, size_t cap)
         n = snprintf(out, cap, "OK\n");
     } else if (strcmp(cmd, "GET") == 0) {
         n = *p ? snprintf(out, cap, "VALUE %s\n", (*p)->value) : snprintf(out, cap, "NONE\n");
+    } else if (strcmp(cmd, "INCR") == 0) {
+        char num[24];
+        snprintf(num, sizeof num, "%lld", (*p ? atoll((*p)->value) : 0) + 1);
+        if (*p) {
+            free((*p)->value);
+            (*p)->value = strdup(num);
+        } else {
+            struct entry *e = calloc(1, sizeof *e);
+            e->key = strdup(key);
+            e->value = strdup(num);
+            *p = e;
+        }
+        n = snprintf(out, cap, "VALUE %s\n", num);
     } else if (strcmp(cmd, "DEL") == 0) {
         n = *p ? (drop(p), snprintf(out, cap, "DELETED\n")) : snprintf(out, cap, "NONE\n");
     } else {

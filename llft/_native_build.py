@@ -34,7 +34,7 @@ ffibuilder.cdef("""
     typedef struct { uint32_t state; uint16_t port; uint16_t family; char name[48]; } llft_listener_t;
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
-        uint32_t stall_timeout_ms; uint32_t end_grace_ms;
+        uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;
         int64_t clock_offset_ns[16]; int64_t clock_last_ns[16];
         uint32_t diverged; uint32_t div_tid; uint32_t div_tn; uint16_t div_want_op; uint16_t div_got_op;
         char div_text[512];

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import rundir
+from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
                                        stream_path)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY, StreamFile)
 from llft.replica import Replica
 from llft.serving.gateway import Gateway
+from llft.serving.inputlog import InputLog
 from llft.serving.relay import ReplicaRelay
 
 log = logging.getLogger("llft.group")
@@ -37,6 +39,10 @@ class GroupOptions:
     port_map: dict[int, int] = field(default_factory=dict)   # program port -> public port (0: any)
     host: str | None = None
     log_output: bool = False
+    respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
+
+HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
+INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
 
 
 class LocalGroup:
@@ -53,31 +59,49 @@ class LocalGroup:
         self.failed: str | None = None
         self.relays: list[ReplicaRelay] = []
         self.gateway: Gateway | None = None
+        self.sinks: dict[int, BackupSink] = {}
+        self.inputs: InputLog | None = None
+        self.feeders: dict[int, CatchUpFeeder] = {}
+        self.exited = asyncio.Event()   # set as soon as any replica exits (pidfd)
+        self.tasks: list[asyncio.Task] = []
+        self.failovers: list[dict] = []   # each view change: who failed, who took over, when (time.monotonic)
 
     # -- start ----------------------------------------------------------
+    def _new_replica(self, k: int, role: int) -> Replica:
+        path = stream_path(self.run_id, k)
+        if os.path.exists(path):
+            os.unlink(path)  # left by an earlier run with our pid
+        stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=k)
+        stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
+        out_dir = self.run_dir / f"replica-{k}"
+        out_dir.mkdir(exist_ok=True)
+        r = Replica(k, stream, out_dir)
+        self.replicas.append(r)
+        if role == ROLE_BACKUP:
+            self.sinks[k] = BackupSink(k, stream, r.alive)
+        return r
+
     def start(self):
         replaying = self.opts.replay_from is not None
         indices = [1] if replaying else list(range(self.opts.replicas))
         for k in indices:
-            role = ROLE_PRIMARY if k == 0 else ROLE_BACKUP
-            path = stream_path(self.run_id, k)
-            if os.path.exists(path):
-                os.unlink(path)  # left by an earlier run with our pid
-            stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=k)
-            stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
-            self.replicas.append(Replica(k, stream, self.run_dir / f"replica-{k}"))
+            self._new_replica(k, ROLE_PRIMARY if k == 0 else ROLE_BACKUP)
+        self.next_index = max(indices) + 1   # indices (precedences) are never reused
 
         if replaying:
             self.source = SavedStreamSource(self.opts.replay_from)
         else:
             self.source = PrimarySource(self.replicas[0].stream)
-        sinks = [BackupSink(r.index, r.stream, r.alive) for r in self.replicas if r.stream.role == ROLE_BACKUP]
-        saver = SavedStreamWriter(self.opts.save_stream) if self.opts.save_stream else None
-        self.forwarder = RecordForwarder(self.source, sinks, saver)
+        saved = self.opts.save_stream
+        if self.opts.respawn:
+            saved = saved or self.run_dir / HISTORY_FILE
+            self.inputs = InputLog(self.run_dir / INPUT_DIR)
+        saver = SavedStreamWriter(saved) if saved else None
+        self.forwarder = RecordForwarder(self.source, self.sinks.values(), saver)
 
-        env = dict(os.environ)
+        self.env = dict(os.environ)
         for r in self.replicas:
-            r.start(self.argv, env)
+            r.start(self.argv, self.env)
             log.info("replica %d (%s) started: pid %d", r.index, r.role, r.pid)
         self.forwarder.start()
         self.write_state("running")
@@ -88,13 +112,16 @@ class LocalGroup:
             "phase": phase,
             "controller_pid": os.getpid(),
             "argv": self.argv,
+            "respawn": self.opts.respawn,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
                           "stream": r.stream.path,
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
+                          "replaces": r.replaces, "catch_up": r.catch_up,
                           "outputs": rl.output_summary() if rl else {}}
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
+            "failovers": self.failovers,
         })
 
     # -- run to completion -----------------------------------------------
@@ -106,15 +133,21 @@ class LocalGroup:
         except ImportError:
             return asyncio.run(self._serve())
 
+    def _relay(self, r: Replica) -> ReplicaRelay:
+        rl = ReplicaRelay(r, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
+        self.relays.append(rl)
+        self.tasks.append(asyncio.create_task(rl.run()))
+        return rl
+
     async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
-        self.relays = [ReplicaRelay(r, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
-                       for r in self.replicas]
-        tasks = [asyncio.create_task(rl.run()) for rl in self.relays]
+        for r in list(self.replicas):
+            self._relay(r)
+            self._watch_exit(r)
         self.gateway = None
         if primary is not None:
-            self.gateway = Gateway(self.relays, self.relays[0], self.opts.port_map, self.opts.host)
-            tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
+            self.gateway = Gateway(self.relays, self.relays[0], self.opts.port_map, self.opts.host, self.inputs)
+            self.tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
         try:
             await self._wait_replicas(primary)
             # The replicas are gone: read what they last wrote, then let it reach the clients.
@@ -123,18 +156,23 @@ class LocalGroup:
         finally:
             if self.gateway:
                 await self.gateway.close()
-            for t in tasks:
+            for t in self.tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*self.tasks, return_exceptions=True)
         primary = next((r for r in self.replicas if r.role == "primary"), primary)
         if primary is not None:
             self.source.finish()
         self.forwarder.join(timeout=10)
+        for feeder in self.feeders.values():
+            feeder.join(timeout=5)
+        if self.inputs is not None:
+            self.inputs.close()
         self.write_state("finished")
         return self._verdict(primary)
 
     def _successor(self) -> Replica | None:
-        """The backup that takes over: the live one of lowest rank."""
+        """The backup that takes over: the live one of lowest rank (replicas
+        are listed in join order, and a replacement joins last)."""
         return next((r for r in self.replicas if r.role == "backup" and r.alive()), None)
 
     def _fail_over(self, failed: Replica, new: Replica):
@@ -143,23 +181,72 @@ class LocalGroup:
         other backups follow new's records; clients keep their connections."""
         log.warning("replica %d (primary) failed (status %s); replica %d takes over", failed.index,
                     failed.status, new.index)
+        self.failovers.append({"failed": failed.index, "successor": new.index,
+                               "fenced": failed.fenced_at, "detected": time.monotonic()})
         failed.role = "failed"
         new.role = "primary"
         new_source = PrimarySource(new.stream)
-        sink = next(s for s in self.forwarder.sinks if s.replica == new.index)
-        self.forwarder.fail_over(new_source, sink)
+        self.forwarder.fail_over(new_source, self.sinks[new.index])
         self.source.finish()
+        time.sleep(0)   # the GIL to the forwarder, which finish() woke: it carries the PROMOTE
         self.source = new_source
         if self.gateway is not None:
-            self.gateway.promote(self.relays[self.replicas.index(new)])
+            self.gateway.promote(self._relay_of(new))
+            self.gateway.remove_relay(self._relay_of(failed))
         self.write_state("running")
+
+    def _relay_of(self, r: Replica) -> ReplicaRelay:
+        return self.relays[self.replicas.index(r)]
+
+    def _backup_failed(self, r: Replica, why: str):
+        log.warning("replica %d (backup) %s; removed from the group", r.index, why)
+        r.role = "failed"
+        self.sinks[r.index].dead = True
+        if self.gateway is not None:
+            self.gateway.remove_relay(self._relay_of(r))
+        self.write_state("running")
+
+    # -- re-adding replicas (--respawn) -----------------------------------
+    def _respawn(self):
+        """Starts a new backup in place of each failed replica not yet
+        replaced: a new index (precedence), never reused, ranked last.  It
+        replays the group's history, OrderInfo and client input alike, from
+        the start, then follows the live stream like any backup."""
+        if not self.opts.respawn or self.gateway is None or self.source.finished() or self.interrupted is not None:
+            return
+        for failed in [r for r in self.replicas if r.role == "failed" and not r.replaced]:
+            failed.replaced = True
+            k, self.next_index = self.next_index, self.next_index + 1
+            r = self._new_replica(k, ROLE_BACKUP)
+            r.replaces = failed.index
+            r.catch_up = {"records": None, "ms": None, "done": False}
+            r.start(self.argv, self.env)
+            self._watch_exit(r)
+            self.gateway.add_relay(self._relay(r))
+            feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
+            feeder.start()
+            log.warning("replica %d started to replace replica %d: pid %d, catching up", k, failed.index, r.pid)
+            self.write_state("running")
+
+    def _check_caught_up(self):
+        """A replacement has caught up once it has replayed every record the
+        history held when it joined the live stream."""
+        for r in self.replicas:
+            feeder = self.feeders.get(r.index)
+            if feeder is None or r.catch_up["done"] or feeder.joined_at is None or r.stream.records < feeder.records:
+                continue
+            ms = (time.monotonic() - feeder.started_at) * 1000
+            r.catch_up.update(records=feeder.records, ms=round(ms, 1), done=True)
+            log.warning("replica %d started to replace replica %d; caught up after %d records in %.0f ms",
+                        r.index, r.replaces, feeder.records, ms)
+            self.write_state("running")
 
     def _check_frozen(self, frozen_since: dict):
         """Timing faults: a replica stopped longer than the fault timeout is
         fenced (SIGKILL), so that it can never act in the view that replaced
         it; a primary's death then makes a backup take over, and a frozen
-        backup no longer holds the primary back.  Rejoining needs state
-        transfer, which is not there yet."""
+        backup no longer holds the primary back.  With --respawn a new
+        replica takes the fenced one's place: it never serves in the old view."""
         now = time.monotonic()
         for r in self.replicas:
             if r.role not in ("primary", "backup") or not r.alive() or not r.frozen():
@@ -169,37 +256,30 @@ class LocalGroup:
             if now - since >= self.opts.fault_timeout:
                 log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
                             (now - since) * 1000)
+                r.fenced_at = time.monotonic()
                 r.signal(signal.SIGKILL)
                 if r.role == "backup":
-                    r.role = "failed"
-                    for sink in self.forwarder.sinks:
-                        if sink.replica == r.index:
-                            sink.dead = True
-                    self.write_state("running")
+                    self._backup_failed(r, "was fenced")
 
-    def _watch_exits(self) -> asyncio.Event:
-        """An event set as soon as any replica exits (pidfd), so that a
-        failover starts at once rather than at the next poll."""
-        changed = asyncio.Event()
+    def _watch_exit(self, r: Replica):
+        """Sets self.exited as soon as r exits (pidfd), so that a failover
+        starts at once rather than at the next poll."""
         loop = asyncio.get_running_loop()
-        for r in self.replicas:
-            try:
-                fd = os.pidfd_open(r.pid)
-            except (OSError, AttributeError, TypeError):
-                continue
+        try:
+            fd = os.pidfd_open(r.pid)
+        except (OSError, AttributeError, TypeError):
+            return
 
-            def exited(fd=fd):
-                loop.remove_reader(fd)
-                os.close(fd)
-                changed.set()
-            loop.add_reader(fd, exited)
-        return changed
+        def exited():
+            loop.remove_reader(fd)
+            os.close(fd)
+            self.exited.set()
+        loop.add_reader(fd, exited)
 
     async def _wait_replicas(self, primary):
         deadline = None
         next_state = time.monotonic() + 1
         frozen_since: dict[int, float] = {}
-        changed = self._watch_exits()
         while any(r.alive() for r in self.replicas):
             self._check_frozen(frozen_since)
             if time.monotonic() > next_state:  # live counters for llft-status
@@ -218,9 +298,15 @@ class LocalGroup:
                 if successor is not None:
                     self._fail_over(primary, successor)
                     primary = successor
+                    self._respawn()
                     continue
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish()
+            for r in self.replicas:
+                if r.role == "backup" and not r.alive() and r.status >= 128 and not self.source.finished():
+                    self._backup_failed(r, f"was killed (status {r.status})")
+            self._respawn()
+            self._check_caught_up()
             if deadline is None and self.source.finished():
                 deadline = time.monotonic() + self.opts.backup_exit_timeout
             if deadline is not None and time.monotonic() > deadline:
@@ -230,10 +316,10 @@ class LocalGroup:
                                           "after the primary; killed")
                         r.kill()
             try:
-                await asyncio.wait_for(changed.wait(), 0.01)
+                await asyncio.wait_for(self.exited.wait(), 0.01)
             except asyncio.TimeoutError:
                 pass
-            changed.clear()
+            self.exited.clear()
 
     def stop(self):
         """Ends every replica: SIGTERM, then SIGKILL after 3 s."""

@@ -199,6 +199,11 @@ class StreamFile:
         return self.ctl.threads
 
     @property
+    def promoted_ns(self) -> int:
+        """CLOCK_MONOTONIC (time.monotonic_ns) when this replica took over as primary; 0 if it never did."""
+        return self.ctl.promoted_ns
+
+    @property
     def diverged(self) -> bool:
         return bool(self.ctl.diverged)
 

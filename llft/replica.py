@@ -23,6 +23,10 @@ class Replica:
     problems: list[str] = field(default_factory=list)
     role: str = ""
     started: float | None = None        # process start time: tells this pid from a recycled one
+    replaces: int | None = None         # the failed replica this one was started to replace
+    catch_up: dict | None = None        # a replacement's progress: records, ms, done
+    replaced: bool = False              # failed, and a replacement has been started
+    fenced_at: float | None = None      # time.monotonic() when llft-run fenced it (a timing fault)
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -36,7 +40,7 @@ class Replica:
         preload = env.get("LD_PRELOAD", "")
         env["LD_PRELOAD"] = f"{PRELOAD_LIBRARY}{' ' + preload if preload else ''}"
         env["LLFT_SHM"] = self.stream.path
-        env["LLFT_REPLICA"] = str(self.index)
+        env["LLFT_REPLICA"] = f"{self.index:03d}"   # one length for all: the same stack layout
         with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                          preexec_fn=disable_aslr, start_new_session=True, close_fds=True)

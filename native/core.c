@@ -34,11 +34,16 @@ void *llft_resolve(const char *name, const char *version)
     return p;
 }
 
-uint64_t llft_now_ms(void)
+uint64_t llft_now_ns(void)
 {
     struct timespec ts;
     syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t llft_now_ms(void)
+{
+    return llft_now_ns() / 1000000u;
 }
 
 static void write_all(int fd, const char *s, size_t n)

@@ -149,7 +149,8 @@ typedef struct llft_ctl {
     uint64_t threads;             /* threads created under llft */
     uint32_t stall_timeout_ms;    /* backup: a turn not reached by then is a divergence */
     uint32_t end_grace_ms;        /* backup: how long a call may wait past end of stream */
-    uint64_t _pad0[2];
+    uint64_t promoted_ns;         /* CLOCK_MONOTONIC when this replica took over as primary; 0: never */
+    uint64_t _pad0;
     int64_t  clock_offset_ns[LLFT_NCLOCKS]; /* group clock minus local clock */
     int64_t  clock_last_ns[LLFT_NCLOCKS];   /* last group-clock value handed out */
     uint32_t diverged;            /* set once by a backup that stopped */

@@ -299,6 +299,7 @@ static int try_promote(void)
         return 0;
     adopt_objects();
     __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
+    __atomic_store_n(&llft_ctl->promoted_ns, llft_now_ns(), SEQ); /* for llft-run and benchmarks */
     __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
     llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
              llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));

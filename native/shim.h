@@ -102,12 +102,6 @@ static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 void llft_replay_reserve(void);
 void llft_obj_reserve(void);
 
-/* wrap_time.c: a group-clock deadline as one on this host's clock. */
-const struct timespec *llft_local_deadline(clockid_t c, const struct timespec *at, struct timespec *buf);
-#define LOCAL_DEADLINE(c, at) llft_local_deadline((c), (at), &(struct timespec){0, 0})
-/* The clock a condition variable's timed waits use (glibc keeps it in
- * __wrefs since 2.25: bit 1 set for CLOCK_MONOTONIC). */
-#define COND_CLOCK(cv) (((cv)->__data.__wrefs & 2) ? CLOCK_MONOTONIC : CLOCK_REALTIME)
 void llft_replay_setup(void);
 /* Returns 0 with the thread's next record, or LLFT_PROMOTED: this replica
  * has just become the primary and the caller must do the call as one. */
@@ -124,11 +118,21 @@ void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
 void llft_replay_exec_failed(void);
 
+/* ---- group clock (wrap_time.c) ---- */
+/* A primary that took over keeps the group clock at an offset from its own:
+ * an absolute deadline the program computed from the group clock becomes
+ * one on this replica's clock (buf), so a timed wait lasts as long as the
+ * program meant; otherwise at itself. */
+struct timespec;
+const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf);
+#define LOCAL_DEADLINE(clock, at) llft_local_deadline((clock), (at), &(struct timespec){0, 0})
+
 /* ---- divergence (core.c) ---- */
 __attribute__((noreturn, format(printf, 5, 6)))
 void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
                   int exit_code, const char *fmt, ...);
 void llft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t llft_now_ms(void);
+uint64_t llft_now_ns(void);
 
 #endif

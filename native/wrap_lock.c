@@ -230,6 +230,13 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, i
         return real_call;                                                           \
     } while (0)
 
+/* The clock a condition variable's timed waits use (glibc keeps it in bit 1
+ * of __wrefs: pthread_condattr_setclock). */
+static inline int cond_clock(const pthread_cond_t *c)
+{
+    return (__atomic_load_n(&c->__data.__wrefs, __ATOMIC_RELAXED) & 2) ? CLOCK_MONOTONIC : CLOCK_REALTIME;
+}
+
 EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m)
 {
     COND_WAIT(LLFT_OP_COND_WAIT, m, REAL(pthread_cond_wait)(c, m));
@@ -238,7 +245,7 @@ EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restri
 EXPORT int pthread_cond_timedwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(COND_CLOCK(c), at)));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
 }
 
 EXPORT int pthread_cond_clockwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m, clockid_t clk,

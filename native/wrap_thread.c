@@ -53,15 +53,22 @@ static void *trampoline(void *p)
 
 static int create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, uint32_t tid)
 {
+    /* What pthread_create does inside (malloc, and the TLS of the child:
+     * calloc) passes through unrecorded: the primary records the creation
+     * after it, a backup consumes that record before it, so records made
+     * in between (an allocator's locks: jemalloc's) would be out of place. */
+    llft_self.depth++;
+    int r = EAGAIN;
     struct start *s = malloc(sizeof *s);
-    if (!s)
-        return EAGAIN;
-    s->fn = fn;
-    s->arg = arg;
-    s->tid = tid;
-    int r = REAL(pthread_create)(th, attr, trampoline, s);
-    if (r != 0)
-        free(s);
+    if (s) {
+        s->fn = fn;
+        s->arg = arg;
+        s->tid = tid;
+        r = REAL(pthread_create)(th, attr, trampoline, s);
+        if (r != 0)
+            free(s);
+    }
+    llft_self.depth--;
     return r;
 }
 

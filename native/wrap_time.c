@@ -48,17 +48,13 @@ static inline void note_offset(int slot, int64_t group, int64_t local)
 
 static inline int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * NS + ts->tv_nsec; }
 
-/* Primary: a deadline the program computed on the group clock, as a
- * deadline on this host's clock (they differ once this replica has taken
- * over).  Without it a timed wait after a takeover would time out at once
- * (group clock behind ours) and spin, or wait too long. */
-const struct timespec *llft_local_deadline(clockid_t c, const struct timespec *at, struct timespec *buf)
+const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf)
 {
-    int slot = offset_slot(c);
-    if (slot < 0 || at == NULL || llft_ctl == NULL)   /* not replicated: nothing to convert */
+    int slot = offset_slot(clock);
+    if (!at || slot < 0 || !llft_ctl || llft_self.state != TS_TRACKED)
         return at;
     int64_t off = __atomic_load_n(&llft_ctl->clock_offset_ns[slot], __ATOMIC_RELAXED);
-    if (LIKELY(off == 0))
+    if (LIKELY(off == 0) || __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) != LLFT_ROLE_PRIMARY)
         return at;
     int64_t v = ts_ns(at) - off;
     if (v < 0)

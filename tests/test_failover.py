@@ -135,10 +135,8 @@ def test_group_clock_never_goes_back(examples, tmp_path):
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
 def test_redis_counter_survives_primary_crash(tmp_path):
-    # Two replicas: with a third, the backup left can still diverge from the
-    # new primary in redis's exit path (docs/failover.md, known issues).
     group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
-                                           "--appendonly", "no", "--enable-debug-command", "yes"], replicas=2)
+                                           "--appendonly", "no", "--enable-debug-command", "yes"])
     seen = {}
 
     def client(i):
@@ -168,7 +166,8 @@ def test_redis_counter_survives_primary_crash(tmp_path):
         f.flush()
     state = group.finish()
     assert group.proc.returncode == 0, group.stderr
-    assert [r["role"] for r in state["replicas"]] == ["failed", "primary"]
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert state["replicas"][2]["status"] == 0, "the backup left follows the new primary to the end"
 
 
 def test_frozen_primary_is_fenced_and_replaced(examples, tmp_path):

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rejoin", action="store_true",
                    help="with --join: when this member is left out of the group, or its replica fails, exit "
                         "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
+    p.add_argument("--respawn", action="store_true",
+                   help="when a replica fails (killed, crashed, or fenced after a freeze), start a new backup in "
+                        "its place, with a new index, ranked last; it catches up by replaying the group's whole "
+                        "history (every OrderInfo record and every client's input since the start, kept in "
+                        "RUN_DIR), so the group survives any number of failures one after another.  Off by "
+                        "default: the history grows with the group's age, on disk and in catch-up time")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -126,6 +132,8 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.respawn and (args.replay_from is not None or args.join):
+        raise UsageError("--respawn replaces replicas of a group on this host: not with --replay-from or --join")
     if args.replay_from is not None and not args.replay_from.is_file():
         raise UsageError(f"--replay-from {args.replay_from}: no such file")
     args.port_map = {}
@@ -189,7 +197,7 @@ def main(argv=None) -> int:
                            backup_exit_timeout=args.backup_exit_timeout,
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
-                           fault_timeout=args.fault_timeout / 1000)
+                           fault_timeout=args.fault_timeout / 1000, respawn=args.respawn)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):

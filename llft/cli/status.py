@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"group {report['group']}  ({report['phase']})  run dir {where}")
+    print(f"group {report['group']}  ({report['phase']})  run dir {where}"
+          + ("  (--respawn)" if state.get("respawn") else ""))
     if messaging is not None:
         print_cluster(report)
     if replicas:
@@ -49,12 +50,21 @@ def main(argv=None) -> int:
     for m in replicas:
         print(f"{m['index']:>7}  {m['role']:8} {m['pid'] or '-':>8}  {m['state']:8} "
               f"{m['records'] if m['records'] is not None else '-':>10} "
-              f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or ''}")
+              f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or rejoin_note(m)}")
     gw = report["gateway"]
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
               f"{gw.get('failovers', 0)} failovers" + (f"; errors: {'; '.join(gw['errors'])}" if gw["errors"] else ""))
     return 0
+
+
+def rejoin_note(m: dict) -> str:
+    """What llft-run --respawn did: this replica replaces a failed one."""
+    if m.get("replaces") is None:
+        return ""
+    c = m.get("catch_up") or {}
+    done = f"caught up after {c['records']} records in {c['ms']:.0f} ms" if c.get("done") else "catching up"
+    return f"replaces replica {m['replaces']}; {done}"
 
 
 def print_cluster(report: dict):

@@ -26,7 +26,8 @@ class RecordForwarder(threading.Thread):
         self.error: str | None = None
         self.torn = 0
         self.successor = None  # (source, sink) taking over when the source fails
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()   # guards sinks, the saver and ended (catch-up joins under it)
+        self.ended = False
 
     def fail_over(self, new_source, promoted_sink):
         """The source failed: once its last records are forwarded, promoted_sink
@@ -42,11 +43,14 @@ class RecordForwarder(threading.Thread):
             self.error = str(e)
             log.error("the primary's record stream is unusable: %s", e)
         finally:
-            for sink in self.sinks:
+            with self.lock:
+                self.ended = True
+                sinks = list(self.sinks)
+                if self.saver:
+                    self.saver.close()
+            for sink in sinks:
                 if not sink.dead and not sink.stream.write_end(timeout_ms=2000):
                     log.warning("replica %d: could not mark the end of its stream", sink.replica)
-            if self.saver:
-                self.saver.close()
 
     def _pump(self):
         while True:
@@ -68,7 +72,15 @@ class RecordForwarder(threading.Thread):
                 if successor is None:
                     return
                 new_source, sink = successor
-                self.sinks.remove(sink)
+                # A successor still catching up gets the failed primary's last
+                # records from the saved stream: wait until it is fed from here.
+                while not sink.joined.wait(0.05):
+                    if sink.dead or not sink.alive():
+                        log.error("replica %d died before it caught up", sink.replica)
+                        break
+                with self.lock:
+                    if sink in self.sinks:
+                        self.sinks.remove(sink)
                 if not sink.stream.write_promote(timeout_ms=5000):
                     log.error("replica %d: could not tell it to take over", sink.replica)
                 log.info("forwarding replica %d's records from here on", sink.replica)
@@ -79,9 +91,11 @@ class RecordForwarder(threading.Thread):
     def _deliver(self, chunk: bytes):
         self.records += count_groups(chunk)
         self.slots += len(chunk) // REC_SIZE
-        if self.saver:
-            self.saver.write(chunk)
-        for sink in self.sinks:
+        with self.lock:
+            if self.saver:
+                self.saver.write(chunk)
+            sinks = list(self.sinks)
+        for sink in sinks:
             view = memoryview(chunk)
             while view and not sink.dead:
                 n = sink.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)

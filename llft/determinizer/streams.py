@@ -49,16 +49,45 @@ class PrimarySource:
 class SavedStreamWriter:
     """Appends chunks as frames: [u32 slot count][slots]."""
 
+    HEADER = len(SAVED_MAGIC) + _FRAME.size
+
     def __init__(self, path):
+        self.path = path
         self.f = open(path, "wb")
         self.f.write(SAVED_MAGIC + _FRAME.pack(SAVED_VERSION))
+        self.position = self.HEADER   # bytes written so far (whole frames)
+        self.closed = False
 
     def write(self, chunk: bytes):
         self.f.write(_FRAME.pack(len(chunk) // REC_SIZE))
         self.f.write(chunk)
+        self.position += _FRAME.size + len(chunk)
+
+    def flush(self) -> int:
+        """Makes everything written so far readable from the file; returns its length."""
+        if not self.closed:
+            self.f.flush()
+        return self.position
 
     def close(self):
+        self.closed = True
         self.f.close()
+
+
+def read_frames(f, end: int, max_bytes: int = 1 << 20) -> bytes:
+    """Reads whole frames of a saved stream from f's position up to byte
+    end (a frame boundary), at most about max_bytes of slots; returns the
+    slots, without the frame headers."""
+    out = []
+    size = 0
+    while f.tell() < end and size < max_bytes:
+        (n,) = _FRAME.unpack(f.read(_FRAME.size))
+        chunk = f.read(n * REC_SIZE)
+        if len(chunk) != n * REC_SIZE:
+            raise StreamError(f"saved stream cut short at byte {f.tell()}")
+        out.append(chunk)
+        size += len(chunk)
+    return b"".join(out)
 
 
 class SavedStreamSource:
@@ -119,6 +148,8 @@ class BackupSink:
         self.stream = stream
         self.alive = alive
         self.dead = False
+        self.joined = threading.Event()   # the forwarder feeds it (set at once but for late joiners)
+        self.joined.set()
 
 
 def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:

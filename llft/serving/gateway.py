@@ -16,8 +16,10 @@ READ_CHUNK = 65536
 
 
 class Gateway:
-    def __init__(self, relays, primary_relay, port_map: dict[int, int] | None = None, host: str | None = None):
-        self.relays = relays
+    def __init__(self, relays, primary_relay, port_map: dict[int, int] | None = None, host: str | None = None,
+                 inputs=None):
+        self.relays = list(relays)
+        self.inputs = inputs                # InputLog: what clients sent, for replicas that join later
         self.primary = primary_relay
         self.port_map = port_map or {}
         self.host = host
@@ -30,7 +32,23 @@ class Gateway:
         primary_relay.on_output = self._reply
         primary_relay.on_close = self._server_closed
         for r in relays:
-            r.delivered = lambda conn_id: self.sent.get(conn_id, 0)
+            r.delivered = self.sent_to_client
+
+    def sent_to_client(self, conn_id: int) -> int:
+        return self.sent.get(conn_id, 0)
+
+    def add_relay(self, relay):
+        """A replica joins: it gets every connection so far from the input
+        log, then what clients send from now on, like the others."""
+        relay.delivered = self.sent_to_client
+        relay.catch_up(self.inputs)
+        self.relays.append(relay)
+
+    def remove_relay(self, relay):
+        """A replica failed: clients no longer wait for it."""
+        if relay in self.relays:
+            self.relays.remove(relay)
+        relay.stop()
 
     def promote(self, relay):
         """The primary failed and relay's replica took over: its output goes to
@@ -72,20 +90,26 @@ class Gateway:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.clients[conn_id] = writer
         self.stats["connections"] += 1
+        if self.inputs is not None:
+            self.inputs.open(conn_id, port, host, cport)
         for r in self.relays:
             r.open(conn_id, port, host, cport)
         try:
             while True:
-                for r in self.relays:  # bounded memory: a slow replica slows the client down
+                for r in list(self.relays):  # bounded memory: a slow replica slows the client down
                     await r.room.wait()
                 chunk = await reader.read(READ_CHUNK)
                 if not chunk:
                     break
                 self.stats["bytes_in"] += len(chunk)
+                if self.inputs is not None:
+                    self.inputs.data(conn_id, chunk)
                 for r in self.relays:
                     r.data(conn_id, chunk)
         except (ConnectionError, OSError):
             pass  # the client went away mid-request: the program sees the end of its input
+        if self.inputs is not None:
+            self.inputs.eof(conn_id)
         for r in self.relays:
             r.eof(conn_id)
 

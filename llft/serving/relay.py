@@ -54,45 +54,107 @@ class ReplicaRelay:
         self.room = asyncio.Event()
         self.room.set()
         self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.inbox: dict[int, asyncio.Queue] = {}   # per connection: what to write to the program
+        self.writer_tasks: set[asyncio.Task] = set()
+        self.stopped = False
         self.outputs: dict[int, OutputLog] = {}
         self.pumps: set[asyncio.Task] = set()
 
     # -- what the gateway calls ------------------------------------------
     def open(self, conn_id: int, port: int, host: str, client_port: int):
+        if self.stopped:
+            return
+        self.inbox[conn_id] = asyncio.Queue()
         self.events.put_nowait(("open", conn_id, port, host, client_port))
 
     def data(self, conn_id: int, chunk: bytes):
-        self.queued_bytes += len(chunk)
-        if self.queued_bytes > self.queue_limit:
-            self.room.clear()
-        self.events.put_nowait(("data", conn_id, chunk))
+        if self._to(conn_id, ("data", chunk)):
+            self.queued_bytes += len(chunk)
+            if self.queued_bytes > self.queue_limit:
+                self.room.clear()
 
     def eof(self, conn_id: int):
-        self.events.put_nowait(("eof", conn_id))
+        self._to(conn_id, ("eof",))
+
+    def catch_up(self, inputs):
+        """A replica that joins late: every client connection so far, in
+        connection order and under the same ids, with all the bytes its
+        client sent (from the input log), closed ones included.  What the
+        gateway passes on from now on follows."""
+        for c in inputs.connections():
+            self.open(c.conn_id, c.port, c.host, c.client_port)
+            if c.bytes:
+                self._to(c.conn_id, ("logged", inputs.path(c.conn_id), c.bytes))
+            if c.eof:
+                self.eof(c.conn_id)
+
+    def stop(self):
+        """The replica is gone: drop what was queued for it; take no more."""
+        for t in self.writer_tasks:
+            t.cancel()
+        self.inbox.clear()
+        self.queued_bytes = 0
+        self.room.set()
+        self.stopped = True
+
+    def _to(self, conn_id: int, item: tuple) -> bool:
+        q = self.inbox.get(conn_id)
+        if q is None or self.stopped:
+            return False
+        q.put_nowait(item)
+        return True
 
     # -- the relay's own loop --------------------------------------------
     async def run(self):
+        """Connects to the program's listener for each client connection, in
+        connection order (the program accepts them in that order); each
+        connection then has its own writer, so that bytes the program does
+        not read yet on one never hold up another."""
         while True:
             event = await self.events.get()
-            kind, conn_id = event[0], event[1]
-            try:
-                if kind == "open":
-                    await self._open(conn_id, *event[2:])
-                elif kind == "data":
-                    self.queued_bytes -= len(event[2])
+            conn_id = event[1]
+            await self._open(conn_id, *event[2:])
+            if conn_id in self.inbox:
+                task = asyncio.create_task(self._write(conn_id, self.inbox[conn_id]))
+                self.writer_tasks.add(task)
+                task.add_done_callback(self.writer_tasks.discard)
+
+    async def _write(self, conn_id: int, inbox: asyncio.Queue):
+        try:
+            while True:
+                item = await inbox.get()
+                w = self.writers.get(conn_id)   # gone once the program closed the connection
+                if w is None:
+                    break
+                if item[0] == "data":
+                    self.queued_bytes -= len(item[1])
                     if self.queued_bytes <= self.queue_limit // 2:
                         self.room.set()
-                    w = self.writers.get(conn_id)
-                    if w is not None:
-                        w.write(event[2])
-                        await w.drain()
-                elif kind == "eof":
-                    w = self.writers.get(conn_id)
-                    if w is not None and w.can_write_eof():
+                    w.write(item[1])
+                    await w.drain()
+                elif item[0] == "logged":
+                    with open(item[1], "rb") as f:
+                        left = item[2]
+                        while left and (chunk := f.read(min(left, 65536))):
+                            left -= len(chunk)
+                            w.write(chunk)
+                            await w.drain()
+                else:
+                    if w.can_write_eof():
                         w.write_eof()
-            except (ConnectionError, OSError) as e:
-                log.debug("replica %d connection %d: %s", self.replica.index, conn_id, e)
-                self.writers.pop(conn_id, None)
+                    break
+        except (ConnectionError, OSError, RuntimeError) as e:   # RuntimeError: uvloop, transport closed
+            log.debug("replica %d connection %d: %s", self.replica.index, conn_id, e)
+            self.writers.pop(conn_id, None)
+        finally:
+            # Bytes left unwritten no longer count against the gateway's room.
+            while not inbox.empty():
+                item = inbox.get_nowait()
+                if item[0] == "data":
+                    self.queued_bytes -= len(item[1])
+            if self.queued_bytes <= self.queue_limit // 2:
+                self.room.set()
+            self.inbox.pop(conn_id, None)
 
     async def _listener(self, port: int) -> str | None:
         while self.replica.alive():

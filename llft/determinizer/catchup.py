@@ -1,0 +1,70 @@
+"""Catching up a replica that joins a running group (log-based rejoin).
+
+The forwarder keeps every chunk of OrderInfo it forwards in a saved stream
+(the group's whole history, across failovers).  A new backup's ring is fed
+from that file first, by a thread of its own, so the other backups never
+wait for it; once it has been given everything written so far, it joins
+the forwarder's sinks under the forwarder's lock, and every later chunk
+comes from the forwarder like any backup's: no record is missed or given
+twice, and the joiner sees one continuous stream."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from llft.determinizer.streams import SavedStreamWriter, read_frames
+from llft.native import REC_SIZE, StreamError, count_groups
+
+log = logging.getLogger("llft.catchup")
+
+WRITE_TIMEOUT_MS = 100
+
+
+class CatchUpFeeder(threading.Thread):
+    def __init__(self, forwarder, sink):
+        super().__init__(name=f"llft-catchup-{sink.replica}", daemon=True)
+        self.forwarder = forwarder
+        self.sink = sink
+        sink.joined.clear()
+        self.records = 0          # record groups given from the history
+        self.started_at = time.monotonic()
+        self.joined_at: float | None = None
+        self.error: str | None = None
+
+    def run(self):
+        fwd = self.forwarder
+        try:
+            with open(fwd.saver.path, "rb") as f:
+                f.seek(SavedStreamWriter.HEADER)
+                while not self.sink.dead:
+                    with fwd.lock:
+                        end = fwd.saver.flush()
+                        if f.tell() == end:
+                            if fwd.ended:   # the group has ended meanwhile: so does this stream
+                                self._write_end()
+                            else:
+                                fwd.sinks.append(self.sink)
+                            self.joined_at = time.monotonic()
+                            self.sink.joined.set()
+                            return
+                    while f.tell() < end and not self.sink.dead:
+                        self._write(read_frames(f, end))
+        except (OSError, StreamError) as e:
+            self.error = f"cannot read the group's history: {e}"
+            log.error("replica %d: %s", self.sink.replica, self.error)
+            self.sink.dead = True
+
+    def _write(self, chunk: bytes):
+        self.records += count_groups(chunk)
+        view = memoryview(chunk)
+        while view and not self.sink.dead:
+            n = self.sink.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
+            view = view[n * REC_SIZE:]
+            if n == 0 and not self.sink.alive():
+                self.sink.dead = True
+                log.info("replica %d died while catching up", self.sink.replica)
+
+    def _write_end(self):
+        if not self.sink.stream.write_end(timeout_ms=2000):
+            log.warning("replica %d: could not mark the end of its stream", self.sink.replica)
