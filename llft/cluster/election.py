@@ -52,6 +52,7 @@ class Election:
         self.acked_at = 0.0
         self.lower_proposal_pvn = 0           # a lower-precedence backup proposed for this next view
         self.elected_pvn = 0                  # phase 1 won for this view; phase 2 under way
+        self.last_tick = ep.clock.now()
         self.last_ack = None                  # (what it answered, encoded acknowledgment)
 
     def _my_precedence(self) -> int:
@@ -64,6 +65,12 @@ class Election:
     def tick(self) -> None:
         ep = self.ep
         now = ep.clock.now()
+        if now - self.last_tick > self.timeout() / 3:
+            # This process was not listening (its event loop busy, e.g. a new
+            # member feeding its replica the group's log, or the host
+            # stalled): silence measured then says nothing of the primary.
+            self.watch_since = max(self.watch_since, now)
+        self.last_tick = now
         if self.proposal is not None:
             self._repeat()
             return
