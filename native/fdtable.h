@@ -56,6 +56,10 @@ int llft_read_exact(int fd, void *buf, size_t n, int peek);
 int llft_write_exact(int fd, const void *buf, size_t n);
 /* ...n bytes of file in (at *off, or its position) through out. */
 int llft_sendfile_exact(int out, int in, off_t *off, size_t n);
+/* Backup: the primary's record of a transfer on fd (wrap_io.c): 0, with
+ * the result in *res (and errno), or LLFT_PROMOTED. */
+int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res);
+
 /* Addresses of virtual sockets (wrap_socket.c). */
 int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a);
 int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type);

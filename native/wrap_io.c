@@ -64,10 +64,9 @@ static size_t iov_total(const struct iovec *iov, int n)
 /* Replays one transfer of the primary's: exactly its byte count through
  * this replica's fd, into or out of the caller's buffers.  The result goes
  * to *res; LLFT_PROMOTED means this replica has just taken over. */
-/* The primary's record of a transfer on fd into *e, its result into *res:
- * 1 if bytes are to be moved, 0 if not, LLFT_PROMOTED (see below). */
-#define MOVE_BYTES 2
-static int replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res)
+/* The primary's record of a transfer on fd into *e, its result into *res
+ * (and errno, if it failed): 0, or LLFT_PROMOTED (see below). */
+int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res)
 {
     if (llft_replay_next(t, op, e))
         return LLFT_PROMOTED;
@@ -76,16 +75,17 @@ static int replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e
     *res = (ssize_t)e->ret;
     if (e->ret < 0)
         errno = e->err;
-    return e->ret > 0 ? MOVE_BYTES : 0;
+    return 0;
 }
 
 static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
                            int peek, ssize_t *res)
 {
     llft_rec_t e;
-    int h = replay_head(t, op, fd, &e, res);
-    if (h != MOVE_BYTES)
-        return h;
+    if (llft_replay_head(t, op, fd, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret <= 0)
+        return 0;
     size_t want = (size_t)e.ret;
     if (UNLIKELY(want > iov_total(iov, niov)))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "buffer of %zu bytes where the primary moved %zu",
@@ -321,9 +321,10 @@ DEFINE_REAL(sendfile)
 static int replay_sendfile(struct llft_thread *t, int out, int in, off_t *off, size_t count, ssize_t *res)
 {
     llft_rec_t e;
-    int h = replay_head(t, LLFT_OP_SENDFILE, out, &e, res);
-    if (h != MOVE_BYTES)
-        return h;
+    if (llft_replay_head(t, LLFT_OP_SENDFILE, out, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret <= 0)
+        return 0;
     if (UNLIKELY((size_t)e.ret > count))
         llft_diverge(t, LLFT_OP_SENDFILE, &e, LLFT_EXIT_DIVERGED, "asked for %zu bytes where the primary sent %lld",
                      count, (long long)e.ret);

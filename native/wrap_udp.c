@@ -97,29 +97,14 @@ static void give_source(struct msghdr *m, const llft_conn_header_t *h, int mflag
     m->msg_flags = mflags;
 }
 
-/* Backup: the primary's record of this call on fd; its result in *res.
- * Returns MOVE_DATAGRAM when the datagram is to be moved, 0 when the call failed at
- * the primary, LLFT_PROMOTED when this replica has just taken over. */
-#define MOVE_DATAGRAM 2
-static int replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res)
-{
-    if (llft_replay_next(t, op, e))
-        return LLFT_PROMOTED;
-    if (UNLIKELY(e->aux != (uint32_t)fd))
-        llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "used fd %d where the primary used fd %u", fd, e->aux);
-    *res = (ssize_t)e->ret;
-    if (e->ret < 0)
-        errno = e->err;
-    return e->ret >= 0 ? MOVE_DATAGRAM : 0;
-}
-
 /* Backup: receive the datagram the primary received, waiting for it. */
 static int recv_replay(struct llft_thread *t, int fd, struct msghdr *m, int flags, ssize_t *res)
 {
     llft_rec_t e;
-    int head = replay_head(t, LLFT_OP_DGRAM_RECV, fd, &e, res);
-    if (head != MOVE_DATAGRAM)
-        return head;
+    if (llft_replay_head(t, LLFT_OP_DGRAM_RECV, fd, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret < 0) /* a datagram may be empty: 0 bytes is a datagram too */
+        return 0;
     struct turnstile *ts = llft_turn_wait(t, &e);
     llft_conn_header_t h;
     int mflags = 0;
@@ -229,9 +214,10 @@ static int send_replay(struct llft_thread *t, int fd, const struct msghdr *m, in
                        ssize_t *res)
 {
     llft_rec_t e;
-    int head = replay_head(t, LLFT_OP_DGRAM_SEND, fd, &e, res);
-    if (head != MOVE_DATAGRAM)
-        return head;
+    if (llft_replay_head(t, LLFT_OP_DGRAM_SEND, fd, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret < 0) /* a datagram may be empty: 0 bytes is a datagram too */
+        return 0;
     if (UNLIKELY((size_t)e.ret != payload_len(m)))
         llft_diverge(t, LLFT_OP_DGRAM_SEND, &e, LLFT_EXIT_DIVERGED,
                      "sent a datagram of %zu bytes where the primary sent %lld", payload_len(m), (long long)e.ret);
