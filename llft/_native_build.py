@@ -31,7 +31,7 @@ ffibuilder.cdef("""
     typedef struct {
         uint64_t conn_id; uint16_t family; uint16_t port; uint32_t _pad; uint8_t addr[16];
     } llft_conn_header_t;
-    typedef struct { uint32_t state; uint16_t port; uint16_t family; char name[48]; } llft_listener_t;
+    typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; char name[48]; } llft_listener_t;
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;

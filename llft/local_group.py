@@ -118,7 +118,8 @@ class LocalGroup:
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
-                          "outputs": rl.output_summary() if rl else {}}
+                          "outputs": rl.output_summary() if rl else {},
+                          "datagrams": self.gateway.datagrams.summary(r.index) if self.gateway else {}}
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
             "failovers": self.failovers,

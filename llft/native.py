@@ -217,14 +217,20 @@ class StreamFile:
         if end_grace_ms is not None:
             self.ctl.end_grace_ms = end_grace_ms
 
-    def listeners(self) -> list[tuple[int, int, str]]:
-        """Ports the program listens on: (port, family, abstract unix name)."""
+    def listeners(self, socktype: int = 1) -> list[tuple[int, int, str]]:
+        """TCP ports the program listens on (UDP ports it has bound, with
+        socktype=SOCK_DGRAM): (port, family, abstract unix name)."""
         out = []
         for i in range(min(self.ctl.nlisteners, 16)):
             entry = self.ctl.listeners[i]
-            if entry.state == 1:
+            if entry.state == 1 and entry.type == socktype:
                 out.append((entry.port, entry.family, ffi.string(entry.name).decode()))
         return out
+
+    def datagram_listeners(self) -> list[tuple[int, int, str]]:
+        """UDP ports the program has bound: (port, family, abstract unix name)."""
+        import socket
+        return self.listeners(socket.SOCK_DGRAM)
 
     def clock_offsets(self) -> dict[str, int]:
         """Group clock minus this replica's clock, per clock (Consistent Time
@@ -316,6 +322,15 @@ def conn_header(conn_id: int, host: str, port: int) -> bytes:
     h.port = socket.htons(port)
     ffi.memmove(h.addr, ip.packed, len(ip.packed))
     return ffi.buffer(h)[:]
+
+
+def parse_conn_header(raw: bytes) -> tuple[int, str, int]:
+    """(conn_id, host, port) of a header, as conn_header writes it."""
+    import ipaddress
+    import socket
+    h = ffi.from_buffer("llft_conn_header_t *", raw[:CONN_HEADER_SIZE])
+    n = 16 if h.family == socket.AF_INET6 else 4
+    return h.conn_id, str(ipaddress.ip_address(bytes(ffi.buffer(h.addr, n)))), socket.ntohs(h.port)
 
 
 def disable_aslr():

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@ DEFINE_REAL(read)
 DEFINE_REAL(write)
 DEFINE_REAL(recv)
 DEFINE_REAL(poll)
+DEFINE_REAL(sendfile)
 
 void llft_fd_set(int fd, int kind)
 {
@@ -81,11 +83,12 @@ void llft_drain_counter(int fd)
         (void)REAL(read)(fd, &v, sizeof v);
 }
 
-int llft_write_exact(int fd, const void *buf, size_t n)
+/* Calls step until n bytes have gone out through fd, waiting for room. */
+static int put_exact(int fd, size_t n, ssize_t (*step)(void *ctx, size_t put, size_t left), void *ctx)
 {
     size_t put = 0;
     while (put < n) {
-        ssize_t r = REAL(write)(fd, (const char *)buf + put, n - put);
+        ssize_t r = step(ctx, put, n - put);
         if (r > 0) {
             put += (size_t)r;
         } else if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
@@ -93,8 +96,34 @@ int llft_write_exact(int fd, const void *buf, size_t n)
             if (e)
                 return e;
         } else {
-            return r < 0 ? errno : EIO;
+            return r < 0 ? errno : EIO; /* 0: a file that ends sooner here */
         }
     }
     return 0;
+}
+
+struct write_ctx { int fd; const char *buf; };
+static ssize_t write_step(void *c, size_t put, size_t left)
+{
+    struct write_ctx *w = c;
+    return REAL(write)(w->fd, w->buf + put, left);
+}
+
+int llft_write_exact(int fd, const void *buf, size_t n)
+{
+    struct write_ctx w = {fd, buf};
+    return put_exact(fd, n, write_step, &w);
+}
+
+struct sendfile_ctx { int out, in; off_t *off; };
+static ssize_t sendfile_step(void *c, size_t put, size_t left)
+{
+    struct sendfile_ctx *f = c;
+    return REAL(sendfile)(f->out, f->in, f->off, left);
+}
+
+int llft_sendfile_exact(int out, int in, off_t *off, size_t n)
+{
+    struct sendfile_ctx f = {out, in, off};
+    return put_exact(out, n, sendfile_step, &f);
 }

@@ -4,6 +4,10 @@
 
 #include "shim.h"
 
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
 #define LLFT_FD_MAX 65536
 
 enum llft_fd_kind {
@@ -16,6 +20,7 @@ enum llft_fd_kind {
     FD_IPC,           /* pipes and socketpairs between the program's threads */
     FD_COUNTER,       /* eventfd, timerfd: a read returns an 8-byte value */
     FD_EPOLL,
+    FD_DGRAM,         /* a UDP socket of the program (an AF_UNIX datagram socket) */
 };
 
 struct llft_fd {
@@ -49,6 +54,26 @@ static inline const void *llft_fd_object(int fd)
  * the fd's blocking mode.  Return 0, or an errno. */
 int llft_read_exact(int fd, void *buf, size_t n, int peek);
 int llft_write_exact(int fd, const void *buf, size_t n);
+/* ...n bytes of file in (at *off, or its position) through out. */
+int llft_sendfile_exact(int out, int in, off_t *off, size_t n);
+/* Backup: the primary's record of a transfer on fd (wrap_io.c): 0, with
+ * the result in *res (and errno), or LLFT_PROMOTED. */
+int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res);
+
+/* Addresses of virtual sockets (wrap_socket.c). */
+int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a);
+int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type);
+
+/* UDP sockets (wrap_udp.c): every receive and send on an FD_DGRAM fd. */
+struct msghdr;
+ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags);
+ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags);
+ssize_t llft_dgram_recv(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *len);
+ssize_t llft_dgram_send(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len);
+struct iovec;
+ssize_t llft_dgram_readv(int fd, const struct iovec *iov, int n);
+ssize_t llft_dgram_writev(int fd, const struct iovec *iov, int n);
+
 /* Backup: empty an eventfd or timerfd if it has a value, without waiting. */
 void llft_drain_counter(int fd);
 

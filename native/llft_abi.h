@@ -69,11 +69,16 @@ enum llft_op {
     LLFT_OP_POLL = 73,           /* poll/ppoll: data: revents of each pollfd */
     LLFT_OP_SELECT = 74,         /* select/pselect: data: the three result sets */
     LLFT_OP_EPOLL_WAIT = 75,     /* epoll_wait/pwait: data: (fd, events) pairs */
-    LLFT_OP_MAX = 76
+    LLFT_OP_SENDFILE = 80,       /* sendfile to a connection: byte count (the bytes come from a local file) */
+    LLFT_OP_DGRAM_RECV = 81,     /* recv* of a UDP socket: payload bytes; val: datagram number; err: msg_flags */
+    LLFT_OP_DGRAM_SEND = 82,     /* send* on a UDP socket: payload bytes */
+    LLFT_OP_MAX = 83
 };
 
 /* What the controller writes first on each connection it makes to a
- * program's listening socket: which client connection it is. */
+ * program's listening socket: which client connection it is.  On a UDP
+ * port it heads every datagram: in a client's datagram, its number on the
+ * port (conn_id) and the client's address; in a reply, the destination. */
 typedef struct llft_conn_header {
     uint64_t conn_id;
     uint16_t family;              /* AF_INET or AF_INET6 of the client */
@@ -86,11 +91,16 @@ typedef struct llft_conn_header {
 #define LLFT_LISTENER_NAME 48
 
 /* A TCP port the program listens on; the socket is really an AF_UNIX
- * socket bound to the abstract name, which the controller connects to. */
+ * socket bound to the abstract name, which the controller connects to.
+ * A UDP port (type SOCK_DGRAM) is an AF_UNIX datagram socket bound to the
+ * name; its replies go to the same name with LLFT_REPLY_SUFFIX, which the
+ * controller binds. */
+#define LLFT_REPLY_SUFFIX "-gw"
 typedef struct llft_listener {
     uint32_t state;               /* 0 free, 1 listening, 2 closed; written last */
     uint16_t port;                /* host byte order */
     uint16_t family;
+    uint32_t type;                /* SOCK_STREAM (TCP) or SOCK_DGRAM (UDP) */
     char     name[LLFT_LISTENER_NAME]; /* abstract unix name, without the leading NUL */
 } llft_listener_t;
 

@@ -56,6 +56,7 @@ static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_GETRUSAGE] = "getrusage", [LLFT_OP_TIMES] = "times", [LLFT_OP_CLOCK] = "clock",
     [LLFT_OP_ACCEPT] = "accept", [LLFT_OP_READ] = "read", [LLFT_OP_WRITE] = "write",
     [LLFT_OP_POLL] = "poll", [LLFT_OP_SELECT] = "select", [LLFT_OP_EPOLL_WAIT] = "epoll_wait",
+    [LLFT_OP_SENDFILE] = "sendfile", [LLFT_OP_DGRAM_RECV] = "recv(udp)", [LLFT_OP_DGRAM_SEND] = "send(udp)",
 };
 
 int llft_op_valid(int op)

@@ -32,7 +32,7 @@ static inline int replicated(void)
 EXPORT int close(int fd)
 {
     int kind = llft_fd_kind(fd);
-    if (kind == FD_LISTEN)
+    if (kind == FD_LISTEN || kind == FD_DGRAM)
         llft_listener_closed(fd);
     llft_fd_forget(fd);
     return REAL(close)(fd);

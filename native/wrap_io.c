@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -63,20 +64,28 @@ static size_t iov_total(const struct iovec *iov, int n)
 /* Replays one transfer of the primary's: exactly its byte count through
  * this replica's fd, into or out of the caller's buffers.  The result goes
  * to *res; LLFT_PROMOTED means this replica has just taken over. */
+/* The primary's record of a transfer on fd into *e, its result into *res
+ * (and errno, if it failed): 0, or LLFT_PROMOTED (see below). */
+int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res)
+{
+    if (llft_replay_next(t, op, e))
+        return LLFT_PROMOTED;
+    if (UNLIKELY(e->aux != (uint32_t)fd))
+        llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "used fd %d where the primary used fd %u", fd, e->aux);
+    *res = (ssize_t)e->ret;
+    if (e->ret < 0)
+        errno = e->err;
+    return 0;
+}
+
 static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
                            int peek, ssize_t *res)
 {
     llft_rec_t e;
-    if (llft_replay_next(t, op, &e))
+    if (llft_replay_head(t, op, fd, &e, res))
         return LLFT_PROMOTED;
-    if (UNLIKELY(e.aux != (uint32_t)fd))
-        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "used fd %d where the primary used fd %u", fd, e.aux);
-    *res = (ssize_t)e.ret;
-    if (e.ret <= 0) {
-        if (e.ret < 0)
-            errno = e.err;
+    if (e.ret <= 0)
         return 0;
-    }
     size_t want = (size_t)e.ret;
     if (UNLIKELY(want > iov_total(iov, niov)))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "buffer of %zu bytes where the primary moved %zu",
@@ -144,6 +153,8 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
         return REAL(read)(fd, buf, n);
     if (kind == FD_RANDOM || kind == FD_PROCFS)
         return llft_recorded_read(fd, buf, n);
+    if (UNLIKELY(kind == FD_DGRAM))
+        return llft_dgram_recv(fd, buf, n, 0, NULL, NULL);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};
@@ -157,6 +168,8 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_readv(fd, iov, niov);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
@@ -169,6 +182,8 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_recv(fd, buf, n, flags, NULL, NULL);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};
@@ -183,6 +198,8 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct sockaddr *restrict addr,
                         socklen_t *restrict len)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_recv(fd, buf, n, flags, addr, len);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     if (role == LLFT_ROLE_OFF)
@@ -200,6 +217,8 @@ EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct 
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_recvmsg(fd, msg, flags);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     if (role == LLFT_ROLE_OFF)
@@ -225,6 +244,8 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
     int kind = llft_fd_kind(fd);
     if (LIKELY(kind == FD_LOCAL))
         return REAL(write)(fd, buf, n);
+    if (UNLIKELY(kind == FD_DGRAM))
+        return llft_dgram_send(fd, buf, n, 0, NULL, 0);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {(void *)buf, n};
@@ -238,6 +259,8 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_writev(fd, iov, niov);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
@@ -250,6 +273,8 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
 
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_send(fd, buf, n, flags, NULL, 0);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {(void *)buf, n};
@@ -263,6 +288,8 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_send(fd, buf, n, flags, addr, len);
     if (recorded_kind(llft_fd_kind(fd)))
         return send(fd, buf, n, flags); /* a connected stream ignores the address */
     return REAL(sendto)(fd, buf, n, flags, addr, len);
@@ -270,6 +297,8 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+    if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
+        return llft_dgram_sendmsg(fd, msg, flags);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
@@ -278,4 +307,50 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
     return REAL(sendmsg)(fd, msg, flags);
+}
+
+/* ---- sendfile ------------------------------------------------------- */
+/* The bytes come from a file of the program's, which every replica has
+ * its own copy of: the primary records the count, and a backup moves
+ * exactly as many from its own file (at the same offset, or its own file
+ * position, which advances as the primary's did) through its own socket. */
+
+DEFINE_REAL(sendfile)
+
+static int replay_sendfile(struct llft_thread *t, int out, int in, off_t *off, size_t count, ssize_t *res)
+{
+    llft_rec_t e;
+    if (llft_replay_head(t, LLFT_OP_SENDFILE, out, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret <= 0)
+        return 0;
+    if (UNLIKELY((size_t)e.ret > count))
+        llft_diverge(t, LLFT_OP_SENDFILE, &e, LLFT_EXIT_DIVERGED, "asked for %zu bytes where the primary sent %lld",
+                     count, (long long)e.ret);
+    struct turnstile *ts = llft_turn_wait(t, &e);
+    int err = llft_sendfile_exact(out, in, off, (size_t)e.ret);
+    llft_turn_done(t, ts, llft_fd_object(out), e.turn);
+    if (UNLIKELY(err))
+        llft_diverge(t, LLFT_OP_SENDFILE, &e, LLFT_EXIT_DIVERGED,
+                     "could not send the %lld bytes of fd %d the primary sent (error %d: its file is shorter here?)",
+                     (long long)e.ret, in, err);
+    return 0;
+}
+
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+    struct llft_thread *t;
+    int role = transfer_mode(out, &t);
+    REPLAY_OR_PROMOTE(role, replay_sendfile(t, out, in, off, count, &res_))
+    if (role == LLFT_ROLE_PRIMARY) {
+        ssize_t r = REAL(sendfile)(out, in, off, count);
+        return record_transfer(t, LLFT_OP_SENDFILE, out, r, errno, NULL);
+    }
+    return REAL(sendfile)(out, in, off, count);
+}
+
+_Static_assert(sizeof(off_t) == sizeof(off64_t), "sendfile64 is sendfile here");
+EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count)
+{
+    return sendfile(out, in, (off_t *)off, count);
 }

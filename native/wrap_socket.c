@@ -50,7 +50,10 @@ static inline int replicated(void)
     return llft_ctl != NULL;
 }
 
-static inline int virtual_kind(int kind) { return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN; }
+static inline int virtual_kind(int kind)
+{
+    return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN || kind == FD_DGRAM;
+}
 
 EXPORT int socket(int domain, int type, int protocol)
 {
@@ -58,6 +61,15 @@ EXPORT int socket(int domain, int type, int protocol)
         int fd = REAL(socket)(AF_UNIX, type, 0);
         if (fd >= 0) {
             llft_fd_set(fd, FD_VSOCK);
+            llft_fds[fd].family = (uint8_t)domain;
+        }
+        return fd;
+    }
+    if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_DGRAM &&
+        (protocol == 0 || protocol == IPPROTO_UDP) && replicated()) {
+        int fd = REAL(socket)(AF_UNIX, type, 0); /* a UDP socket: see wrap_udp.c */
+        if (fd >= 0) {
+            llft_fd_set(fd, FD_DGRAM);
             llft_fds[fd].family = (uint8_t)domain;
         }
         return fd;
@@ -94,7 +106,7 @@ static socklen_t make_sockaddr(int family, uint16_t port_host, const uint8_t *ad
     return sizeof *a;
 }
 
-static int give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a)
+int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a)
 {
     if (!addr || !len)
         return 0;
@@ -105,17 +117,21 @@ static int give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t
     return 0;
 }
 
-/* This replica's name for a listening port: IPv4 and IPv6 may share a port. */
-static int listener_name(char *out, size_t cap, uint16_t port, int family)
+/* This replica's name for a listening port: IPv4 and IPv6 may share a
+ * port, and so may TCP (p) and UDP (u). */
+int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type)
 {
-    return snprintf(out, cap, "%s-p%u%s", llft_stream_name, port, family == AF_INET6 ? "-6" : "");
+    return snprintf(out, cap, "%s-%c%u%s", llft_stream_name, type == SOCK_DGRAM ? 'u' : 'p', port,
+                    family == AF_INET6 ? "-6" : "");
 }
 
-static socklen_t abstract_name(uint16_t port, int family, struct sockaddr_un *un)
+static inline int fd_socktype(int fd) { return llft_fd_kind(fd) == FD_DGRAM ? SOCK_DGRAM : SOCK_STREAM; }
+
+static socklen_t abstract_name(uint16_t port, int family, int type, struct sockaddr_un *un)
 {
     memset(un, 0, sizeof *un);
     un->sun_family = AF_UNIX;
-    int n = listener_name(un->sun_path + 1, sizeof un->sun_path - 1, port, family);
+    int n = llft_listener_name(un->sun_path + 1, sizeof un->sun_path - 1, port, family, type);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -123,9 +139,12 @@ static socklen_t abstract_name(uint16_t port, int family, struct sockaddr_un *un
 
 static uint16_t next_ephemeral = 49152;
 
+static void publish_listener(const struct llft_fd *f, int type);
+
 EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 {
-    if (llft_fd_kind(fd) != FD_VSOCK)
+    int kind = llft_fd_kind(fd);
+    if (kind != FD_VSOCK && kind != FD_DGRAM)
         return REAL(bind)(fd, addr, len);
     struct llft_fd *f = &llft_fds[fd];
     uint16_t port;
@@ -144,16 +163,18 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
     if (port == 0) /* the same in every replica: binds happen in the same order */
         port = next_ephemeral++;
     struct sockaddr_un un;
-    socklen_t ulen = abstract_name(port, addr->sa_family, &un);
+    socklen_t ulen = abstract_name(port, addr->sa_family, fd_socktype(fd), &un);
     int r = REAL(bind)(fd, (struct sockaddr *)&un, ulen);
     if (r == 0) {
         f->port = port;
         f->family = (uint8_t)addr->sa_family;
+        if (kind == FD_DGRAM) /* a bound UDP socket receives at once: no listen() */
+            publish_listener(f, SOCK_DGRAM);
     }
     return r;
 }
 
-static void publish_listener(const struct llft_fd *f)
+static void publish_listener(const struct llft_fd *f, int type)
 {
     llft_ctl_t *c = llft_ctl;
     for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
@@ -163,7 +184,8 @@ static void publish_listener(const struct llft_fd *f)
             continue;
         l->port = f->port;
         l->family = f->family;
-        listener_name(l->name, sizeof l->name, f->port, f->family);
+        l->type = (uint32_t)type;
+        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type);
         __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
         if ((uint32_t)i + 1 > c->nlisteners)
             __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
@@ -178,7 +200,8 @@ void llft_listener_closed(int fd)
         return;
     for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
         llft_listener_t *l = &llft_ctl->listeners[i];
-        if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port)
+        if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port &&
+            l->family == llft_fds[fd].family && l->type == (uint32_t)fd_socktype(fd))
             __atomic_store_n(&l->state, 2, __ATOMIC_RELEASE);
     }
 }
@@ -198,7 +221,7 @@ EXPORT int listen(int fd, int backlog)
     int r = REAL(listen)(fd, backlog);
     if (r == 0) {
         f->kind = FD_LISTEN;
-        publish_listener(f);
+        publish_listener(f, SOCK_STREAM);
     }
     return r;
 }
@@ -216,7 +239,7 @@ static void conn_setup(int fd, int lfd, const llft_conn_header_t *h)
 
 static int give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h)
 {
-    return give_addr(addr, len, h->family, ntohs(h->port), h->addr);
+    return llft_give_addr(addr, len, h->family, ntohs(h->port), h->addr);
 }
 
 /* Backup: the next connection the controller made, however the listening
@@ -338,11 +361,13 @@ EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
-    if (llft_fd_kind(fd) != FD_VSOCK)
+    int kind = llft_fd_kind(fd);
+    if (kind != FD_VSOCK && kind != FD_DGRAM)
         return REAL(connect)(fd, addr, len);
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        llft_log("llft: outgoing TCP connections are not replicated yet; connect() fails with EOPNOTSUPP");
+        llft_log("llft: outgoing connections (TCP connect, or connect on a UDP socket) are not replicated yet; "
+                 "connect() fails with EOPNOTSUPP");
     errno = EOPNOTSUPP;
     return -1;
 }
@@ -353,7 +378,7 @@ EXPORT int getsockname(int fd, struct sockaddr *restrict addr, socklen_t *restri
     if (!virtual_kind(kind))
         return REAL(getsockname)(fd, addr, len);
     const struct llft_fd *f = &llft_fds[fd];
-    return give_addr(addr, len, f->family ? f->family : AF_INET, f->port, f->addr);
+    return llft_give_addr(addr, len, f->family ? f->family : AF_INET, f->port, f->addr);
 }
 
 EXPORT int getpeername(int fd, struct sockaddr *restrict addr, socklen_t *restrict len)
@@ -390,7 +415,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *restrict val, socklen_t
     if (level == SOL_SOCKET && name == SO_DOMAIN)
         v = llft_fds[fd].family ? llft_fds[fd].family : AF_INET;
     else if (level == SOL_SOCKET && name == SO_PROTOCOL)
-        v = IPPROTO_TCP;
+        v = llft_fd_kind(fd) == FD_DGRAM ? IPPROTO_UDP : IPPROTO_TCP;
     else if (level == SOL_SOCKET)
         return REAL(getsockopt)(fd, level, name, val, len);
     else

@@ -55,6 +55,12 @@ def main(argv=None) -> int:
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
               f"{gw.get('failovers', 0)} failovers" + (f"; errors: {'; '.join(gw['errors'])}" if gw["errors"] else ""))
+        udp = gw.get("udp") or {}
+        if udp.get("datagrams_in") or udp.get("datagrams_out"):
+            print(f"UDP: {udp['datagrams_in']} datagrams in, {udp['datagrams_out']} out, "
+                  f"{udp.get('dropped', 0)} dropped")
+        for notice in gw.get("notices") or []:
+            print(f"notice: {notice}")
     return 0
 
 

@@ -10,9 +10,12 @@ import itertools
 import logging
 import socket
 
+from llft.serving.datagrams import DatagramService, public_address
+
 log = logging.getLogger("llft.gateway")
 
 READ_CHUNK = 65536
+NO_PORT_NOTICE_S = 3.0   # after this long without a port, say that clients cannot reach the program
 
 
 class Gateway:
@@ -29,6 +32,11 @@ class Gateway:
         self.errors: list[str] = []
         self.stats = {"connections": 0, "bytes_in": 0, "bytes_out": 0, "failovers": 0}
         self.sent: dict[int, int] = {}  # bytes of each connection the client has been sent
+        self.datagrams = DatagramService([r.replica for r in relays], primary_relay.replica, host, self.port_map,
+                                         self.errors)
+        self.stats["udp"] = self.datagrams.stats
+        self.notices: list[str] = []      # shown by llft-status while they hold
+        self.stats["notices"] = self.notices
         primary_relay.on_output = self._reply
         primary_relay.on_close = self._server_closed
         for r in relays:
@@ -57,18 +65,33 @@ class Gateway:
         old.on_output = old.on_close = None
         self.stats["failovers"] += 1
         relay.take_over(self._reply, self._server_closed)
+        self.datagrams.promote(relay.replica)
 
     async def watch(self, stream, interval: float = 0.01):
-        """Opens a public port for each port the primary listens on."""
+        """Opens a public port for each port the primary listens on (TCP)
+        or binds (UDP); says so if it has none after NO_PORT_NOTICE_S."""
+        since = asyncio.get_running_loop().time()
         while True:
             for port, family, _name in stream.listeners():
                 if port not in self.servers:
                     await self._serve(port, family)
+            await self.datagrams.watch_once()
+            self._notice_no_port(asyncio.get_running_loop().time() - since)
             await asyncio.sleep(interval)
 
+    def _notice_no_port(self, waited: float):
+        if self.servers or self.datagrams.ports:
+            if self.notices:
+                log.info("the program listens now; clients can reach it")
+                self.notices.clear()
+        elif waited >= NO_PORT_NOTICE_S and not self.notices:
+            msg = (f"the program has not listened on any TCP port (nor bound a UDP port) after "
+                   f"{waited:.0f} s; clients cannot reach it")
+            log.warning(msg)
+            self.notices.append(msg)
+
     async def _serve(self, port: int, family: int):
-        public = self.port_map.get(port, self.port_map.get(0, port))
-        host = self.host or ("::" if family == socket.AF_INET6 else "0.0.0.0")
+        host, public = public_address(self.port_map, self.host, port, family)
         try:
             server = await asyncio.start_server(lambda r, w: self._client(r, w, port), host, public,
                                                 reuse_address=True)
@@ -138,6 +161,7 @@ class Gateway:
         for s in self.servers.values():
             if s is not None:
                 s.close()
+        self.datagrams.close()
         writers = list(self.clients.values())
         for w in writers:
             w.close()

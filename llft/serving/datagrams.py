@@ -1,0 +1,270 @@
+"""The program's UDP ports.
+
+When the primary binds a UDP port (the preload library publishes it in the
+control block with type SOCK_DGRAM), the gateway binds the same public UDP
+port.  Each client datagram gets a number on the port and goes, headed by
+a 32-byte connection header (its number and the client's address), to
+every replica's virtual socket, in the same order: the program's
+recvfrom() returns the client's datagram, boundaries intact, and the
+client's address.  The program's replies (sendto the client's address)
+come back here, headed by their destination: the primary's are sent to
+the client from the public port; a backup's are only digested, and kept
+until the primary's copy is known to be out, in case the backup takes
+over."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import logging
+import socket
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+from llft.native import CONN_HEADER_SIZE, conn_header, parse_conn_header
+
+log = logging.getLogger("llft.datagrams")
+
+REPLY_SUFFIX = "-gw"        # LLFT_REPLY_SUFFIX in native/llft_abi.h
+MAX_DATAGRAM = 65536
+QUEUE_LIMIT = 4 << 20       # bytes waiting for one replica before client datagrams are dropped
+KEEP_LIMIT = 4096           # replies a backup keeps for a failover
+
+
+@dataclass
+class DatagramLog:
+    """What a replica sent on one UDP port: count, bytes, and a SHA-256 over
+    each datagram's length, destination and payload (boundaries count)."""
+    datagrams: int = 0
+    bytes: int = 0
+    sha256: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+
+    def add(self, raw: bytes):
+        self.datagrams += 1
+        self.bytes += len(raw) - CONN_HEADER_SIZE
+        self.sha256.update(struct.pack("<I", len(raw)) + raw)
+
+    def summary(self) -> dict:
+        return {"datagrams": self.datagrams, "bytes": self.bytes, "sha256": self.sha256.hexdigest()}
+
+
+class ReplicaPort:
+    """One replica's side of one UDP port: a datagram socket bound to the
+    reply name and connected to the program's socket (so that a full queue
+    there reads as not writable here)."""
+
+    def __init__(self, replica, port: int, on_reply, stats: dict):
+        self.replica = replica
+        self.port = port
+        self.on_reply = on_reply            # (ReplicaPort, k, payload, (host, port))
+        self.stats = stats
+        self.sock: socket.socket | None = None
+        self.pending: deque[bytes] = deque()
+        self.pending_bytes = 0
+        self.out = DatagramLog()
+        self.kept: deque[tuple[int, bytes, tuple]] = deque()
+
+    def attach(self, name: str) -> bool:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        try:
+            s.bind("\0" + name + REPLY_SUFFIX)
+            s.connect("\0" + name)
+        except OSError as e:
+            s.close()
+            log.debug("replica %d UDP port %d: %s", self.replica.index, self.port, e)
+            return False
+        self.sock = s
+        asyncio.get_running_loop().add_reader(s.fileno(), self._readable)
+        self._flush()
+        return True
+
+    def deliver(self, datagram: bytes):
+        if not self.replica.alive():
+            return
+        self.pending.append(datagram)
+        self.pending_bytes += len(datagram)
+        if len(self.pending) == 1:
+            self._flush()
+
+    def _flush(self):
+        loop = asyncio.get_running_loop()
+        while self.pending and self.sock is not None:
+            d = self.pending[0]
+            try:
+                self.sock.send(d)
+            except BlockingIOError:
+                loop.add_writer(self.sock.fileno(), self._flush)  # the program's queue is full
+                return
+            except OSError as e:  # the program closed the socket, or exited
+                log.debug("replica %d UDP port %d: datagram lost: %s", self.replica.index, self.port, e)
+                self.stats["replica_lost"] += 1
+            self.pending.popleft()
+            self.pending_bytes -= len(d)
+        if self.sock is not None:
+            loop.remove_writer(self.sock.fileno())
+
+    def _readable(self):
+        while self.sock is not None:
+            try:
+                raw = self.sock.recv(MAX_DATAGRAM + CONN_HEADER_SIZE)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if len(raw) < CONN_HEADER_SIZE:
+                self.stats["malformed_replies"] += 1
+                continue
+            k = self.out.datagrams
+            self.out.add(raw)
+            _, host, port = parse_conn_header(raw)
+            self.on_reply(self, k, raw[CONN_HEADER_SIZE:], (host, port))
+
+    def keep(self, k: int, payload: bytes, dest, sent: int):
+        """A backup's reply: kept until the primary's copy is out."""
+        while self.kept and self.kept[0][0] < sent:
+            self.kept.popleft()
+        if k >= sent:
+            if len(self.kept) >= KEEP_LIMIT:
+                self.kept.popleft()
+                self.stats["kept_dropped"] += 1
+            self.kept.append((k, payload, dest))
+
+    def close(self):
+        if self.sock is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self.sock.fileno())
+            loop.remove_writer(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+
+
+class PublicPort(asyncio.DatagramProtocol):
+    """The gateway's public UDP port for one port of the program."""
+
+    def __init__(self, service: "DatagramService", port: int, family: int):
+        self.service = service
+        self.port = port
+        self.family = family
+        self.transport: asyncio.DatagramTransport | None = None
+        self.seq = 0        # client datagrams numbered so far
+        self.sent = 0       # replies sent to clients (by whichever replica was primary)
+        self.members = {r.index: ReplicaPort(r, port, self._reply, service.stats) for r in service.replicas}
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr):
+        stats = self.service.stats
+        if any(m.pending_bytes > QUEUE_LIMIT for m in self.members.values() if m.replica.alive()):
+            stats["dropped"] += 1   # bounded memory: dropped before any replica sees it
+            return
+        host = addr[0]
+        ip = ipaddress.ip_address(host)
+        if self.family == socket.AF_INET and ip.version == 6 and ip.ipv4_mapped is not None:
+            host = str(ip.ipv4_mapped)
+        self.seq += 1
+        stats["datagrams_in"] += 1
+        datagram = conn_header(self.seq, host, addr[1]) + data
+        for m in self.members.values():
+            m.deliver(datagram)
+
+    def error_received(self, exc):
+        log.debug("UDP port %d: %s", self.port, exc)
+
+    def _reply(self, member: ReplicaPort, k: int, payload: bytes, dest):
+        if member.replica is not self.service.primary:
+            member.keep(k, payload, dest, self.sent)
+        elif k >= self.sent:  # below: the failed primary had sent it already
+            self.send(k, payload, dest)
+
+    def send(self, k: int, payload: bytes, dest):
+        self.sent = k + 1
+        host, port = dest
+        if self.transport.get_extra_info("socket").family == socket.AF_INET6 and ":" not in host:
+            host = "::ffff:" + host
+        try:
+            self.transport.sendto(payload, (host, port))
+            self.service.stats["datagrams_out"] += 1
+        except (OSError, ValueError) as e:
+            log.debug("UDP port %d: reply to %s lost: %s", self.port, dest, e)
+
+
+def public_address(port_map: dict[int, int], host: str | None, port: int, family: int) -> tuple[str, int]:
+    """Where the gateway serves the program's port: --port's mapping (0: any
+    port), else the same port; --host, else every address of the family."""
+    return (host or ("::" if family == socket.AF_INET6 else "0.0.0.0"),
+            port_map.get(port, port_map.get(0, port)))
+
+
+class DatagramService:
+    """The UDP side of the gateway: a public port per UDP port the primary
+    binds, a ReplicaPort per replica and port."""
+
+    def __init__(self, replicas, primary, host: str | None, port_map: dict[int, int], errors: list[str]):
+        self.replicas = replicas
+        self.primary = primary
+        self.host = host
+        self.port_map = port_map
+        self.errors = errors
+        self.ports: dict[int, PublicPort | None] = {}
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "dropped": 0, "replica_lost": 0,
+                      "malformed_replies": 0, "kept_dropped": 0}
+
+    async def watch_once(self):
+        """Serves new UDP ports of the primary; connects replicas whose
+        program has bound them since."""
+        for port, family, _name in self.primary.stream.datagram_listeners():
+            if port not in self.ports:
+                await self._serve(port, family)
+        for port, public in self.ports.items():
+            if public is None:
+                continue
+            for m in public.members.values():
+                if m.sock is None and m.replica.alive():
+                    for p, _family, name in m.replica.stream.datagram_listeners():
+                        if p == port:
+                            m.attach(name)
+                            break
+
+    async def _serve(self, port: int, family: int):
+        host, public = public_address(self.port_map, self.host, port, family)
+        proto = PublicPort(self, port, family)
+        try:
+            await asyncio.get_running_loop().create_datagram_endpoint(lambda: proto, local_addr=(host, public))
+        except OSError as e:
+            msg = f"cannot bind {host} UDP port {public} for the program's UDP port {port}: {e.strerror}"
+            log.error(msg)
+            self.errors.append(msg)
+            self.ports[port] = None
+            return
+        self.ports[port] = proto
+        log.info("serving UDP clients on %s port %d (the program's UDP port %d)", host, public, port)
+
+    def promote(self, replica):
+        """replica is the primary now: it sends the replies the clients have
+        not had yet."""
+        self.primary = replica
+        for public in self.ports.values():
+            if public is None:
+                continue
+            m = public.members[replica.index]
+            for k, payload, dest in m.kept:
+                if k >= public.sent:
+                    public.send(k, payload, dest)
+            m.kept.clear()
+
+    def summary(self, index: int) -> dict[str, dict]:
+        """What replica index sent, per UDP port."""
+        return {str(port): p.members[index].out.summary() for port, p in sorted(self.ports.items())
+                if p is not None and index in p.members}
+
+    def close(self):
+        for public in self.ports.values():
+            if public is not None:
+                if public.transport is not None:
+                    public.transport.close()
+                for m in public.members.values():
+                    m._readable()  # what the replicas sent last
+                    m.close()

@@ -1,0 +1,328 @@
+/* Consistent Socket Communication Service, UDP sockets (LLFT §V-E).
+ *
+ * A UDP socket of the program is really an AF_UNIX datagram socket.  bind()
+ * binds it to an abstract name of this replica (llft-<run>-rNN-u<port>) and
+ * publishes the port, with type SOCK_DGRAM, in the control block.  The
+ * controller sends every client datagram, in the same order, to each
+ * replica's socket, headed by an llft_conn_header_t: the datagram's number
+ * on the port and the client's address.  A receive strips the header and
+ * gives the program the client's address, so datagram boundaries are the
+ * client's own.  A send (sendto/sendmsg with the client's address) goes to
+ * the controller's socket at the same name + LLFT_REPLY_SUFFIX, headed by
+ * the destination; only the primary's replies leave the host.
+ *
+ * The primary records each receive (payload length, the datagram's number,
+ * msg_flags, or the error) and each send (payload length), taking turns on
+ * the fd like stream transfers.  A backup receives its own copy of the same
+ * datagram (checking its number), sends its own reply (which the controller
+ * only digests), and returns the primary's results. */
+#include "fdtable.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+DEFINE_REAL(recvmsg)
+DEFINE_REAL(sendmsg)
+DEFINE_REAL(poll)
+
+#define HDR sizeof(llft_conn_header_t)
+#define MAX_IOV 64
+
+static uint64_t foreign_drops; /* datagrams too short to come from the controller */
+
+/* The header's buffer first, then the program's. */
+static int with_header(struct iovec *v, llft_conn_header_t *h, const struct msghdr *m)
+{
+    if (m->msg_iovlen >= MAX_IOV) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    v[0] = (struct iovec){h, HDR};
+    if (m->msg_iovlen)
+        memcpy(v + 1, m->msg_iov, m->msg_iovlen * sizeof *v);
+    return (int)m->msg_iovlen + 1;
+}
+
+static size_t payload_len(const struct msghdr *m)
+{
+    size_t s = 0;
+    for (size_t i = 0; i < m->msg_iovlen; i++)
+        s += m->msg_iov[i].iov_len;
+    return s;
+}
+
+/* ---- receive -------------------------------------------------------- */
+
+/* The next datagram from the controller: its payload length (the whole
+ * length with MSG_TRUNC), or -1 with errno. */
+static ssize_t recv_real(int fd, struct msghdr *m, int flags, llft_conn_header_t *h, int *mflags)
+{
+    struct iovec v[MAX_IOV];
+    struct msghdr k = {0};
+    int n = with_header(v, h, m);
+    if (n < 0)
+        return -1;
+    for (;;) {
+        k.msg_iov = v;
+        k.msg_iovlen = (size_t)n;
+        ssize_t r = REAL(recvmsg)(fd, &k, flags);
+        if (r < 0)
+            return r;
+        if ((size_t)r >= HDR) {
+            *mflags = k.msg_flags & ~MSG_CTRUNC;
+            return r - (ssize_t)HDR;
+        }
+        /* Anyone on this host can send to an abstract name: drop it, counted. */
+        if (flags & MSG_PEEK)
+            (void)REAL(recvmsg)(fd, &k, (flags & ~MSG_PEEK) | MSG_DONTWAIT);
+        if (__atomic_add_fetch(&foreign_drops, 1, __ATOMIC_RELAXED) == 1)
+            llft_log("llft: dropped a datagram of %zd bytes on a UDP socket: not from llft's gateway", r);
+    }
+}
+
+static void give_source(struct msghdr *m, const llft_conn_header_t *h, int mflags)
+{
+    if (m->msg_name)
+        llft_give_addr(m->msg_name, &m->msg_namelen, h->family, ntohs(h->port), h->addr);
+    m->msg_controllen = 0; /* ancillary data (IP_PKTINFO, timestamps) is not replicated */
+    m->msg_flags = mflags;
+}
+
+/* Backup: receive the datagram the primary received, waiting for it. */
+static int recv_replay(struct llft_thread *t, int fd, struct msghdr *m, int flags, ssize_t *res)
+{
+    llft_rec_t e;
+    if (llft_replay_head(t, LLFT_OP_DGRAM_RECV, fd, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret < 0) /* a datagram may be empty: 0 bytes is a datagram too */
+        return 0;
+    struct turnstile *ts = llft_turn_wait(t, &e);
+    llft_conn_header_t h;
+    int mflags = 0;
+    ssize_t r;
+    while ((r = recv_real(fd, m, flags | MSG_DONTWAIT, &h, &mflags)) < 0 && (errno == EAGAIN || errno == EINTR)) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        REAL(poll)(&p, 1, 100);
+    }
+    if (UNLIKELY(r < 0))
+        llft_diverge(t, LLFT_OP_DGRAM_RECV, &e, LLFT_EXIT_DIVERGED, "no datagram to receive here (error %d)", errno);
+    if (UNLIKELY(h.conn_id != (uint64_t)e.val || r != e.ret))
+        llft_diverge(t, LLFT_OP_DGRAM_RECV, &e, LLFT_EXIT_DIVERGED,
+                     "received datagram %llu (%zd bytes) where the primary received datagram %llu (%lld bytes)",
+                     (unsigned long long)h.conn_id, r, (unsigned long long)e.val, (long long)e.ret);
+    llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
+    give_source(m, &h, e.err);
+    return 0;
+}
+
+ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        ssize_t res;
+        if (!recv_replay(t, fd, m, flags, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
+    llft_conn_header_t h;
+    int mflags = 0;
+    ssize_t r = recv_real(fd, m, flags, &h, &mflags);
+    int err = errno;
+    if (r >= 0)
+        give_source(m, &h, mflags);
+    if (role == LLFT_ROLE_PRIMARY) {
+        if (r >= 0) {
+            struct llft_obj *o = llft_obj_get(llft_fd_object(fd), t);
+            llft_record_aux(t, LLFT_OP_DGRAM_RECV, o->id, llft_obj_take_turn(o), r, mflags, (int64_t)h.conn_id,
+                            (uint32_t)fd);
+        } else {
+            llft_record_aux(t, LLFT_OP_DGRAM_RECV, 0, 0, -1, err, 0, (uint32_t)fd);
+        }
+    }
+    errno = err;
+    return r;
+}
+
+/* ---- send ----------------------------------------------------------- */
+
+/* The header for a datagram to dest, or an errno.  Outcomes decided here
+ * are the same at every replica: nothing is recorded for them. */
+static int dest_header(int fd, const struct msghdr *m, llft_conn_header_t *h)
+{
+    const struct sockaddr *a = m->msg_name;
+    memset(h, 0, sizeof *h);
+    if (!a)
+        return EDESTADDRREQ; /* connect() on a UDP socket is refused, so it never has a peer */
+    if (a->sa_family == AF_INET && m->msg_namelen >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)m->msg_name;
+        h->port = in->sin_port;
+        memcpy(h->addr, &in->sin_addr, 4);
+    } else if (a->sa_family == AF_INET6 && m->msg_namelen >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)m->msg_name;
+        h->port = in6->sin6_port;
+        memcpy(h->addr, &in6->sin6_addr, 16);
+    } else {
+        return EAFNOSUPPORT;
+    }
+    h->family = a->sa_family;
+    if (llft_fds[fd].port == 0) {
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            llft_log("llft: UDP sends from a socket not bound to a port (outgoing UDP) are not replicated yet; "
+                     "they fail with EOPNOTSUPP");
+        return EOPNOTSUPP;
+    }
+    return 0;
+}
+
+/* Sends the datagram to the controller; returns the payload length.  A
+ * datagram the controller is not there to take is lost, as UDP allows. */
+static ssize_t send_real(int fd, const struct msghdr *m, int flags, llft_conn_header_t *h)
+{
+    struct iovec v[MAX_IOV];
+    int n = with_header(v, h, m);
+    if (n < 0)
+        return -1;
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    const struct llft_fd *f = &llft_fds[fd];
+    int len = llft_listener_name(un.sun_path + 1, sizeof un.sun_path - 1, f->port, f->family, SOCK_DGRAM);
+    len += snprintf(un.sun_path + 1 + len, sizeof un.sun_path - 1 - (size_t)len, "%s", LLFT_REPLY_SUFFIX);
+    struct msghdr k = {.msg_name = &un,
+                       .msg_namelen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len),
+                       .msg_iov = v,
+                       .msg_iovlen = (size_t)n};
+    ssize_t r = REAL(sendmsg)(fd, &k, flags | MSG_NOSIGNAL);
+    if (r < 0 && (errno == ECONNREFUSED || errno == ENOENT))
+        return (ssize_t)payload_len(m);
+    return r < 0 ? r : r - (ssize_t)HDR;
+}
+
+/* Backup: send this replica's copy (the controller digests it) and return
+ * the primary's result. */
+static int send_replay(struct llft_thread *t, int fd, const struct msghdr *m, int flags, llft_conn_header_t *h,
+                       ssize_t *res)
+{
+    llft_rec_t e;
+    if (llft_replay_head(t, LLFT_OP_DGRAM_SEND, fd, &e, res))
+        return LLFT_PROMOTED;
+    if (e.ret < 0) /* a datagram may be empty: 0 bytes is a datagram too */
+        return 0;
+    if (UNLIKELY((size_t)e.ret != payload_len(m)))
+        llft_diverge(t, LLFT_OP_DGRAM_SEND, &e, LLFT_EXIT_DIVERGED,
+                     "sent a datagram of %zu bytes where the primary sent %lld", payload_len(m), (long long)e.ret);
+    struct turnstile *ts = llft_turn_wait(t, &e);
+    while (send_real(fd, m, flags | MSG_DONTWAIT, h) < 0 && (errno == EAGAIN || errno == EINTR)) {
+        struct timespec ms = {0, 1000000}; /* the controller's queue is full: it reads on */
+        nanosleep(&ms, NULL);
+    }
+    llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
+    return 0;
+}
+
+ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
+{
+    llft_conn_header_t h;
+    int bad = dest_header(fd, m, &h);
+    if (bad) {
+        errno = bad;
+        return -1;
+    }
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        ssize_t res;
+        if (!send_replay(t, fd, m, flags, &h, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
+    ssize_t r = send_real(fd, m, flags, &h);
+    int err = errno;
+    if (role == LLFT_ROLE_PRIMARY) {
+        if (r >= 0) {
+            struct llft_obj *o = llft_obj_get(llft_fd_object(fd), t);
+            llft_record_aux(t, LLFT_OP_DGRAM_SEND, o->id, llft_obj_take_turn(o), r, 0, 0, (uint32_t)fd);
+        } else {
+            llft_record_aux(t, LLFT_OP_DGRAM_SEND, 0, 0, -1, err, 0, (uint32_t)fd);
+        }
+    }
+    errno = err;
+    return r;
+}
+
+/* ---- the other calls, as one msghdr ------------------------------- */
+
+ssize_t llft_dgram_recv(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *len)
+{
+    struct iovec v = {buf, n};
+    struct msghdr m = {.msg_name = len ? addr : NULL, .msg_namelen = len ? *len : 0, .msg_iov = &v, .msg_iovlen = 1};
+    ssize_t r = llft_dgram_recvmsg(fd, &m, flags);
+    if (r >= 0 && addr && len)
+        *len = m.msg_namelen;
+    return r;
+}
+
+ssize_t llft_dgram_send(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len)
+{
+    struct iovec v = {(void *)buf, n};
+    struct msghdr m = {.msg_name = (void *)addr, .msg_namelen = len, .msg_iov = &v, .msg_iovlen = 1};
+    return llft_dgram_sendmsg(fd, &m, flags);
+}
+
+ssize_t llft_dgram_readv(int fd, const struct iovec *iov, int n)
+{
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n > 0 ? (size_t)n : 0};
+    return llft_dgram_recvmsg(fd, &m, 0);
+}
+
+ssize_t llft_dgram_writev(int fd, const struct iovec *iov, int n)
+{
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = n > 0 ? (size_t)n : 0};
+    return llft_dgram_sendmsg(fd, &m, 0);
+}
+
+/* ---- several datagrams at once -------------------------------------- */
+/* One recorded call per datagram.  recvmmsg's timeout is not honoured. */
+
+DEFINE_REAL(recvmmsg)
+DEFINE_REAL(sendmmsg)
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
+{
+    if (llft_fd_kind(fd) != FD_DGRAM)
+        return REAL(recvmmsg)(fd, v, n, flags, timeout);
+    unsigned int i = 0;
+    for (; i < n; i++) {
+        int f = flags & ~MSG_WAITFORONE;
+        if (i && (flags & MSG_WAITFORONE))
+            f |= MSG_DONTWAIT;
+        ssize_t r = llft_dgram_recvmsg(fd, &v[i].msg_hdr, f);
+        if (r < 0)
+            break;
+        v[i].msg_len = (unsigned int)r;
+    }
+    return i ? (int)i : -1;
+}
+
+EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+    if (llft_fd_kind(fd) != FD_DGRAM)
+        return REAL(sendmmsg)(fd, v, n, flags);
+    unsigned int i = 0;
+    for (; i < n; i++) {
+        ssize_t r = llft_dgram_sendmsg(fd, &v[i].msg_hdr, flags);
+        if (r < 0)
+            break;
+        v[i].msg_len = (unsigned int)r;
+    }
+    return i ? (int)i : -1;
+}
