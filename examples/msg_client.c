@@ -1,6 +1,7 @@
 /* msg_client: load for msg_server.  Prints one JSON line.
  *   msg_client latency PORT SIZE COUNT        round trips one at a time: p50, p99 in microseconds
  *   msg_client throughput PORT SIZE CLIENTS SECONDS   closed-loop clients: requests per second
+ * PORT may be ADDR:PORT (an IPv4 address; default 127.0.0.1).
  * Times with the raw clock_gettime system call. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,11 +23,29 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+static struct in_addr server_addr;
+
+/* PORT or ADDR:PORT: sets server_addr, returns the port. */
+static int target(const char *arg)
+{
+    const char *colon = strrchr(arg, ':');
+    server_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (colon == NULL)
+        return atoi(arg);
+    char host[64];
+    snprintf(host, sizeof host, "%.*s", (int)(colon - arg), arg);
+    if (inet_pton(AF_INET, host, &server_addr) != 1) {
+        fprintf(stderr, "msg_client: bad address %s\n", host);
+        exit(2);
+    }
+    return atoi(colon + 1);
+}
+
 static int dial(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_addr = server_addr;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         perror("connect");
         exit(1);
@@ -80,7 +99,7 @@ static void *load(void *arg)
 int main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[1], "latency") == 0) {
-        int port = atoi(argv[2]);
+        int port = target(argv[2]);
         size_t size = (size_t)atol(argv[3]);
         int count = atoi(argv[4]);
         int fd = dial(port);
@@ -104,7 +123,7 @@ int main(int argc, char **argv)
         pthread_t th[64];
         double start = now_us(), secs = atof(argv[5]);
         for (int i = 0; i < clients && i < 64; i++) {
-            w[i] = (struct worker){atoi(argv[2]), (size_t)atol(argv[3]), start + secs * 1e6, 0};
+            w[i] = (struct worker){target(argv[2]), (size_t)atol(argv[3]), start + secs * 1e6, 0};
             pthread_create(&th[i], NULL, load, &w[i]);
         }
         long total = 0;
