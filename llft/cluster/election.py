@@ -92,18 +92,26 @@ class Election:
         self.proposal = {"members": members, "acks": {}, "sends": 0, "excluded_lower": bool(lower)}
         self._repeat()
 
-    def _repeat(self) -> None:
+    def _conclude(self) -> bool:
+        """Phase 1 is over once every proposed member has acknowledged."""
         ep, pr = self.ep, self.proposal
         others = [m for m in pr["members"] if m != ep.me]
         # A proposer that left out backups of lower precedence gives their
         # proposals (which would name it) time to arrive: it then withdraws,
         # rather than splitting the group into competing primaries.
         patient = pr["excluded_lower"] and pr["sends"] < GRACE_SENDS
-        if all(m in pr["acks"] for m in others) and not patient:
-            view = View(ep.group, ep.me, dict(pr["members"]), ep.view.pvn + 1)
-            acks, self.proposal = pr["acks"], None
-            self.elected_pvn = view.pvn
-            self.on_elected(view, acks)
+        if not all(m in pr["acks"] for m in others) or patient:
+            return False
+        view = View(ep.group, ep.me, dict(pr["members"]), ep.view.pvn + 1)
+        acks, self.proposal = pr["acks"], None
+        self.elected_pvn = view.pvn
+        self.on_elected(view, acks)
+        return True
+
+    def _repeat(self) -> None:
+        ep, pr = self.ep, self.proposal
+        others = [m for m in pr["members"] if m != ep.me]
+        if self._conclude():
             return
         if pr["sends"] >= MAX_COUNT:
             gone = [m for m in others if m not in pr["acks"]]
@@ -195,3 +203,4 @@ class Election:
             raise wire.DropError("malformed", "proposal ack order")
         pr["acks"][sender] = (int(body["upto"]), int(body["of"]), blobs)
         self.last_ack_at = time.monotonic()      # measurement (bench/cluster.py)
+        self._conclude()   # at once, not at the next tick
