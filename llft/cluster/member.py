@@ -258,6 +258,8 @@ class HostMember:
         if self.me not in body["members"]:
             self.stepped_down = f"the new primary's view {self.ep.view.pvn} does not include this member"
             return
+        log.info("view notice: sync %d, base %d, entries %d.. (%d); this backup had released up to %d",
+                 body["sync"], body["base"], body["of"], len(body["ord"]), self.ep.sequencer.upto)
         if not follow_new_view(self.ep, body["sync"], body["base"], body["of"], body["ord"]):
             log.error("this backup lacks ordering information of the old primary up to %d: it cannot follow "
                       "the new primary", body["sync"])
@@ -516,6 +518,8 @@ class HostMember:
         lowest = min((upto for upto, _first, _blobs in acks.values()), default=sync)
         take_over(ep, view, base)
         first, lacking = self._held_after(lowest, sync)
+        log.info("synchrony point %d; backups' lowest position %d; the view notice carries %d entries from %d",
+                 sync, lowest, len(lacking), first)
         self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
                                       "members": sorted(view.precedences)})
         ep.on_order = None

@@ -51,6 +51,11 @@ def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) ->
     fill what it lacks), drops the rest of the old view's, and then takes
     the new primary's from `base`.  False if it still lacks some entry up to
     sync (it then cannot follow the new primary)."""
+    # The old primary's entries past the synchrony point (reflections that
+    # reached this backup but not the new primary) are not followed: drop
+    # them before filling the gap, or they would be released with it.
+    for k in [k for k in ep.sequencer.pending if sync < k < base]:
+        del ep.sequencer.pending[k]
     deliver_held_order(ep, first, blobs)
     complete = ep.sequencer.upto >= sync
     if ep.sequencer.upto < base - 1:
