@@ -136,10 +136,12 @@ class OrderSequencer:
             out.append(self.pending.pop(self.upto))
         return out
 
-    def skip_to(self, upto: int) -> None:
-        """Entries <= upto no longer matter (confirmed another way)."""
-        if upto > self.upto:
-            for k in [k for k in self.pending if k <= upto]:
-                del self.pending[k]
-            self.upto = upto
-            self.add(upto + 1, [])
+    def skip_to(self, upto: int) -> list[bytes]:
+        """Entries <= upto no longer matter (confirmed another way).  Returns
+        the pending entries after upto that this releases, as add() does."""
+        if upto <= self.upto:
+            return []
+        for k in [k for k in self.pending if k <= upto]:
+            del self.pending[k]
+        self.upto = upto
+        return self.add(upto + 1, [])

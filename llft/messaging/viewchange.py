@@ -58,14 +58,8 @@ def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) ->
         del ep.sequencer.pending[k]
     deliver_held_order(ep, first, blobs)
     complete = ep.sequencer.upto >= sync
-    seq = ep.sequencer
-    if seq.upto < base - 1:
-        # Not skip_to: the new primary's first entries may be here already,
-        # pending, and must be released to the application, not dropped.
-        for k in [k for k in seq.pending if k < base]:
-            del seq.pending[k]
-        seq.upto = base - 1
-        ep._order_delivered(seq.add(base, []))
+    # The new primary's first entries may be here already, pending: released now.
+    ep._order_delivered(ep.sequencer.skip_to(base - 1))
     return complete
 
 
