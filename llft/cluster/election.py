@@ -30,6 +30,7 @@ MAX_COUNT = 25
 GRACE_SENDS = 3
 SWITCH_WINDOW_S = 0.1
 STARTUP_GRACE_S = 1.0
+LOOP_STALL_S = 0.045   # a gap between ticks (every 20 ms) this long means we were not listening
 
 
 class Excluded(Exception):
@@ -65,7 +66,7 @@ class Election:
     def tick(self) -> None:
         ep = self.ep
         now = ep.clock.now()
-        if now - self.last_tick > self.timeout() / 3:
+        if now - self.last_tick > max(self.timeout() / 3, LOOP_STALL_S):
             # This process was not listening (its event loop busy, e.g. a new
             # member feeding its replica the group's log, or the host
             # stalled): silence measured then says nothing of the primary.
