@@ -87,7 +87,6 @@ class HostMember:
         self.replica: Replica | None = None
         self.ep: GroupEndpoint | None = None
         self.joiner: Joiner | None = None
-        self.bad_payloads = 0
         self.rounds = 0
         self._reset()
 
@@ -340,7 +339,6 @@ class HostMember:
             try:
                 req = payload.parse_request(body)
             except payload.BadPayload as e:
-                self.bad_payloads += 1
                 self.ep.drops.count("bad-payload")
                 log.debug("connection %s: %s", cid, e)
                 return
@@ -362,10 +360,7 @@ class HostMember:
             nxt = ConnId(cid.client, cid.server, cid.seq + 1)
             if nxt in self.unopened:
                 for r in self.unopened.pop(nxt):
-                    self._request_parsed(nxt, r)
-
-    def _request_parsed(self, cid: ConnId, req: tuple):
-        self._request(cid, None, req, log_it=False)
+                    self._request(nxt, None, r, log_it=False)
 
     def _to_relay(self, cid: ConnId, req: tuple):
         num = self._conn_num(cid)

@@ -145,6 +145,3 @@ class ReplyStream:
         self.primary = True
         for cid, p in self.conns.items():
             self._emit(cid, p)
-
-    def unsent(self) -> int:
-        return sum(len(p.buf) for p in self.conns.values())
