@@ -87,11 +87,15 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def concurrently(client, n: int):
-    """Runs client(0) .. client(n-1) each on its own thread; returns when all have."""
+def concurrently(client, n: int, meanwhile=None, timeout: float | None = None):
+    """Runs client(0) .. client(n-1) each on its own thread, and meanwhile()
+    (e.g. fault injection) on this one; returns when all have (or after
+    timeout seconds per thread)."""
     import threading
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+    if meanwhile is not None:
+        meanwhile()
     for t in threads:
-        t.join()
+        t.join(timeout)

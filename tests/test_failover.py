@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 import time
 
 import pytest
 
 from conftest import tool
-from serving import ServingGroup, line_client
+from serving import ServingGroup, concurrently, line_client
 from test_serving import read_resp, resp
 
 
@@ -47,14 +46,11 @@ def run_clients(group, nclients, nlines, kills, kill_after=0.3):
         except OSError as e:
             errors.append(f"client {i}: {e}")
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(nclients)]
-    for t in threads:
-        t.start()
-    for _ in range(kills):
-        time.sleep(kill_after)
-        kill_primary(group)
-    for t in threads:
-        t.join()
+    def kill_some():
+        for _ in range(kills):
+            time.sleep(kill_after)
+            kill_primary(group)
+    concurrently(client, nclients, kill_some)
     assert not errors, errors
     return results
 
@@ -148,13 +144,10 @@ def test_redis_counter_survives_primary_crash(tmp_path):
                 f.flush()
                 seen[i].append(int(read_resp(f)))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    kill_primary(group)
-    for t in threads:
-        t.join()
+    def kill_once():
+        time.sleep(0.3)
+        kill_primary(group)
+    concurrently(client, 3, kill_once)
     values = sorted(v for vs in seen.values() for v in vs)
     assert values == list(range(1, 601)), "an INCR was lost or applied twice"
     with group.connect() as s:
@@ -180,15 +173,12 @@ def test_frozen_primary_is_fenced_and_replaced(examples, tmp_path):
         with group.connect() as s:
             results[i] = line_client(s, [f"c{i}-{j}" for j in range(200)])[0]
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary", "--signal", "STOP"],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0 and "SIGSTOP" in p.stdout
-    for t in threads:
-        t.join()
+    def freeze_primary():
+        time.sleep(0.3)
+        p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary", "--signal", "STOP"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0 and "SIGSTOP" in p.stdout
+    concurrently(client, 3, freeze_primary)
     check_exactly_once(results, 3, 200)
     state = finish_and_check(group)
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]

@@ -434,24 +434,22 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
         acked[i] = n
         c.close()
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    pvn = 1
-    for _ in range(KILLS_IN_A_ROW):
-        states = [cluster.status(d) for _, d in cluster.members]
-        primary = next(s for s in states if s["replicas"] and s["replicas"][0]["role"] == "primary")
-        os.kill(primary["replicas"][0]["pid"], signal.SIGKILL)
+    def kill_primaries():
+        pvn = 1
+        for _ in range(KILLS_IN_A_ROW):
+            states = [cluster.status(d) for _, d in cluster.members]
+            primary = next(s for s in states if s["replicas"] and s["replicas"][0]["role"] == "primary")
+            os.kill(primary["replicas"][0]["pid"], signal.SIGKILL)
 
-        def whole_again():
-            sts = [cluster.status(d) for _, d in cluster.members]
-            return all(s["view"]["pvn"] > pvn and len(s["members"]) == 3 and s["replicas"] for s in sts) and \
-                len({s["view"]["pvn"] for s in sts}) == 1
-        cluster.wait(whole_again, "the group to be whole again after a kill", timeout=60)
-        pvn = cluster.status(cluster.members[0][1])["view"]["pvn"]
-    stop.set()
-    for t in threads:
-        t.join(timeout=120)
+            def whole_again():
+                sts = [cluster.status(d) for _, d in cluster.members]
+                return all(s["view"]["pvn"] > pvn and len(s["members"]) == 3 and s["replicas"] for s in sts) and \
+                    len({s["view"]["pvn"] for s in sts}) == 1
+            cluster.wait(whole_again, "the group to be whole again after a kill", timeout=60)
+            pvn = cluster.status(cluster.members[0][1])["view"]["pvn"]
+        stop.set()
+
+    concurrently(writer, 3, kill_primaries, timeout=120)
     assert len(acked) == 3 and all(n > 0 for n in acked.values()), acked
     c = cluster.client()
     for i, n in acked.items():
