@@ -106,14 +106,26 @@ class LocalGroup:
         self.forwarder.start()
         self.write_state("running")
 
+    def ranks(self) -> dict[int, int]:
+        """LLFT's ranks: the primary 1, then the live backups in precedence
+        order.  A replica's precedence is its index, never reused."""
+        live = [r for r in self.replicas if r.role == "primary"]
+        live += [r for r in self.replicas if r.role == "backup" and r.alive()]
+        return {r.index: rank for rank, r in enumerate(live, 1)}
+
     def write_state(self, phase: str):
+        ranks = self.ranks()
+        primary = next((r.index for r in self.replicas if r.role == "primary"), None)
         rundir.write_state(self.run_dir, {
             "group": self.group,
+            # each primary change starts a new view, as in LLFT's membership
+            "view": {"pvn": 1 + len(self.failovers), "primary": primary},
             "phase": phase,
             "controller_pid": os.getpid(),
             "argv": self.argv,
             "respawn": self.opts.respawn,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
+                          "precedence": r.index, "rank": ranks.get(r.index),
                           "stream": r.stream.path,
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),

@@ -1,7 +1,6 @@
 """llft-status: show a replica group: members, roles, progress, divergence."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -14,7 +13,7 @@ PROG = "llft-status"
 
 def build_parser():
     p = Parser(prog=PROG, description="Show the members of a group started by llft-run: role, pid, "
-               "whether it is alive, OrderInfo records written (primary) or replayed (backups), "
+               "view number, precedence and rank, whether it is alive, OrderInfo records written (primary) or replayed (backups), "
                "threads, divergence.  Finds the group through its run dir.")
     p.add_argument("--run-dir", metavar="DIR", help="the run dir (default: ./llft-runs/latest or the newest)")
     p.add_argument("--group", metavar="NAME", help="pick the newest run of this group")
@@ -32,10 +31,10 @@ def main(argv=None) -> int:
     replicas = [member_view(m) for m in state.get("replicas", [])]
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
-              "gateway": state.get("gateway")}
+              "gateway": state.get("gateway"), "view": state.get("view")}
     messaging = state.get("messaging")
     if messaging is not None:   # a member or gateway of a group across hosts
-        report.update(view=state.get("view"), member=state.get("member"), replicas=replicas,
+        report.update(member=state.get("member"), replicas=replicas,
                       members=state.get("members", []), messaging=messaging,
                       drops=messaging.get("drops", {}))
     if args.json:
@@ -45,10 +44,14 @@ def main(argv=None) -> int:
           + ("  (--respawn)" if state.get("respawn") else ""))
     if messaging is not None:
         print_cluster(report)
+    elif report["view"]:
+        print(f"view {report['view']['pvn']}  primary {report['view']['primary']}")
     if replicas:
-        print(f"{'replica':>7}  {'role':8} {'pid':>8}  {'state':8} {'records':>10} {'threads':>7}  problem")
+        print(f"{'replica':>7}  {'role':8} {'prec':>4} {'rank':>4} {'pid':>8}  {'state':8} {'records':>10} "
+              f"{'threads':>7}  problem")
     for m in replicas:
-        print(f"{m['index']:>7}  {m['role']:8} {m['pid'] or '-':>8}  {m['state']:8} "
+        print(f"{m['index']:>7}  {m['role']:8} {dash(m.get('precedence')):>4} {dash(m.get('rank')):>4} "
+              f"{m['pid'] or '-':>8}  {m['state']:8} "
               f"{m['records'] if m['records'] is not None else '-':>10} "
               f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or rejoin_note(m)}")
     gw = report["gateway"]
@@ -62,6 +65,10 @@ def main(argv=None) -> int:
         for notice in gw.get("notices") or []:
             print(f"notice: {notice}")
     return 0
+
+
+def dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def rejoin_note(m: dict) -> str:

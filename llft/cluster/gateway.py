@@ -78,7 +78,11 @@ class ClusterGateway:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             await self._send(cid, c, payload.open_request(self.program_port, peer[0], peer[1]))
-            while chunk := await reader.read(READ_CHUNK):
+            while True:
+                await writer.drain()   # a client that does not read its replies is not read either
+                chunk = await reader.read(READ_CHUNK)
+                if not chunk:
+                    break
                 self.stats["bytes_in"] += len(chunk)
                 await self._send(cid, c, payload.data_request(chunk))
         except (ConnectionError, OSError):

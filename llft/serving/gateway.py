@@ -121,6 +121,7 @@ class Gateway:
             while True:
                 for r in list(self.relays):  # bounded memory: a slow replica slows the client down
                     await r.room.wait()
+                await writer.drain()   # ...and so does a client that does not read its replies
                 chunk = await reader.read(READ_CHUNK)
                 if not chunk:
                     break
