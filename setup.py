@@ -1,11 +1,13 @@
 """Builds llft: the LD_PRELOAD interposition library (native/ -> llft/libllft.so)
-and the cffi module llft._native that gives Python the same ring and codec."""
+the cffi module llft._native that gives Python the same ring and codec, and
+llft._dataplane, the controller's native data plane (native/dataplane.c)."""
 import os
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The preload library: every native/*.c except the controller-only helpers.
+# The preload library: every native/*.c except the controller-only helpers
+# (spawn.c, dataplane.c).
 PRELOAD_SOURCES = [
     "native/core.c",
     "native/record.c",
@@ -54,6 +56,6 @@ class BuildExtWithPreload(build_ext):
 
 
 setup(
-    cffi_modules=["llft/_native_build.py:ffibuilder"],
+    cffi_modules=["llft/_native_build.py:ffibuilder", "llft/_dataplane_build.py:ffibuilder"],
     cmdclass={"build_ext": BuildExtWithPreload},
 )

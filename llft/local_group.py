@@ -19,9 +19,10 @@ from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSou
                                        stream_path)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY, StreamFile)
 from llft.replica import Replica
+from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
-from llft.serving.relay import ReplicaRelay
+from llft.serving.plane_relay import PlaneRelay
 
 log = logging.getLogger("llft.group")
 
@@ -57,7 +58,8 @@ class LocalGroup:
         self.source = None
         self.interrupted: int | None = None
         self.failed: str | None = None
-        self.relays: list[ReplicaRelay] = []
+        self.relays: list[PlaneRelay] = []
+        self.plane: DataPlane | None = None   # the client connections' byte path
         self.gateway: Gateway | None = None
         self.sinks: dict[int, BackupSink] = {}
         self.inputs: InputLog | None = None
@@ -146,20 +148,22 @@ class LocalGroup:
         except ImportError:
             return asyncio.run(self._serve())
 
-    def _relay(self, r: Replica) -> ReplicaRelay:
-        rl = ReplicaRelay(r, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
+    def _relay(self, r: Replica) -> PlaneRelay:
+        rl = PlaneRelay(r, self.plane, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
         self.relays.append(rl)
         self.tasks.append(asyncio.create_task(rl.run()))
         return rl
 
     async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
+        self.plane = DataPlane(self.inputs.dir if self.inputs is not None else None)
         for r in list(self.replicas):
             self._relay(r)
             self._watch_exit(r)
         self.gateway = None
         if primary is not None:
-            self.gateway = Gateway(self.relays, self.relays[0], self.opts.port_map, self.opts.host, self.inputs)
+            self.gateway = Gateway(self.plane, self.relays, self.relays[0], self.opts.port_map, self.opts.host,
+                                   self.inputs)
             self.tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
         try:
             await self._wait_replicas(primary)
@@ -169,6 +173,7 @@ class LocalGroup:
         finally:
             if self.gateway:
                 await self.gateway.close()
+            self.plane.stop()
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -178,8 +183,6 @@ class LocalGroup:
         self.forwarder.join(timeout=10)
         for feeder in self.feeders.values():
             feeder.join(timeout=5)
-        if self.inputs is not None:
-            self.inputs.close()
         self.write_state("finished")
         return self._verdict(primary)
 
@@ -208,7 +211,7 @@ class LocalGroup:
             self.gateway.remove_relay(self._relay_of(failed))
         self.write_state("running")
 
-    def _relay_of(self, r: Replica) -> ReplicaRelay:
+    def _relay_of(self, r: Replica) -> PlaneRelay:
         return self.relays[self.replicas.index(r)]
 
     def _backup_failed(self, r: Replica, why: str):

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftables iptables
-              redis-server redis-tools memcached libmemcached-tools procps)
+              libssl-dev redis-server redis-tools memcached libmemcached-tools procps)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

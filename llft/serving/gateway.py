@@ -2,7 +2,8 @@
 program itself.  Each client connection becomes a numbered connection into
 every replica (LLFT's client-side endpoint of a virtual connection): the
 client's bytes go to all of them in the same order, and only the primary's
-replies come back, once."""
+replies come back, once.  The gateway accepts and numbers connections; the
+native data plane (llft/serving/dataplane.py) moves their bytes."""
 from __future__ import annotations
 
 import asyncio
@@ -14,41 +15,38 @@ from llft.serving.datagrams import DatagramService, public_address
 
 log = logging.getLogger("llft.gateway")
 
-READ_CHUNK = 65536
 NO_PORT_NOTICE_S = 3.0   # after this long without a port, say that clients cannot reach the program
+CLOSE_POLL_S = 0.01
 
 
 class Gateway:
-    def __init__(self, relays, primary_relay, port_map: dict[int, int] | None = None, host: str | None = None,
-                 inputs=None):
-        self.relays = list(relays)
-        self.inputs = inputs                # InputLog: what clients sent, for replicas that join later
+    def __init__(self, plane, relays, primary_relay, port_map: dict[int, int] | None = None,
+                 host: str | None = None, inputs=None):
+        self.plane = plane                  # DataPlane: moves the bytes
+        self.relays = list(relays)          # PlaneRelay: connect each replica's legs
+        self.inputs = inputs                # InputLog: the connections, for replicas that join later
         self.primary = primary_relay
         self.port_map = port_map or {}
         self.host = host
-        self.servers: dict[int, asyncio.base_events.Server] = {}
-        self.clients: dict[int, asyncio.StreamWriter] = {}
+        self.servers: dict[int, list[socket.socket] | None] = {}
         self.ids = itertools.count(1)
         self.errors: list[str] = []
-        self.stats = {"connections": 0, "bytes_in": 0, "bytes_out": 0, "failovers": 0}
-        self.sent: dict[int, int] = {}  # bytes of each connection the client has been sent
+        self.failovers = 0
         self.datagrams = DatagramService([r.replica for r in relays], primary_relay.replica, host, self.port_map,
                                          self.errors)
-        self.stats["udp"] = self.datagrams.stats
         self.notices: list[str] = []      # shown by llft-status while they hold
-        self.stats["notices"] = self.notices
-        primary_relay.on_output = self._reply
-        primary_relay.on_close = self._server_closed
-        for r in relays:
-            r.delivered = self.sent_to_client
+        plane.set_primary(primary_relay.slot)
 
-    def sent_to_client(self, conn_id: int) -> int:
-        return self.sent.get(conn_id, 0)
+    @property
+    def stats(self) -> dict:
+        s = self.plane.stats()
+        return {"connections": s["connections"], "bytes_in": s["bytes_in"], "bytes_out": s["bytes_out"],
+                "failovers": self.failovers, "udp": self.datagrams.stats, "notices": self.notices}
 
     def add_relay(self, relay):
-        """A replica joins: it gets every connection so far from the input
-        log, then what clients send from now on, like the others."""
-        relay.delivered = self.sent_to_client
+        """A replica joins: the plane gave it every connection so far, fed
+        from the input log, then what clients send from now on; the relay
+        connects them in connection order."""
         relay.catch_up(self.inputs)
         self.relays.append(relay)
 
@@ -61,10 +59,9 @@ class Gateway:
     def promote(self, relay):
         """The primary failed and relay's replica took over: its output goes to
         the clients from where the old primary's stopped; connections stay."""
-        old, self.primary = self.primary, relay
-        old.on_output = old.on_close = None
-        self.stats["failovers"] += 1
-        relay.take_over(self._reply, self._server_closed)
+        self.primary = relay
+        self.failovers += 1
+        self.plane.set_primary(relay.slot)
         self.datagrams.promote(relay.replica)
 
     async def watch(self, stream, interval: float = 0.01):
@@ -93,78 +90,73 @@ class Gateway:
     async def _serve(self, port: int, family: int):
         host, public = public_address(self.port_map, self.host, port, family)
         try:
-            server = await asyncio.start_server(lambda r, w: self._client(r, w, port), host, public,
-                                                reuse_address=True)
+            socks = listen(host, public)
         except OSError as e:
             msg = f"cannot listen on {host} port {public} for the program's port {port}: {e.strerror}"
             log.error(msg)
             self.errors.append(msg)
             self.servers[port] = None
             return
-        self.servers[port] = server
+        loop = asyncio.get_running_loop()
+        for s in socks:
+            loop.add_reader(s.fileno(), self._accept, s, port)
+        self.servers[port] = socks
         log.info("serving clients on %s port %d (the program's port %d)", host, public, port)
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int):
-        conn_id = next(self.ids)
-        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
-        host, cport = peer[0], peer[1]
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
+    def _accept(self, server: socket.socket, port: int):
+        """A client connection: numbered, handed to the data plane (with a
+        leg for every live replica), and each relay connects its leg."""
+        for _ in range(64):   # a burst of connections, without starving the loop
+            try:
+                sock, peer = server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:   # out of fds, say: the client waits in the backlog
+                log.warning("cannot accept a client on port %d: %s", port, e)
+                return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.clients[conn_id] = writer
-        self.stats["connections"] += 1
-        if self.inputs is not None:
-            self.inputs.open(conn_id, port, host, cport)
-        for r in self.relays:
-            r.open(conn_id, port, host, cport)
-        try:
-            while True:
-                for r in list(self.relays):  # bounded memory: a slow replica slows the client down
-                    await r.room.wait()
-                await writer.drain()   # ...and so does a client that does not read its replies
-                chunk = await reader.read(READ_CHUNK)
-                if not chunk:
-                    break
-                self.stats["bytes_in"] += len(chunk)
-                if self.inputs is not None:
-                    self.inputs.data(conn_id, chunk)
-                for r in self.relays:
-                    r.data(conn_id, chunk)
-        except (ConnectionError, OSError):
-            pass  # the client went away mid-request: the program sees the end of its input
-        if self.inputs is not None:
-            self.inputs.eof(conn_id)
-        for r in self.relays:
-            r.eof(conn_id)
-
-    def _reply(self, conn_id: int, chunk: bytes, offset: int):
-        """Sends what of chunk (at offset in the connection's output) the
-        client has not had yet: after a failover the new primary repeats,
-        byte for byte, what the old one had sent."""
-        skip = self.sent.get(conn_id, 0) - offset
-        if skip >= len(chunk):
-            return
-        part = chunk[max(skip, 0):]
-        self.sent[conn_id] = offset + len(chunk)
-        w = self.clients.get(conn_id)
-        if w is not None and not w.is_closing():
-            self.stats["bytes_out"] += len(part)
-            w.write(part)
-
-    def _server_closed(self, conn_id: int):
-        w = self.clients.pop(conn_id, None)
-        if w is not None:
-            w.close()
+            conn_id = next(self.ids)
+            host, cport = peer[0], peer[1]
+            if not self.plane.open_conn(conn_id, sock):
+                log.warning("connection %d: the data plane refused it", conn_id)
+                continue
+            if self.inputs is not None:
+                self.inputs.open(conn_id, port, host, cport)
+            for r in self.relays:
+                r.open(conn_id, port, host, cport)
 
     async def close(self, timeout: float = 2.0):
         """Stops accepting, then closes client connections once what they
-        were sent has gone out (bounded by timeout)."""
-        for s in self.servers.values():
-            if s is not None:
+        were sent has gone out (bounded by timeout), and stops the plane."""
+        loop = asyncio.get_running_loop()
+        for socks in self.servers.values():
+            for s in socks or ():
+                loop.remove_reader(s.fileno())
                 s.close()
         self.datagrams.close()
-        writers = list(self.clients.values())
-        for w in writers:
-            w.close()
-        if writers:
-            await asyncio.wait([asyncio.ensure_future(w.wait_closed()) for w in writers], timeout=timeout)
+        self.plane.close_clients()
+        end = loop.time() + timeout
+        while self.plane.stats()["open_clients"] and loop.time() < end:
+            await asyncio.sleep(CLOSE_POLL_S)
+        self.plane.stop()
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Non-blocking listening sockets on host's addresses for port."""
+    socks = []
+    try:
+        for family, type_, proto, _name, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                    flags=socket.AI_PASSIVE):
+            s = socket.socket(family, type_, proto)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(addr)
+            s.listen(1024)
+            s.setblocking(False)
+    except OSError:
+        for s in socks:
+            s.close()
+        raise
+    return socks

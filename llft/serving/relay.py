@@ -1,4 +1,7 @@
-"""One replica's side of the client connections.
+"""One replica's side of the client connections, in asyncio: the relay of
+a member of a group across hosts (llft/cluster/member.py), whose input
+arrives over the messaging protocol.  (On one host, llft-run's relays are
+llft/serving/plane_relay.py, with the native data plane moving the bytes.)
 
 For each client connection, in connection order, the relay connects to the
 program's virtual listener (an abstract AF_UNIX name the preload library
@@ -12,16 +15,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from llft.native import conn_header
+from llft.serving.program import connect_to_program
 
 log = logging.getLogger("llft.relay")
-
-CONNECT_RETRY_S = 0.005
 
 
 @dataclass
@@ -76,18 +77,6 @@ class ReplicaRelay:
     def eof(self, conn_id: int):
         self._to(conn_id, ("eof",))
 
-    def catch_up(self, inputs):
-        """A replica that joins late: every client connection so far, in
-        connection order and under the same ids, with all the bytes its
-        client sent (from the input log), closed ones included.  What the
-        gateway passes on from now on follows."""
-        for c in inputs.connections():
-            self.open(c.conn_id, c.port, c.host, c.client_port)
-            if c.bytes:
-                self._to(c.conn_id, ("logged", inputs.path(c.conn_id), c.bytes))
-            if c.eof:
-                self.eof(c.conn_id)
-
     def stop(self):
         """The replica is gone: drop what was queued for it; take no more."""
         for t in self.writer_tasks:
@@ -132,13 +121,6 @@ class ReplicaRelay:
                         self.room.set()
                     w.write(item[1])
                     await w.drain()
-                elif item[0] == "logged":
-                    with open(item[1], "rb") as f:
-                        left = item[2]
-                        while left and (chunk := f.read(min(left, 65536))):
-                            left -= len(chunk)
-                            w.write(chunk)
-                            await w.drain()
                 else:
                     if w.can_write_eof():
                         w.write_eof()
@@ -156,30 +138,11 @@ class ReplicaRelay:
                 self.room.set()
             self.inbox.pop(conn_id, None)
 
-    async def _listener(self, port: int) -> str | None:
-        while self.replica.alive():
-            for p, _family, name in self.replica.stream.listeners():
-                if p == port:
-                    return name
-            await asyncio.sleep(CONNECT_RETRY_S)
-        return None
-
     async def _open(self, conn_id: int, port: int, host: str, client_port: int):
-        while True:
-            name = await self._listener(port)
-            if name is None:
-                return
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                # Connected here, not by open_unix_connection: uvloop takes a
-                # path as a C string, which cuts an abstract name short.
-                await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
-                reader, writer = await asyncio.open_unix_connection(sock=sock)
-                break
-            except (ConnectionRefusedError, FileNotFoundError):
-                sock.close()
-                await asyncio.sleep(CONNECT_RETRY_S)  # not listening yet at this replica
+        sock = await connect_to_program(self.replica, port)
+        if sock is None:
+            return
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
         writer.write(conn_header(conn_id, host, client_port))
         self.writers[conn_id] = writer
         self.outputs[conn_id] = OutputLog()

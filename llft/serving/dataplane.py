@@ -1,0 +1,87 @@
+"""The native data plane (native/dataplane.c, llft._dataplane) seen from
+Python: the byte path of the client connections on one host runs on its own
+thread, without the GIL.  Python hands it sockets (a client's, and each
+replica's connection to the program, header written) and keeps the control:
+numbering, the primary, failovers, the state file."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from llft._dataplane import ffi, lib
+
+QUEUE_LIMIT = 8 << 20   # input bytes queued for one replica beyond which clients wait
+
+
+class DataPlane:
+    def __init__(self, input_dir: Path | None = None, queue_limit: int = QUEUE_LIMIT):
+        d = ffi.new("char[]", os.fsencode(input_dir)) if input_dir is not None else ffi.NULL
+        dp = lib.llft_dp_new(d, queue_limit)
+        if dp == ffi.NULL:
+            raise OSError(ffi.errno, f"cannot create the data plane: {os.strerror(ffi.errno)}")
+        self._dp = ffi.gc(dp, lib.llft_dp_free)
+        if lib.llft_dp_start(self._dp) != 0:
+            raise OSError(ffi.errno, f"cannot start the data plane's thread: {os.strerror(ffi.errno)}")
+
+    def stop(self):
+        """Stops the thread and closes every socket; summaries stay readable."""
+        lib.llft_dp_stop(self._dp)
+
+    def add_replica(self, replica, log_dir: Path | None) -> int:
+        try:
+            pidfd = os.pidfd_open(replica.pid)
+        except (OSError, AttributeError, TypeError):
+            pidfd = -1   # the plane then tells a death from /proc alone
+        d = ffi.new("char[]", os.fsencode(log_dir)) if log_dir is not None else ffi.NULL
+        slot = lib.llft_dp_add_replica(self._dp, replica.pid or 0, pidfd, d)
+        if slot < 0:
+            if pidfd >= 0:
+                os.close(pidfd)
+            raise OSError(ffi.errno, f"replica {replica.index}: cannot add it to the data plane")
+        return slot
+
+    def remove_replica(self, slot: int):
+        lib.llft_dp_remove_replica(self._dp, slot)
+
+    def set_primary(self, slot: int):
+        lib.llft_dp_set_primary(self._dp, slot)
+
+    def open_conn(self, conn_id: int, client: socket.socket) -> bool:
+        """The plane owns client's socket from now on."""
+        fd = client.detach()
+        if lib.llft_dp_open_conn(self._dp, conn_id, fd) != 0:
+            os.close(fd)
+            return False
+        return True
+
+    def attach(self, slot: int, conn_id: int, sock: socket.socket | None):
+        """slot's connection for conn_id (None: it could not be made)."""
+        lib.llft_dp_attach(self._dp, slot, conn_id, sock.detach() if sock is not None else -1)
+
+    def summary(self, slot: int) -> dict[str, dict]:
+        """Per connection of slot: bytes the program sent, their SHA-256, closed."""
+        cap = 1 << 16
+        while True:
+            buf = ffi.new("char[]", cap)
+            n = lib.llft_dp_summary(self._dp, slot, buf, cap)
+            if n <= cap:
+                break
+            cap = n + 4096   # connections opened meanwhile
+        out = {}
+        for line in ffi.buffer(buf, n)[:].decode().splitlines():
+            conn, nbytes, closed, sha = line.split()
+            out[conn] = {"bytes": int(nbytes), "sha256": sha, "closed": closed == "1"}
+        return out
+
+    def open_legs(self, slot: int) -> int:
+        return lib.llft_dp_open_legs(self._dp, slot)
+
+    def close_clients(self):
+        lib.llft_dp_close_clients(self._dp)
+
+    def stats(self) -> dict[str, int]:
+        s = ffi.new("llft_dp_stats_t *")
+        lib.llft_dp_stats(self._dp, s)
+        return {"connections": s.connections, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                "open_clients": s.open_clients}

@@ -1,0 +1,74 @@
+"""One replica's side of the client connections on one host, with the
+native data plane moving the bytes.  For each client connection, in
+connection order (the program accepts them in that order), the relay
+connects to the program's virtual listener, writes the connection header
+and hands the socket to the plane, which writes the client's bytes to it
+and digests (and logs, with --log-output) what the program sends; the
+primary's goes back to the client.  (The cross-host member still uses the
+asyncio relay, llft/serving/relay.py.)"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from llft.native import conn_header
+from llft.serving.dataplane import DataPlane
+from llft.serving.program import connect_to_program
+
+log = logging.getLogger("llft.relay")
+
+DRAIN_POLL_S = 0.01
+
+
+class PlaneRelay:
+    def __init__(self, replica, plane: DataPlane, log_dir: Path | None = None):
+        self.replica = replica
+        self.plane = plane
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        self.slot = plane.add_replica(replica, log_dir)
+        self.opens: asyncio.Queue = asyncio.Queue()
+        self.stopped = False
+
+    def open(self, conn_id: int, port: int, host: str, client_port: int):
+        """A client connection: the plane has made this replica's leg, which
+        queues the client's bytes until it is connected."""
+        if not self.stopped:
+            self.opens.put_nowait((conn_id, port, host, client_port))
+
+    def catch_up(self, inputs):
+        """A replica that joins late: every client connection so far, closed
+        ones included, in connection order; the plane feeds each its logged
+        input, then what the client sends from now on."""
+        for c in inputs.connections():
+            self.open(c.conn_id, c.port, c.host, c.client_port)
+
+    def stop(self):
+        """The replica is gone: no more input for it (its output is still read)."""
+        self.stopped = True
+        self.plane.remove_replica(self.slot)
+
+    async def run(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            conn_id, port, host, client_port = await self.opens.get()
+            sock = await connect_to_program(self.replica, port)
+            if sock is not None:
+                try:
+                    await loop.sock_sendall(sock, conn_header(conn_id, host, client_port))
+                except OSError as e:
+                    log.debug("replica %d connection %d: %s", self.replica.index, conn_id, e)
+                    sock.close()
+                    sock = None
+            self.plane.attach(self.slot, conn_id, sock)
+
+    async def drained(self, timeout: float):
+        """Waits until every connection's output has been read to its end
+        (the replica has exited: its sockets are closed), at most timeout."""
+        end = asyncio.get_running_loop().time() + timeout
+        while self.plane.open_legs(self.slot) and asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    def output_summary(self) -> dict[str, dict]:
+        return self.plane.summary(self.slot)

@@ -1,0 +1,69 @@
+/* The controller's native data plane (llft._dataplane): the byte path of
+ * the client connections on one host, on its own thread with epoll.
+ *
+ * Python keeps the control: it accepts clients, numbers their connections,
+ * connects each replica's leg to the program's listener in connection order
+ * (writing the 32-byte header), decides failovers and writes the state
+ * file.  It hands each socket over here; from then on this thread moves the
+ * bytes: client -> every live replica's leg, the primary's output -> the
+ * client once (skipping what the client already had, by stream offset),
+ * every replica's output -> SHA-256 (and --log-output's file), a backup's
+ * output not yet sent to the client kept for a takeover, and, with an input
+ * directory, every client's bytes to DIR/conn-N for replicas that join later.
+ *
+ * Every function may be called from any thread; a mutex serializes them
+ * with the plane's thread.  This is not part of the preload library. */
+#ifndef LLFT_DATAPLANE_H
+#define LLFT_DATAPLANE_H
+
+#include <stdint.h>
+
+typedef struct llft_dp llft_dp_t;
+
+typedef struct {
+    uint64_t connections;   /* client connections handed over */
+    uint64_t bytes_in;      /* bytes read from clients */
+    uint64_t bytes_out;     /* bytes written (or queued) to clients */
+    uint64_t open_clients;  /* client sockets not closed yet */
+} llft_dp_stats_t;
+
+/* input_dir: where every connection's input is kept (NULL: not kept, and no
+ * replica can join later).  queue_limit: input bytes queued for one replica
+ * beyond which clients are not read (resumed below half).  NULL on error. */
+llft_dp_t *llft_dp_new(const char *input_dir, uint64_t queue_limit);
+int llft_dp_start(llft_dp_t *dp);
+/* Stops the thread and closes every socket and file; the summaries stay. */
+void llft_dp_stop(llft_dp_t *dp);
+void llft_dp_free(llft_dp_t *dp);
+
+/* A replica (its pid and a pidfd, which the plane keeps).  log_dir: where
+ * --log-output writes conn-N files (NULL: not logged).  When connections
+ * exist already (a replacement joining), each gets a leg that is fed the
+ * logged input first.  Returns the replica's slot, or -1. */
+int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir);
+/* The replica failed: no more input for it; its output is still read. */
+void llft_dp_remove_replica(llft_dp_t *dp, int slot);
+/* slot's output goes to the clients from now on: what it sent beyond what
+ * the clients have had goes out at once, and connections it has closed are
+ * closed.  Also sets the first primary. */
+void llft_dp_set_primary(llft_dp_t *dp, int slot);
+
+/* A client connection (conn_id: the gateway's number, increasing); the plane
+ * owns client_fd from now on.  Every live replica gets a leg, which queues
+ * input until llft_dp_attach.  0, or -1 (errno). */
+int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd);
+/* slot's connection to the program for conn_id, its header written; the
+ * plane owns fd.  fd < 0: it could not be made (the input is dropped). */
+int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd);
+
+/* "conn_id bytes closed sha256hex\n" per connection of slot that was
+ * attached, in connection order, into out (at most cap bytes).  Returns the
+ * length needed: call again with more room if it is larger than cap. */
+long llft_dp_summary(llft_dp_t *dp, int slot, char *out, long cap);
+/* slot's attached connections whose output has not ended yet. */
+int llft_dp_open_legs(llft_dp_t *dp, int slot);
+/* Closes every client connection once what it was sent has gone out. */
+void llft_dp_close_clients(llft_dp_t *dp);
+void llft_dp_stats(llft_dp_t *dp, llft_dp_stats_t *out);
+
+#endif

@@ -1,0 +1,126 @@
+"""The native data plane (native/dataplane.c) on real sockets, with its own
+thread: fan-out of client bytes, the primary's output once, digests, the
+takeover's offsets, a joining replica fed from the input log.  The
+programs' ends of the legs are socketpairs this test plays."""
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+
+import pytest
+
+from llft.serving.dataplane import DataPlane
+
+
+@dataclass
+class Proc:
+    """What the plane needs of a replica: a live pid (this one)."""
+    index: int
+    pid: int = os.getpid()
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, f"ended after {data!r}"
+        data += chunk
+    return data
+
+
+def at_eof(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    return sock.recv(1) == b""
+
+
+@pytest.fixture
+def group(tmp_path):
+    """A plane with three replicas (slot 0 primary) and one client
+    connection; returns (plane, client end, [program ends])."""
+    (tmp_path / "input").mkdir()
+    plane = DataPlane(tmp_path / "input")
+    slots = [plane.add_replica(Proc(k), None) for k in range(3)]
+    plane.set_primary(slots[0])
+    client, gw_side = socket.socketpair()
+    assert plane.open_conn(1, gw_side)
+    programs = []
+    for s in slots:
+        prog, leg = socket.socketpair()
+        plane.attach(s, 1, leg)
+        programs.append(prog)
+    yield plane, client, programs
+    plane.stop()
+    for s in [client, *programs]:
+        s.close()
+
+
+def test_client_bytes_reach_every_replica_and_one_reply_comes_back(group):
+    plane, client, programs = group
+    client.sendall(b"request" * 1000)
+    for prog in programs:
+        assert recv_exactly(prog, 7000) == b"request" * 1000
+    for prog in programs:
+        prog.sendall(b"reply")
+    assert recv_exactly(client, 5) == b"reply"
+    summaries = [plane.summary(s) for s in range(3)]
+    want = {"1": {"bytes": 5, "sha256": hashlib.sha256(b"reply").hexdigest(), "closed": False}}
+    assert summaries == [want] * 3
+    assert plane.stats()["bytes_in"] == 7000 and plane.stats()["bytes_out"] == 5
+
+
+def test_takeover_sends_only_what_the_client_has_not_had(group):
+    plane, client, programs = group
+    programs[0].sendall(b"abc")
+    assert recv_exactly(client, 3) == b"abc"
+    programs[1].sendall(b"abcdef")          # a backup ahead of the failed primary
+    programs[2].sendall(b"ab")              # one behind
+    plane.remove_replica(0)
+    plane.set_primary(1)
+    assert recv_exactly(client, 3) == b"def"
+    programs[1].sendall(b"gh")
+    assert recv_exactly(client, 2) == b"gh"
+    programs[2].sendall(b"cdefgh")          # it catches up: nothing more reaches the client
+    programs[1].close()                     # the new primary closes: so does the client
+    assert at_eof(client)
+    assert plane.summary(2)["1"]["sha256"] == hashlib.sha256(b"abcdefgh").hexdigest()
+
+
+def test_a_backup_closing_does_not_close_the_client(group):
+    plane, client, programs = group
+    programs[1].close()
+    programs[0].sendall(b"still here")
+    assert recv_exactly(client, 10) == b"still here"
+    programs[0].close()
+    assert at_eof(client)
+
+
+def test_a_joining_replica_gets_the_logged_input_then_the_live_bytes(group):
+    plane, client, programs = group
+    client.sendall(b"first")
+    for prog in programs:
+        assert recv_exactly(prog, 5) == b"first"
+    slot = plane.add_replica(Proc(3), None)
+    client.sendall(b"-second")
+    prog, leg = socket.socketpair()
+    plane.attach(slot, 1, leg)              # connected after the live bytes came
+    client.shutdown(socket.SHUT_WR)
+    assert recv_exactly(prog, 12) == b"first-second"
+    assert at_eof(prog)
+    for p in programs:
+        assert recv_exactly(p, 7) == b"-second" and at_eof(p)
+    prog.close()
+
+
+def test_a_leg_connected_late_gets_what_was_queued():
+    plane = DataPlane(None)
+    s = plane.add_replica(Proc(0), None)
+    plane.set_primary(s)
+    client, gw_side = socket.socketpair()
+    plane.open_conn(7, gw_side)
+    client.sendall(b"x" * 100_000)
+    prog, leg = socket.socketpair()
+    plane.attach(s, 7, leg)
+    assert recv_exactly(prog, 100_000) == b"x" * 100_000
+    plane.stop()
+    assert plane.summary(s)["7"]["closed"]  # stopping ends every leg's output
