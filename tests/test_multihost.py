@@ -42,10 +42,10 @@ class Cluster:
         self.members.append((p, run_dir))
         return run_dir
 
-    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT):
+    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=()):
         self.gateway_dir = self.tmp / "gateway"
         self.gateway = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
-                                          "--key-file", self.key, "--run-dir", self.gateway_dir])
+                                          "--key-file", self.key, "--run-dir", self.gateway_dir, *extra])
         self.gateway_host = host
         self.wait(lambda: self.status(self.gateway_dir) is not None, "the gateway to start")
 
@@ -125,6 +125,19 @@ class ClientConn:
     def close(self):
         self.p.stdin.close()
         self.p.wait(timeout=30)
+
+
+class DatagramClient(ClientConn):
+    """A UDP client inside a namespace: each line goes out as one datagram to
+    the gateway's UDP port, and its one reply comes back as a line."""
+
+    SCRIPT = ("import socket,sys\n"
+              "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(60);s.connect(('127.0.0.1',%d))\n"
+              "for line in sys.stdin.buffer:\n"
+              " s.send(line.rstrip(b'\\n'))\n"
+              " try: r=s.recv(70000)\n"
+              " except OSError: break\n"
+              " sys.stdout.buffer.write(r+b'\\n');sys.stdout.flush()\n")
 
 
 @pytest.fixture
@@ -458,3 +471,61 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
         assert c.lines([f"GET w{i}-{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
     c.close()
     survivors_agree_and_end(cluster, [0, 1, 2], sum(acked.values()))
+
+
+def test_udp_server_across_hosts_survives_the_primarys_death(cluster, examples):
+    """udp_server on three hosts behind llft-gateway --udp-port: every client
+    datagram reaches every replica in one order, the primary's replies come
+    back from the gateway's UDP port, and when the primary's replica is
+    SIGKILLed mid-stream the new primary answers what is left: each
+    datagram answered exactly once, in the group's one order, and the
+    survivors sent the very same datagrams."""
+    program = [examples / "udp_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program, extra=["--no-rejoin"])
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in (1, 2):
+        cluster.start_member(host, program, extra=["--no-rejoin"])
+    cluster.wait_members(3)
+    cluster.start_gateway(3, extra=["--udp-port", str(PROGRAM_PORT)])
+    old = cluster.status(first)
+    replica_pid = old["replicas"][0]["pid"]
+    clients, sends = 3, 60
+    results = {}
+
+    def client(i):
+        c = DatagramClient(cluster.hosts[3][0])
+        got = []
+        for j in range(sends):
+            if i == 0 and j == sends // 3:
+                os.kill(replica_pid, signal.SIGKILL)    # the primary fails mid-stream
+            got.append(c.lines([f"client{i}-dgram{j}"])[0][0])
+        results[i] = got
+        c.close()
+
+    concurrently(client, clients)
+    counts = []
+    for i, got in results.items():
+        assert len(got) == sends
+        for j, r in enumerate(got):
+            count, rest = r.split(" ", 1)
+            assert rest.startswith(f"client{i}-dgram{j} from 127.0.0.1:"), r
+            counts.append(int(count))
+    assert sorted(counts) == list(range(1, clients * sends + 1)), "each datagram served once, none lost"
+
+    c = DatagramClient(cluster.hosts[3][0])
+    digest, bye = c.lines(["DIGEST", "SHUTDOWN"])[0]
+    c.close()
+    assert digest.startswith("DIGEST ") and bye == "BYE"
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    for p, _ in cluster.members[1:]:
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    states = [cluster.status(d) for _, d in cluster.members[1:]]
+    assert [s["view"]["pvn"] for s in states] == [2, 2], "one primary change"
+    assert sorted(s["replicas"][0]["role"] for s in states) == ["backup", "primary"]
+    sent = [s["replicas"][0]["datagrams"] for s in states]
+    assert sent[0] == sent[1], "the survivors did not send the same datagrams"
+    assert sent[0][str(PROGRAM_PORT)]["datagrams"] == clients * sends + 2
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["udp"]["datagrams_out"]
+                 == clients * sends + 2, "the gateway's state", watch=False)
+    udp = cluster.status(cluster.gateway_dir)["gateway"]["udp"]
+    assert udp["datagrams_in"] == clients * sends + 2 and udp["dropped"] == 0, udp
