@@ -24,6 +24,7 @@ def test_datagram_request_and_reply_round_trip():
     [payload.DGRAM, 7000, 1, "h", -1, b""],      # client port negative
     [payload.DGRAM, 7000, 1, "h", 1, "text"],    # data not bytes
     [payload.DGRAM, 7000, 1, "h", 1],            # short
+    [payload.DGRAM, 7000, 1, "h", 1, bytes(65508)],  # more than a UDP datagram carries
 ])
 def test_malformed_datagram_requests_are_bad_payloads(fields):
     with pytest.raises(payload.BadPayload):

@@ -26,12 +26,11 @@ from collections import deque
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
 from llft.native import conn_header
-from llft.serving.datagrams import MAX_DATAGRAM, ReplicaPort
+from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
 
 log = logging.getLogger("llft.datagrams")
 
 SEQ_BASE = 1 << 32          # a UDP port's connection: SEQ_BASE + port (TCP connections count from 1)
-QUEUE_LIMIT = 4096          # client datagrams waiting for messaging's window before new ones are dropped
 WATCH_S = 0.02
 
 
@@ -60,14 +59,15 @@ class _PublicPort(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.number = 0                   # client datagrams numbered so far
         self.sent = 0                     # replies sent to clients: the next k expected
-        self.waiting: deque[bytes] = deque()
+        self.waiting: deque[bytes] = deque()  # Requests waiting for messaging's window
+        self.waiting_bytes = 0
 
     def connection_made(self, transport):
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr):
         stats = self.owner.stats
-        if len(self.waiting) >= QUEUE_LIMIT:
+        if self.waiting_bytes > QUEUE_LIMIT:
             stats["dropped"] += 1        # bounded memory: dropped before the group sees it
             return
         host = addr[0]
@@ -76,13 +76,17 @@ class _PublicPort(asyncio.DatagramProtocol):
             host = str(ip.ipv4_mapped)
         self.number += 1
         stats["datagrams_in"] += 1
-        self.waiting.append(payload.datagram_request(self.program_port, self.number, host, addr[1], data))
+        request = payload.datagram_request(self.program_port, self.number, host, addr[1], data)
+        self.waiting.append(request)
+        self.waiting_bytes += len(request)
         self.flush()
 
     def flush(self):
         ep = self.owner.ep
         while self.waiting and ep.writable(self.cid):
-            ep.send(self.cid, self.waiting.popleft())
+            request = self.waiting.popleft()
+            self.waiting_bytes -= len(request)
+            ep.send(self.cid, request)
 
     def error_received(self, exc):
         log.debug("UDP port %d: %s", self.program_port, exc)
@@ -163,8 +167,6 @@ class MemberDatagrams:
 
     def request(self, cid: ConnId, req: tuple):
         _, program_port, number, host, client_port, data = req
-        if len(data) > MAX_DATAGRAM:
-            return
         self.cids[program_port] = cid
         self._port(program_port).deliver(conn_header(number, host, client_port) + data)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import msgpack
 
 OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
+MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
 TAG_RECORDS, TAG_BOUNDARY, TAG_END, TAG_VIEW = b"R", b"B", b"E", b"V"
 
 
@@ -92,7 +93,7 @@ def parse_request(raw: bytes) -> tuple:
     if kind == EOF and len(v) == 1:
         return (EOF,)
     if kind == DGRAM and len(v) == 6 and _port(v[1]) and v[1] and isinstance(v[2], int) and 0 < v[2] < 1 << 63 \
-            and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], bytes):
+            and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], bytes) and len(v[5]) <= MAX_UDP_PAYLOAD:
         return DGRAM, v[1], v[2], v[3], v[4], v[5]
     raise BadPayload(f"not a request: {v[:1]}")
 
