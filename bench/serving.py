@@ -82,7 +82,9 @@ def redis(port):
 
 
 def memcached(port):
-    return [shutil.which("memcached"), "-t", "4", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-u", "root"]
+    # Without its LRU background threads, which race on atomics (docs/serving.md, "memcached").
+    return [shutil.which("memcached"), "-t", "4", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-u", "root",
+            "-o", "no_lru_crawler,no_lru_maintainer"]
 
 
 def redis_rps(port, clients, n) -> dict:

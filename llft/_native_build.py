@@ -62,8 +62,8 @@ ffibuilder.cdef("""
     void *llft_ring_slot(llft_ring_t *r, uint64_t pos);
     void llft_ring_commit(void *slot, uint64_t pos);
     long llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms);
-    int llft_ring_write_end(llft_ring_t *r, int timeout_ms);
-    int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms);
+    int llft_ring_write_end(llft_ring_t *r, int status, int timeout_ms);
+    int llft_ring_write_control(llft_ring_t *r, int op, int ret, int timeout_ms);
     long llft_ring_read(llft_ring_t *r, void *out, long max_slots);
     int llft_ring_wait_data(llft_ring_t *r, int timeout_ms);
     void llft_ring_wake(llft_ring_t *r);

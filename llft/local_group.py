@@ -317,7 +317,7 @@ class LocalGroup:
                     self._respawn()
                     continue
                 log.info("primary exited with status %d", primary.status)
-                self.source.finish()
+                self.source.finish(primary.status)
             for r in self.replicas:
                 if r.role == "backup" and not r.alive() and r.status >= 128 and not self.source.finished():
                     self._backup_failed(r, f"was killed (status {r.status})")

@@ -266,14 +266,16 @@ class StreamFile:
         n = len(slots) // REC_SIZE
         return lib.llft_ring_write(self.ring, ffi.from_buffer(slots), n, timeout_ms)
 
-    def write_end(self, timeout_ms: int = 1000) -> bool:
-        """The primary exited: the stream ends here."""
-        return lib.llft_ring_write_end(self.ring, timeout_ms) == 0
+    def write_end(self, status: int | None = None, timeout_ms: int = 1000) -> bool:
+        """The primary exited (with this exit status, if known): the stream
+        ends here.  A backup whose threads all end up past the end, with
+        every record replayed, exits with that status."""
+        return lib.llft_ring_write_end(self.ring, -1 if status is None else status, timeout_ms) == 0
 
     def write_promote(self, timeout_ms: int = 1000) -> bool:
         """The primary failed: once this backup has replayed everything so
         far, it takes over and writes this ring itself."""
-        return lib.llft_ring_write_control(self.ring, lib.LLFT_OP_PROMOTE, timeout_ms) == 0
+        return lib.llft_ring_write_control(self.ring, lib.LLFT_OP_PROMOTE, 0, timeout_ms) == 0
 
     def wait_data(self, timeout_ms: int) -> bool:
         return bool(lib.llft_ring_wait_data(self.ring, timeout_ms))

@@ -119,6 +119,10 @@ static uint32_t exec_barrier;     /* records past an execve belong to the next i
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
 static uint32_t max_tid;          /* highest thread id the primary used */
 static uint64_t stream_ended_ms;
+static int64_t primary_status = -1; /* END's: the primary program's exit status, -1 if unknown */
+static uint32_t live_threads;     /* threads replaying here: started and not ended */
+static uint32_t stopped;          /* of those, stopped for good (stop_for_good) */
+static uint32_t stopped_futex;    /* bumped when either count changes */
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
 {
@@ -203,6 +207,7 @@ static long drain(void)
         if (v != LLFT_REC_OK || h->op == LLFT_OP_DATA)
             corrupt_stream(tail, v != LLFT_REC_OK ? v : LLFT_REC_BADFIELD);
         if (h->op == LLFT_OP_END) {
+            primary_status = h->ret;
             stream_ended_ms = llft_now_ms();
             STORE(&stream_ended, 1, REL);
             tail++;
@@ -308,12 +313,51 @@ static int try_promote(void)
     return 1;
 }
 
+static void wake_stopped(void)
+{
+    __atomic_fetch_add(&stopped_futex, 1, SEQ);
+    llft_futex_wake(&stopped_futex);
+}
+
+/* This thread does nothing more, as at the primary: either the primary's
+ * stream has ended without this call (when the primary exited, its thread
+ * was blocked in this call, or had not reached it yet), or the primary's
+ * thread ended where this one makes another call.  Once every thread here
+ * has stopped so, with every record replayed, this replica has done all
+ * the primary did before it exited, and exits with the primary's status
+ * (no thread is left to run the program's exit path, so stdio buffers are
+ * not flushed).  A stream whose end gives no status (a saved or cut one),
+ * or records still not replayed --end-grace after the end, make the stream
+ * incomplete. */
+static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint16_t op)
+{
+    __atomic_fetch_add(&stopped, 1, SEQ);
+    wake_stopped();
+    for (;;) {
+        uint32_t seen = LOAD(&stopped_futex, SEQ);
+        if (LOAD(&stream_ended, ACQ)) {
+            int replayed = all_replayed();
+            int all = replayed && LOAD(&stopped, SEQ) == LOAD(&live_threads, SEQ);
+            if (all && primary_status >= 0) {
+                llft_log("llft: replica %u replayed the primary's whole stream; its %u threads stopped where "
+                         "the primary's were when it exited (in a call it never finished, or before their "
+                         "next one): exiting with the primary's status %lld",
+                         llft_ctl->replica, LOAD(&live_threads, SEQ), (long long)primary_status);
+                _exit((int)primary_status);
+            }
+            if (all || ((primary_status < 0 || !replayed) &&
+                        llft_now_ms() - stream_ended_ms > llft_ctl->end_grace_ms))
+                llft_diverge(t, op, NULL, LLFT_EXIT_NOSTREAM, "the primary's record stream ended without this call");
+        }
+        llft_futex_wait(&stopped_futex, seen, 50);
+    }
+}
+
 /* Blocks until this thread's next record is in its queue; returns
  * LLFT_PROMOTED instead when this replica has become the primary. */
 static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     unsigned spins = 0;
-    uint64_t ended_wait_from = 0;
     for (;;) {
         uint32_t ep = LOAD(&epoch, SEQ);
         if (q_pop(t->q, out))
@@ -327,17 +371,10 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
             continue;
         }
         if (LOAD(&stream_ended, ACQ)) {
-            /* The primary has exited.  A thread racing its process's own
-             * exit may get here legitimately, so allow a grace period
-             * before calling the stream incomplete. */
-            uint64_t now = llft_now_ms();
-            if (!ended_wait_from)
-                ended_wait_from = now;
-            if (now - ended_wait_from > llft_ctl->end_grace_ms)
-                llft_diverge(t, op, NULL, LLFT_EXIT_NOSTREAM,
-                             "the primary's record stream ended without this call");
-            llft_futex_wait(&epoch, ep, 50);
-            continue;
+            /* Every record before END is queued by now: none is coming. */
+            if (q_pop(t->q, out))
+                return 0;
+            stop_for_good(t, op);
         }
         if (++spins < 64) {
             __builtin_ia32_pause();
@@ -363,17 +400,6 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
     }
 }
 
-/* The primary's thread ended here (pthread_exit from deep inside a library,
- * as CPython does to a daemon thread at interpreter shutdown, after reading
- * a flag without a lock).  It did nothing more, so neither may this one:
- * it stops for good, holding what the primary's thread held. */
-static __attribute__((noreturn)) void park_forever(void)
-{
-    uint32_t never = 0;
-    for (;;)
-        llft_futex_wait(&never, 0, -1);
-}
-
 int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     t->depth++;
@@ -382,8 +408,12 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
         return LLFT_PROMOTED;
     }
     if (UNLIKELY(out->op != op)) {
+        /* The primary's thread ended here (pthread_exit from deep inside a
+         * library, as CPython does to a daemon thread at interpreter
+         * shutdown, after reading a flag without a lock).  It did nothing
+         * more, so neither may this one, holding what the primary's held. */
         if (out->op == LLFT_OP_THREAD_EXIT)
-            park_forever();
+            stop_for_good(t, op);
         llft_diverge(t, op, out, LLFT_EXIT_DIVERGED, "the backup made a different call than the primary");
     }
     if (UNLIKELY(out->tn != t->tn + 1))
@@ -651,6 +681,7 @@ void llft_replay_setup(void)
     spin_lock(&dispatch_lock);
     llft_self.q = queue_for(0);
     spin_unlock(&dispatch_lock);
+    __atomic_fetch_add(&live_threads, 1, SEQ);
 }
 
 void llft_replay_thread_start(struct llft_thread *t)
@@ -658,6 +689,7 @@ void llft_replay_thread_start(struct llft_thread *t)
     spin_lock(&dispatch_lock);
     t->q = queue_for(t->tid);
     spin_unlock(&dispatch_lock);
+    __atomic_fetch_add(&live_threads, 1, SEQ);
 }
 
 void llft_replay_thread_end(struct llft_thread *t)
@@ -681,6 +713,8 @@ void llft_replay_thread_end(struct llft_thread *t)
         llft_diverge(t, LLFT_OP_THREAD_EXIT, &extra, LLFT_EXIT_DIVERGED,
                      "this thread ended here but made more calls at the primary");
     t->q = NULL;
+    __atomic_fetch_sub(&live_threads, 1, SEQ);
+    wake_stopped();
 }
 
 /* The thread calling exit() waits until the primary's stream has ended: a

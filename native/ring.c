@@ -246,18 +246,20 @@ long llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms)
     return done;
 }
 
-int llft_ring_write_end(llft_ring_t *r, int timeout_ms)
+int llft_ring_write_end(llft_ring_t *r, int status, int timeout_ms)
 {
-    return llft_ring_write_control(r, LLFT_OP_END, timeout_ms);
+    return llft_ring_write_control(r, LLFT_OP_END, status, timeout_ms);
 }
 
-/* END (the primary exited) or PROMOTE (it failed; this backup takes over):
- * the last record of the stream this ring carries from the controller. */
-int llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms)
+/* END (the primary exited, with exit status ret, or -1 if unknown) or
+ * PROMOTE (it failed; this backup takes over): the last record of the
+ * stream this ring carries from the controller. */
+int llft_ring_write_control(llft_ring_t *r, int op, int ret, int timeout_ms)
 {
     llft_rec_t end;
     memset(&end, 0, sizeof end);
     end.op = (uint16_t)op;
+    end.ret = ret;
     end.nslots = 1;
     llft_rec_seal(&end);
     long w = llft_ring_write(r, &end, 1, timeout_ms);

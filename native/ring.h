@@ -37,8 +37,8 @@ int      llft_ring_wait_space(llft_ring_t *r, uint64_t pos, uint32_t n, uint64_t
 void     llft_ring_commit(void *slot, uint64_t pos);
 void     llft_ring_doorbell(llft_ring_t *r);
 long     llft_ring_write(llft_ring_t *r, const void *slots, long n, int timeout_ms);
-int      llft_ring_write_end(llft_ring_t *r, int timeout_ms);
-int      llft_ring_write_control(llft_ring_t *r, int op, int timeout_ms);
+int      llft_ring_write_end(llft_ring_t *r, int status, int timeout_ms);
+int      llft_ring_write_control(llft_ring_t *r, int op, int ret, int timeout_ms);
 
 /* Consumer side. */
 long     llft_ring_read(llft_ring_t *r, void *out, long max_slots);

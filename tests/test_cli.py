@@ -84,6 +84,8 @@ def test_kill_unknown_replica(examples, tmp_path):
     (["--group", "g"], "--port PORT"),
     (["--group", "g", "--port", "7000"], "needs --key-file"),
     (["--group", "g", "--port", "99999", "--key-file", "k"], "--port PORT"),
+    (["--group", "g", "--port", "7000", "--udp-port", "0", "--key-file", "k"], "--udp-port 0: ports are 1-65535"),
+    (["--group", "g", "--port", "7000", "--udp-port", "dns", "--key-file", "k"], "expected [PROG:]PUBLIC"),
 ])
 def test_llft_gateway_bad_input(args, message, tmp_path):
     p = run(tool("llft-gateway"), "--run-dir", str(tmp_path / "rd"), *args)

@@ -92,6 +92,20 @@ def test_saved_stream_replays_and_truncated_stream_is_reported(examples, llft_ru
     assert "incomplete" in bad.stderr or "truncated" in bad.stderr
 
 
+def test_threads_past_the_primarys_end_stop_as_the_primarys_did(examples, llft_run):
+    """Replica 1's main thread misses the stop flag (set late there) and
+    reads the clock once more than the primary ever did, while its worker
+    waits on a condition the primary's never returned from.  Both are where
+    the primary's threads were when it exited: replica 1 has done all the
+    primary did and ends with its status, not as an incomplete stream."""
+    run = llft_run([examples / "stop_flag"], replicas=3, env={"STOP_FLAG_LATE_REPLICA": "1"},
+                   extra=["--end-grace", "1"])
+    assert run.status == 3, run.stderr
+    assert "replayed the primary's whole stream" in run.err(1)
+    assert "exiting with the primary's status 3" in run.err(1)
+    assert "incomplete" not in run.stderr
+
+
 def test_missing_stream_is_a_clear_error_not_a_hang(examples, tmp_path):
     env = {**os.environ, "LD_PRELOAD": str(PRELOAD_LIBRARY), "LLFT_SHM": str(tmp_path / "nope")}
     proc = subprocess.run([examples / "race", "2", "10"], env=env, capture_output=True, text=True, timeout=30)

@@ -42,10 +42,10 @@ class Cluster:
         self.members.append((p, run_dir))
         return run_dir
 
-    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT):
+    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=()):
         self.gateway_dir = self.tmp / "gateway"
         self.gateway = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
-                                          "--key-file", self.key, "--run-dir", self.gateway_dir])
+                                          "--key-file", self.key, "--run-dir", self.gateway_dir, *extra])
         self.gateway_host = host
         self.wait(lambda: self.status(self.gateway_dir) is not None, "the gateway to start")
 
@@ -125,6 +125,19 @@ class ClientConn:
     def close(self):
         self.p.stdin.close()
         self.p.wait(timeout=30)
+
+
+class DatagramClient(ClientConn):
+    """A UDP client inside a namespace: each line goes out as one datagram to
+    the gateway's UDP port, and its one reply comes back as a line."""
+
+    SCRIPT = ("import socket,sys\n"
+              "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(60);s.connect(('127.0.0.1',%d))\n"
+              "for line in sys.stdin.buffer:\n"
+              " s.send(line.rstrip(b'\\n'))\n"
+              " try: r=s.recv(70000)\n"
+              " except OSError: break\n"
+              " sys.stdout.buffer.write(r+b'\\n');sys.stdout.flush()\n")
 
 
 @pytest.fixture
@@ -458,3 +471,101 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
         assert c.lines([f"GET w{i}-{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
     c.close()
     survivors_agree_and_end(cluster, [0, 1, 2], sum(acked.values()))
+
+
+# A fault timeout well above the default: on a loaded 2-core machine a live
+# primary's Heartbeats can be late by 150 ms, and a false suspicion is not
+# what the UDP tests are about.
+UDP_MEMBER_OPTIONS = ["--no-rejoin", "--fault-timeout", "1000"]
+
+
+def start_udp_members(cluster, examples, n: int) -> Path:
+    """udp_server members on hosts 0..n-1 (the first founds the group)."""
+    program = [examples / "udp_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program, extra=UDP_MEMBER_OPTIONS)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in range(1, n):
+        cluster.start_member(host, program, extra=UDP_MEMBER_OPTIONS)
+    cluster.wait_members(n)
+    return first
+
+
+def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None) -> list[int]:
+    """UDP clients on the gateway's host, concurrently; client 0 SIGKILLs
+    kill_pid a third of the way in.  Checks that each datagram got its own
+    reply; returns the server's counts from the replies."""
+    results = {}
+
+    def client(i):
+        c = DatagramClient(cluster.hosts[cluster.gateway_host][0])
+        got = []
+        for j in range(sends):
+            if kill_pid is not None and i == 0 and j == sends // 3:
+                os.kill(kill_pid, signal.SIGKILL)    # the primary fails mid-stream
+            got.append(c.lines([f"client{i}-dgram{j}"])[0][0])
+        results[i] = got
+        c.close()
+
+    concurrently(client, clients)
+    counts = []
+    for i, got in results.items():
+        assert len(got) == sends
+        for j, r in enumerate(got):
+            count, rest = r.split(" ", 1)
+            assert rest.startswith(f"client{i}-dgram{j} from 127.0.0.1:"), r
+            counts.append(int(count))
+    return sorted(counts)
+
+
+def udp_survivors_agree(cluster, survivors: list[int], expected: int):
+    """DIGEST and SHUTDOWN; the survivors end with status 0, after one
+    primary change, having sent the very same datagrams, as many as the
+    gateway sent its clients."""
+    c = DatagramClient(cluster.hosts[cluster.gateway_host][0])
+    digest, bye = c.lines(["DIGEST", "SHUTDOWN"])[0]
+    c.close()
+    assert digest.startswith("DIGEST ") and bye == "BYE"
+    for k in survivors:
+        p, _ = cluster.members[k]
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    states = [cluster.status(cluster.members[k][1]) for k in survivors]
+    assert {s["view"]["pvn"] for s in states} == {2}, "one primary change"
+    assert sorted(s["replicas"][0]["role"] for s in states) == ["backup"] * (len(states) - 1) + ["primary"]
+    sent = [s["replicas"][0]["datagrams"] for s in states]
+    assert all(x == sent[0] for x in sent), "the survivors did not send the same datagrams"
+    assert sent[0][str(PROGRAM_PORT)]["datagrams"] == expected + 2
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["udp"]["datagrams_out"]
+                 == expected + 2, "the gateway's state", watch=False)
+    udp = cluster.status(cluster.gateway_dir)["gateway"]["udp"]
+    assert udp["datagrams_in"] == expected + 2 and udp["dropped"] == 0, udp
+
+
+def test_udp_server_across_hosts_survives_the_primarys_death(cluster, examples):
+    """udp_server on three hosts behind llft-gateway --udp-port: every client
+    datagram reaches every replica in one order, the primary's replies come
+    back from the gateway's UDP port, and when the primary's replica is
+    SIGKILLed mid-stream the new primary answers what is left: each
+    datagram answered exactly once, in the group's one order, and the
+    survivors sent the very same datagrams."""
+    first = start_udp_members(cluster, examples, 3)
+    cluster.start_gateway(3, extra=["--udp-port", str(PROGRAM_PORT)])
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    assert udp_clients(cluster, 3, 60, kill_pid=replica_pid) == list(range(1, 181)), \
+        "each datagram served once, none lost"
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    udp_survivors_agree(cluster, [1, 2], 180)
+
+
+def test_udp_member_joining_late_replays_the_ports_datagrams(cluster, examples):
+    """A member joining after datagrams were served gets them by state
+    transfer, replays them, and can serve as a backup: after the primary's
+    death it agrees with the other survivor on every datagram sent."""
+    first = start_udp_members(cluster, examples, 2)
+    cluster.start_gateway(3, extra=["--udp-port", str(PROGRAM_PORT)])
+    assert udp_clients(cluster, 2, 20) == list(range(1, 41))
+    cluster.start_member(2, [examples / "udp_server", PROGRAM_PORT], extra=UDP_MEMBER_OPTIONS)
+    cluster.wait_members(3)
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    assert udp_clients(cluster, 2, 30, kill_pid=replica_pid) == list(range(41, 101))
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    udp_survivors_agree(cluster, [1, 2], 100)

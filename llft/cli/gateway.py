@@ -15,6 +15,7 @@ from llft import rundir
 from llft.auth import Keyring, generate_key_file
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.cluster.datagrams import GatewayDatagrams, parse_port_map
 from llft.cluster.gateway import ClusterGateway
 from llft.cluster.naming import DerivedDirectory, gateway_group_name, group_id
 from llft.messaging.clock import LoopClock
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, metavar="PORT", help="TCP port for clients")
     p.add_argument("--program-port", type=int, metavar="PORT",
                    help="the port the program listens on, if not PORT")
+    p.add_argument("--udp-port", action="append", default=[], metavar="[PROG:]PUBLIC",
+                   help="also serve UDP clients on PUBLIC for the program's UDP port PROG (default PUBLIC); "
+                        "repeatable")
     p.add_argument("--host", default="0.0.0.0", metavar="ADDR", help="address to listen on (default all)")
     p.add_argument("--run-dir", type=Path, metavar="DIR",
                    help="where the log and state go (default ./llft-runs/gateway-NAME-TIME-PID)")
@@ -60,6 +64,10 @@ def parse(argv) -> argparse.Namespace:
     args.program_port = args.program_port or args.port
     if not 0 < args.program_port < 65536:
         raise UsageError(f"--program-port {args.program_port}: out of range")
+    try:
+        args.udp_ports = [parse_port_map(s) for s in args.udp_port]
+    except ValueError as e:
+        raise UsageError(f"--udp-port {e}") from None
     args.key = network_settings(args)
     return args
 
@@ -88,6 +96,13 @@ class GatewayProcess:
             server = await self.gateway.serve(a.host, a.port)
         except OSError as e:
             raise UsageError(f"cannot listen on {a.host} port {a.port}: {e.strerror}") from None
+        if a.udp_ports:
+            self.gateway.udp = GatewayDatagrams(ep, server_gid, a.udp_ports)
+            try:
+                await self.gateway.udp.serve(a.host)
+            except OSError as e:
+                server.close()
+                raise UsageError(e.strerror) from None
         log.warning("serving clients of group %s (id %d) on %s port %d", a.group, server_gid, a.host, a.port)
         try:
             while not self.stop.is_set():
@@ -98,6 +113,8 @@ class GatewayProcess:
                     pass
         finally:
             server.close()
+            if self.gateway.udp is not None:
+                self.gateway.udp.close()
             await self.gateway.close()
             self.write_state("finished")
             ep.close()
@@ -109,7 +126,8 @@ class GatewayProcess:
         rundir.write_state(self.run_dir, {
             "group": self.args.group, "phase": phase, "controller_pid": os.getpid(),
             "argv": sys.argv, "members": [], "replicas": [], "updated": time.time(),
-            "gateway": dict(g.stats, failovers=0, errors=[]), "messaging": g.ep.stats(),
+            "gateway": dict(g.stats, failovers=0, errors=[], udp=g.udp.stats if g.udp else {}),
+            "messaging": g.ep.stats(),
         })
 
 

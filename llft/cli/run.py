@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
     p.add_argument("--end-grace", type=float, default=3.0, metavar="SECONDS",
-                   help="after the primary exits, how long a backup call may wait for a record "
-                        "before the stream is called incomplete (default 3)")
+                   help="after the primary exits, how long a backup may take to replay the records "
+                        "it still lacks before its stream is called incomplete; threads with no "
+                        "record left stop where the primary's were (default 3)")
     p.add_argument("--backup-exit-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="after the primary exits, how long backups may take to finish (default 60)")
     p.add_argument("--save-stream", type=Path, metavar="FILE",

@@ -41,6 +41,7 @@ class ClusterGateway:
         self.seqs = itertools.count(1)
         self.clients: dict[ConnId, _Client] = {}
         self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0}
+        self.udp = None   # GatewayDatagrams (llft/cluster/datagrams.py): the program's UDP ports, if served
         ep.on_deliver = self._reply
         ep.on_writable = self._writable
         ep.on_event = self._event
@@ -57,6 +58,8 @@ class ClusterGateway:
         return await asyncio.start_server(self._client, host, port, reuse_address=True)
 
     def _writable(self, cid: ConnId):
+        if self.udp is not None and self.udp.handles(cid):
+            return self.udp.writable(cid)
         c = self.clients.get(cid)
         if c is not None:
             c.writable.set()
@@ -91,6 +94,8 @@ class ClusterGateway:
             await self._send(cid, c, payload.eof_request())
 
     def _reply(self, cid: ConnId, body: bytes):
+        if self.udp is not None and self.udp.handles(cid):
+            return self.udp.reply(cid, body)
         c = self.clients.get(cid)
         try:
             kind, offset, *rest = payload.parse_reply(body)

@@ -25,6 +25,7 @@ from pathlib import Path
 from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
+from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.election import Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
@@ -189,6 +190,7 @@ class HostMember:
         self.replica = Replica(index, stream, out_dir)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
+        self.datagrams = MemberDatagrams(self.replica, self.outbox)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
         self.election = Election(self.ep, self.opts.fault_timeout, self.opts.fault_step, self._held_after,
                                  self._elected,
@@ -288,10 +290,10 @@ class HostMember:
             for cid, base in rest[1]:
                 cid = ConnId(*cid)
                 if cid in self.ep.conns:
-                    self.output.rebase(cid, rebase(self.ep, cid, base))
+                    self._rebase(cid, base)
         elif kind == payload.TAG_END:
             self.primary_status = rest[0]
-            self.feeder.end()
+            self.feeder.end(rest[0])
 
     # -- both ----------------------------------------------------------------
     def _view_changed(self):
@@ -362,7 +364,14 @@ class HostMember:
                 for r in self.unopened.pop(nxt):
                     self._request(nxt, None, r, log_it=False)
 
+    def _rebase(self, cid: ConnId, base: int):
+        """A new view: this connection's messages go on after msn base."""
+        later = rebase(self.ep, cid, base)
+        (self.datagrams if self.datagrams.handles(cid) else self.output).rebase(cid, later)
+
     def _to_relay(self, cid: ConnId, req: tuple):
+        if req[0] == payload.DGRAM:
+            return self.datagrams.request(cid, req)
         num = self._conn_num(cid)
         if req[0] == payload.OPEN:
             self.relay.open(num, req[1], req[2], req[3])
@@ -401,7 +410,8 @@ class HostMember:
                 except payload.BadPayload:
                     self.ep.drops.count("bad-payload")
         self.pending_inputs = []
-        tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready))]
+        tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready)),
+                 asyncio.create_task(self.datagrams.run())]
         if self.ep.is_primary:
             self._start_shipping(loop)
         exited = self._watch_exit(loop)
@@ -444,6 +454,7 @@ class HostMember:
                 self.must_reset = True
                 return status
             await self.relay.drained(timeout=2.0)
+            self.datagrams.drain()
             if self.source is not None:
                 await self._stop_shipping()
                 await self._finish_primary(status)
@@ -454,6 +465,7 @@ class HostMember:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.datagrams.close()
             self.write_state("finished")
             self._log_drops()
 
@@ -521,7 +533,7 @@ class HostMember:
         self._add_order(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():
-            self.output.rebase(cid, rebase(ep, cid, base))
+            self._rebase(cid, base)
         self.output.promote()
         self.feeder.promote()
         self.replica.role = "primary"
@@ -621,7 +633,8 @@ class HostMember:
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
-                          "outputs": self.relay.output_summary() if hasattr(self, "relay") else {}}] if r else [],
+                          "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
+                          "datagrams": self.datagrams.summary()}] if r else [],
             "messaging": self.ep.stats(), "group_port": self.opts.group_port, "addresses": host_addresses(),
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),

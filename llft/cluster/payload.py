@@ -5,11 +5,17 @@ Requests (gateway -> server group), one msgpack array each:
     [OPEN, program_port, client_host, client_port]   a client connected
     [DATA, bytes]                                     the client's bytes
     [EOF]                                             the client shut down its side
+    [DGRAM, program_port, number, client_host, client_port, bytes]
+                             a client datagram to the program's UDP port, the
+                             gateway's number-th on it (one virtual connection
+                             per UDP port carries them all, in one order)
 Replies (primary -> gateway):
     [DATA, offset, bytes]    the server's bytes at this offset of the connection's output
     [CLOSE, offset]          the server closed the connection after `offset` bytes
-Offsets let a gateway drop what it already sent when a new primary repeats
-output after a failover.
+    [DGRAM, k, host, port, bytes]   the program's k-th datagram (from 0) sent
+                             from its UDP port, to host:port
+Offsets (and k) let a gateway drop what it already sent when a new primary
+repeats output after a failover.
 
 Ordering information (primary -> its backups), a tag byte then the body:
     b"R" + record slots      the primary's OrderInfo records (whole groups)
@@ -25,7 +31,8 @@ from __future__ import annotations
 
 import msgpack
 
-OPEN, DATA, EOF, CLOSE = 0, 1, 2, 3
+OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
+MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
 TAG_RECORDS, TAG_BOUNDARY, TAG_END, TAG_VIEW = b"R", b"B", b"E", b"V"
 
 
@@ -60,6 +67,14 @@ def eof_request() -> bytes:
     return _pack(EOF)
 
 
+def datagram_request(program_port: int, number: int, host: str, client_port: int, data: bytes) -> bytes:
+    return _pack(DGRAM, program_port, number, host, client_port, data)
+
+
+def _port(v) -> bool:
+    return isinstance(v, int) and 0 <= v < 65536
+
+
 def encode_request(req) -> bytes:
     """A parsed request (as kept in a member's input log) back to its bytes."""
     if not isinstance(req, (list, tuple)) or not req:
@@ -77,6 +92,9 @@ def parse_request(raw: bytes) -> tuple:
         return DATA, v[1]
     if kind == EOF and len(v) == 1:
         return (EOF,)
+    if kind == DGRAM and len(v) == 6 and _port(v[1]) and v[1] and isinstance(v[2], int) and 0 < v[2] < 1 << 63 \
+            and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], bytes) and len(v[5]) <= MAX_UDP_PAYLOAD:
+        return DGRAM, v[1], v[2], v[3], v[4], v[5]
     raise BadPayload(f"not a request: {v[:1]}")
 
 
@@ -87,6 +105,19 @@ def data_reply(offset: int, chunk: bytes) -> bytes:
 
 def close_reply(offset: int) -> bytes:
     return _pack(CLOSE, offset)
+
+
+def datagram_reply(k: int, host: str, port: int, data: bytes) -> bytes:
+    return _pack(DGRAM, k, host, port, data)
+
+
+def parse_datagram_reply(raw: bytes) -> tuple[int, str, int, bytes]:
+    """(k, host, port, bytes) of a reply on a UDP port's connection."""
+    v = _unpack(raw)
+    if v[0] == DGRAM and len(v) == 5 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], str) \
+            and _port(v[3]) and isinstance(v[4], bytes):
+        return v[1], v[2], v[3], v[4]
+    raise BadPayload(f"not a datagram reply: {v[:1]}")
 
 
 def parse_reply(raw: bytes) -> tuple:

@@ -58,11 +58,15 @@ class RecordFeeder(threading.Thread):
         self.stream, self.alive = stream, alive
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.slots = 0
+        self.exit_status: int | None = None
 
     def feed(self, slots: bytes):
         self.q.put(slots)
 
-    def end(self):
+    def end(self, exit_status: int | None = None):
+        """The stream ends after the records queued so far; the primary's
+        program exited with exit_status (None: unknown)."""
+        self.exit_status = exit_status
         self.q.put(self.END)
 
     def promote(self):
@@ -77,7 +81,7 @@ class RecordFeeder(threading.Thread):
                     log.error("could not tell the replica to take over")
                 continue
             if item is self.END:
-                if self.alive() and not self.stream.write_end(timeout_ms=2000):
+                if self.alive() and not self.stream.write_end(self.exit_status, timeout_ms=2000):
                     log.warning("could not mark the end of the replica's stream")
                 return
             view = memoryview(item)

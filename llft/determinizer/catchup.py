@@ -66,5 +66,5 @@ class CatchUpFeeder(threading.Thread):
                 log.info("replica %d died while catching up", self.sink.replica)
 
     def _write_end(self):
-        if not self.sink.stream.write_end(timeout_ms=2000):
+        if not self.sink.stream.write_end(self.forwarder.source.exit_status, timeout_ms=2000):
             log.warning("replica %d: could not mark the end of its stream", self.sink.replica)

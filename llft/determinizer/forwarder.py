@@ -55,7 +55,7 @@ class RecordForwarder(threading.Thread):
                 if self.saver:
                     self.saver.close()
             for sink in sinks:
-                if not sink.dead and not sink.stream.write_end(timeout_ms=2000):
+                if not sink.dead and not sink.stream.write_end(self.source.exit_status, timeout_ms=2000):
                     log.warning("replica %d: could not mark the end of its stream", sink.replica)
 
     def _pump(self):

@@ -22,6 +22,7 @@ class PrimarySource:
     def __init__(self, stream: StreamFile):
         self.stream = stream
         self.exited = threading.Event()
+        self.exit_status: int | None = None   # the primary program's, once it has exited
 
     def read(self, max_slots: int) -> bytes:
         # A backup taking over still consumes the failed primary's last
@@ -36,8 +37,10 @@ class PrimarySource:
     def finished(self) -> bool:
         return self.exited.is_set()
 
-    def finish(self):
-        """The primary has exited or failed: the forwarder drains it now."""
+    def finish(self, exit_status: int | None = None):
+        """The primary has exited (with exit_status) or failed: the
+        forwarder drains it now."""
+        self.exit_status = exit_status
         self.exited.set()
         self.stream.wake()
 
@@ -108,6 +111,7 @@ class SavedStreamSource:
         self.path = path
         self.error = None
         self.done = False
+        self.exit_status = None   # a saved stream does not say how its program ended
 
     def read(self, max_slots: int) -> bytes:
         if self.done:

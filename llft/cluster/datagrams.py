@@ -1,0 +1,213 @@
+"""The program's UDP ports across hosts.
+
+    UDP client -> llft-gateway --Request [DGRAM ...]--> every member --AF_UNIX--> its replica
+    primary's replica --> primary --Reply [DGRAM k ...]--> llft-gateway --> UDP client
+
+The gateway serves each of the program's UDP ports (`--udp-port`) on a
+public UDP port and opens one virtual connection per port to the group:
+every client datagram, numbered by the gateway, goes over it as a Request,
+so messaging delivers them to every member in one order.  A member hands
+each to its replica's virtual UDP socket (the relay of one host,
+`llft/serving/datagrams.py`: header with the number and the client's
+address), and each datagram its replica sends becomes one Reply, numbered
+k.  The primary's Replies are multicast; a backup's, the very same messages
+at every member, are only logged by messaging (semi-active replication)
+and digested.  After a primary change the new primary sends again what
+messaging says the gateway has not had, and the gateway drops any k it
+already sent, so a client gets each reply once."""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from collections import deque
+
+from llft.cluster import payload
+from llft.messaging.ids import ConnId
+from llft.native import conn_header
+from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
+
+log = logging.getLogger("llft.datagrams")
+
+SEQ_BASE = 1 << 32          # a UDP port's connection: SEQ_BASE + port (TCP connections count from 1)
+WATCH_S = 0.02
+
+
+def connection_seq(program_port: int) -> int:
+    return SEQ_BASE + program_port
+
+
+def parse_port_map(spec: str) -> tuple[int, int]:
+    """--udp-port [PROG:]PUBLIC -> (program port, public port); ValueError if bad."""
+    prog, _, public = spec.rpartition(":")
+    try:
+        ports = (int(prog or public), int(public))
+    except ValueError:
+        raise ValueError(f"{spec}: expected [PROG:]PUBLIC, port numbers") from None
+    if not all(0 < p < 65536 for p in ports):
+        raise ValueError(f"{spec}: ports are 1-65535")
+    return ports
+
+
+# -- the gateway's side ---------------------------------------------------------
+class _PublicPort(asyncio.DatagramProtocol):
+    """One of the program's UDP ports, served on a public port of the gateway."""
+
+    def __init__(self, owner: "GatewayDatagrams", program_port: int, cid: ConnId):
+        self.owner, self.program_port, self.cid = owner, program_port, cid
+        self.transport: asyncio.DatagramTransport | None = None
+        self.number = 0                   # client datagrams numbered so far
+        self.sent = 0                     # replies sent to clients: the next k expected
+        self.waiting: deque[bytes] = deque()  # Requests waiting for messaging's window
+        self.waiting_bytes = 0
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr):
+        stats = self.owner.stats
+        if self.waiting_bytes > QUEUE_LIMIT:
+            stats["dropped"] += 1        # bounded memory: dropped before the group sees it
+            return
+        host = addr[0]
+        ip = ipaddress.ip_address(host)
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            host = str(ip.ipv4_mapped)
+        self.number += 1
+        stats["datagrams_in"] += 1
+        request = payload.datagram_request(self.program_port, self.number, host, addr[1], data)
+        self.waiting.append(request)
+        self.waiting_bytes += len(request)
+        self.flush()
+
+    def flush(self):
+        ep = self.owner.ep
+        while self.waiting and ep.writable(self.cid):
+            request = self.waiting.popleft()
+            self.waiting_bytes -= len(request)
+            ep.send(self.cid, request)
+
+    def error_received(self, exc):
+        log.debug("UDP port %d: %s", self.program_port, exc)
+
+    def reply(self, k: int, host: str, port: int, data: bytes):
+        stats = self.owner.stats
+        if k < self.sent:                 # a new primary repeats what the old one sent
+            stats["repeated"] += 1
+            return
+        if k > self.sent:
+            log.error("UDP port %d: replies %d..%d of the program are missing", self.program_port, self.sent, k - 1)
+        self.sent = k + 1
+        if self.transport.get_extra_info("socket").family == socket.AF_INET6 and ":" not in host:
+            host = "::ffff:" + host
+        try:
+            self.transport.sendto(data, (host, port))
+            stats["datagrams_out"] += 1
+        except (OSError, ValueError) as e:
+            log.debug("UDP port %d: reply to %s:%d lost: %s", self.program_port, host, port, e)
+
+
+class GatewayDatagrams:
+    """llft-gateway's UDP ports: (program port, public port) pairs."""
+
+    def __init__(self, ep, server_group: int, ports: list[tuple[int, int]]):
+        self.ep, self.server_group, self.ports = ep, server_group, ports
+        self.by_cid: dict[ConnId, _PublicPort] = {}
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "dropped": 0, "repeated": 0, "bad_replies": 0}
+
+    async def serve(self, host: str):
+        loop = asyncio.get_running_loop()
+        for program_port, public in self.ports:
+            cid = self.ep.connect(self.server_group, connection_seq(program_port))
+            proto = _PublicPort(self, program_port, cid)
+            try:
+                await loop.create_datagram_endpoint(lambda: proto, local_addr=(host, public))
+            except OSError as e:
+                raise OSError(e.errno, f"cannot bind {host} UDP port {public}: {e.strerror}") from None
+            self.by_cid[cid] = proto
+            log.warning("serving UDP clients on %s port %d (the program's UDP port %d)", host, public, program_port)
+
+    def handles(self, cid: ConnId) -> bool:
+        return cid in self.by_cid
+
+    def reply(self, cid: ConnId, body: bytes):
+        try:
+            k, host, port, data = payload.parse_datagram_reply(body)
+        except payload.BadPayload as e:
+            self.stats["bad_replies"] += 1
+            self.ep.drops.count("bad-payload")
+            log.debug("UDP connection %s: %s", cid, e)
+            return
+        self.by_cid[cid].reply(k, host, port, data)
+
+    def writable(self, cid: ConnId):
+        self.by_cid[cid].flush()
+
+    def close(self):
+        for p in self.by_cid.values():
+            if p.transport is not None:
+                p.transport.close()
+
+
+# -- a member's side --------------------------------------------------------------
+class MemberDatagrams:
+    """A member's replica's UDP ports: client datagrams in, in the group's
+    order; every datagram the replica sends out as one Reply (sent by the
+    primary, logged by a backup: messaging decides)."""
+
+    def __init__(self, replica, outbox):
+        self.replica, self.outbox = replica, outbox
+        self.ports: dict[int, ReplicaPort] = {}
+        self.cids: dict[int, ConnId] = {}
+        self.stats = {"replica_lost": 0, "malformed_replies": 0, "kept_dropped": 0}
+
+    def handles(self, cid: ConnId) -> bool:
+        return cid.seq > SEQ_BASE
+
+    def request(self, cid: ConnId, req: tuple):
+        _, program_port, number, host, client_port, data = req
+        self.cids[program_port] = cid
+        self._port(program_port).deliver(conn_header(number, host, client_port) + data)
+
+    def _port(self, program_port: int) -> ReplicaPort:
+        p = self.ports.get(program_port)
+        if p is None:
+            p = self.ports[program_port] = ReplicaPort(self.replica, program_port, self._reply, self.stats)
+        return p
+
+    def _reply(self, port: ReplicaPort, k: int, data: bytes, dest):
+        cid = self.cids.get(port.port)
+        if cid is not None:
+            self.outbox.put(cid, payload.datagram_reply(k, dest[0], dest[1], data))
+
+    async def run(self):
+        """Connects each port to the replica's socket once its program has
+        bound it (datagrams wait until then)."""
+        while True:
+            for port, p in self.ports.items():
+                if p.sock is None and self.replica.alive():
+                    for bound, _family, name in self.replica.stream.datagram_listeners():
+                        if bound == port:
+                            p.attach(name)
+            await asyncio.sleep(WATCH_S)
+
+    def rebase(self, cid: ConnId, later: list[bytes]):
+        """After a primary change: replies logged beyond what the gateway has
+        go out again as new messages (the gateway drops any it had)."""
+        for body in later:
+            self.outbox.put(cid, body)
+
+    def drain(self):
+        """Takes what the replica sent last (it has exited)."""
+        for p in self.ports.values():
+            p._readable()
+
+    def summary(self) -> dict[str, dict]:
+        """What this replica sent, per UDP port (count, bytes, SHA-256)."""
+        return {str(port): p.out.summary() for port, p in sorted(self.ports.items())}
+
+    def close(self):
+        for p in self.ports.values():
+            p.close()
+
