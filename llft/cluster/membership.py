@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from llft import wire
+from llft.messaging.fragments import Codec
 from llft.messaging.ids import View
 from llft.wire import MsgType
 
@@ -71,6 +72,12 @@ class Joiner:
 
     def __init__(self, ep, found_after: float, give_up_after: float):
         self.ep = ep
+        # A codec of its own: the group's traffic it decodes and ignores (the
+        # gateways' Requests) must not count as received by the endpoint's,
+        # which would then drop those messages as late duplicates when they
+        # are retransmitted to the member it becomes (a Request sent while we
+        # joined, not part of the state, was never delivered to our replica).
+        self.codec = Codec(ep.codec.keyring, ep.codec.accept_groups, ep.config, drops=ep.drops)
         self.found_after = found_after
         self.give_up_after = give_up_after
         self.group_seen = False
@@ -79,7 +86,7 @@ class Joiner:
 
     def datagram(self, data: bytes) -> None:
         ep = self.ep
-        r = ep.codec.decode(data, ep.clock.now())
+        r = self.codec.decode(data, ep.clock.now())
         if r is None:
             return
         msg = r[0]
