@@ -174,7 +174,7 @@ class Election:
             self._ack(sender, pvn, upto)
             log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
             ep.view = View(ep.group, sender, members, new_pvn)
-            self.watch_since = ep.clock.now()
+            self.watch_since = max(self.watch_since, ep.clock.now())   # keeps a start-up grace
             self.on_new_primary(ep.view)
             return
         if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:
