@@ -505,7 +505,9 @@ class HostMember:
                 break
             await asyncio.sleep(0.015)
         else:
-            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them")
+            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them "
+                      "(%s)", ", ".join(f"connection {tuple(cid)}: have {ep.conns[cid].rx.received_upto} of {n}"
+                                        for cid, n in last_sent.items() if ep.conns[cid].rx.received_upto < n))
         for cid, c in ep.conns.items():
             bases.setdefault(cid, c.tx.remote_ack)
         sync = ep.sequencer.upto
