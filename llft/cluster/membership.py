@@ -201,6 +201,16 @@ class Admission:
         now = self.ep.clock.now()
         for member, entry in list(self.pending.items()):
             data, sends, waiting, due = entry
+            if member in self.ep.backup_reports:
+                # Its Heartbeats show it joined: its acknowledgment was lost
+                # (it sends one, and repeats of a large AcceptBackup it has
+                # decoded do not reach it again).  Removing it anyway left a
+                # member the primary no longer counted: the group watermark
+                # freed the client messages it lacked and it starved.
+                waiting.discard(member)
+            if not waiting:
+                del self.pending[member]
+                continue
             if now < due:
                 continue   # AcceptBackup carries the state: not every tick
             if sends >= MAX_COUNT:
