@@ -302,7 +302,10 @@ class HostMember:
         if name == "membership-message" and msg is not None:
             t = msg.TYPE
             if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
-                self.election.on_message(msg)
+                try:
+                    self.election.on_message(msg)
+                except Excluded as e:   # (a datagram callback: the serve loop leaves the group)
+                    self.stepped_down = str(e)
             elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
                 try:
                     self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
