@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
 MULTICAST_PREFIX = (239, 192)
 DEFAULT_PORT = 17400
 SOCKET_BUFFER = 8 << 20
+BURST = 64                      # datagrams sent per event-loop turn while a large message goes out
 IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)
 
 
@@ -77,6 +80,8 @@ class UdpTransport(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.errors = 0
         self.datagrams_sent = 0
+        self._bulk: deque[list] = deque()   # [address, datagrams, next index], in order
+        self._draining = False
 
     @classmethod
     async def open(cls, directory: Directory, group: int, member: int,
@@ -122,14 +127,48 @@ class UdpTransport(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         self.errors += 1   # e.g. ICMP port unreachable from a member that is down
 
-    def send_group(self, group: int, datagrams: list[bytes]) -> None:
+    def send_group(self, group: int, datagrams: Sequence[bytes]) -> None:
         t = self.transport
         if t is None or t.is_closing():
             return
+        if len(datagrams) <= BURST:
+            for addr in self.directory.destinations(group):
+                for d in datagrams:
+                    t.sendto(d, addr)
+                    self.datagrams_sent += 1
+            return
+        # A large message (a state transfer) goes out a burst per event-loop
+        # turn, its frames made as they go, and smaller messages (Heartbeats)
+        # go out meanwhile: a primary that stalled for the whole message
+        # would be suspected by its backups.  (Datagrams may be reordered
+        # anyway; the protocol does not rely on their order.)
         for addr in self.directory.destinations(group):
-            for d in datagrams:
-                t.sendto(d, addr)
-                self.datagrams_sent += 1
+            self._bulk.append([addr, datagrams, 0])
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        t, budget = self.transport, BURST
+        while self._bulk and budget > 0:
+            if t is None or t.is_closing():
+                self._bulk.clear()
+                break
+            entry = self._bulk[0]
+            addr, datagrams, pos = entry
+            end = min(len(datagrams), pos + budget)
+            for i in range(pos, end):
+                t.sendto(datagrams[i], addr)
+            self.datagrams_sent += end - pos
+            budget -= end - pos
+            if end == len(datagrams):
+                self._bulk.popleft()
+            else:
+                entry[2] = end
+        if self._bulk:
+            asyncio.get_running_loop().call_soon(self._drain)
+        else:
+            self._draining = False
 
     def close(self) -> None:
         if self.transport is not None:

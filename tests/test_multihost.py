@@ -341,8 +341,6 @@ def test_competing_proposals_end_with_one_primary(cluster_of, examples):
     kill_primary_mid_workload(cluster_of(4), examples, members=3, extra=["--fault-timeout-step", "0", "--no-rejoin"])
 
 
-@pytest.mark.skip(reason="known bug (docs/cluster.md, 'Not there yet'): in about 1 run in 8 a backup "
-                         "stops as diverged a few seconds after the view change under 20% loss; not yet found")
 def test_failover_with_20_percent_loss_on_every_link(cluster_of, examples):
     cluster = cluster_of(4)
     for ns, _ in cluster.hosts:
@@ -429,15 +427,17 @@ def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
-KILLS_IN_A_ROW = 1   # more in a row is not reliable yet across hosts: see docs/cluster.md
+KILLS_IN_A_ROW = 4
 
 
-@pytest.mark.skip(reason="known bug (docs/cluster.md, 'Not there yet'): now and then (1 in 10 or so, seen on a "
-                         "fresh clone right after set-up) the kill and rejoin under writers fails; not yet found")
 def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
-    """The killed member resets and rejoins with a fresh replica (state
-    transfer by log); writers never stop; nothing acknowledged is lost."""
-    start_three(cluster, examples)
+    """The primary is killed KILLS_IN_A_ROW times in a row; each time the
+    killed member resets and rejoins with a fresh replica (state transfer by
+    log) before the next kill; writers never stop; nothing acknowledged is
+    lost and no writer's connection drops."""
+    # A fault timeout above this shared 2-core host's scheduling stalls: at the
+    # default 150 ms a live but descheduled primary was suspected now and then.
+    start_three(cluster, examples, extra=["--fault-timeout", "300"])
     import threading
     stop, acked = threading.Event(), {}
 

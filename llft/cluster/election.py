@@ -89,6 +89,7 @@ class Election:
         log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
                     "with %s", ep.view.primary, silence * 1000, ep.me, ep.view.pvn + 1, sorted(members))
         self.proposed_pvn = ep.view.pvn + 1
+        ep.sequencer.hold(False)   # a proposer gathers the most advanced state of the old view
         lower = [m for m, p in ep.view.precedences.items() if p < mine and m != ep.view.primary]
         self.proposal = {"members": members, "acks": {}, "sends": 0, "excluded_lower": bool(lower)}
         self._repeat()
@@ -172,9 +173,10 @@ class Election:
                 return
             self.acked_precedence, self.acked_at = precedence, ep.clock.now()
             self._ack(sender, pvn, upto)
+            ep.sequencer.hold()   # what we acknowledged is all we release until the view notice
             log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
             ep.view = View(ep.group, sender, members, new_pvn)
-            self.watch_since = ep.clock.now()
+            self.watch_since = max(self.watch_since, ep.clock.now())   # keeps a start-up grace
             self.on_new_primary(ep.view)
             return
         if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:

@@ -104,7 +104,6 @@ class HostMember:
         self.next_open: dict[int, int] = {}            # client group -> connSeqNum of its next connection
         self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
         self.primary_status: int | None = None   # backups: the primary program's exit status
-        self.released_upto = 0                  # backups: oseq of the last ordering blob released
         self.view_acks: dict[int, tuple] = {}   # new primary: NewPrimaryView answers by remote group
         self.view_answered = asyncio.Event()
         self.source: PrimarySource | None = None
@@ -162,7 +161,6 @@ class HostMember:
         else:
             self.ep.view = joined.view
             self.ep.sequencer.skip_to(joined.oseq)
-            self.released_upto = joined.oseq
             self.log = dict(joined.history)
             index = joined.index
             log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)%s",
@@ -249,10 +247,13 @@ class HostMember:
             await asyncio.wait_for(self.shipped.wait(), 10)
 
     # -- a backup's side ---------------------------------------------------
-    def _released_order(self, blob: bytes):
-        """Ordering information released by messaging, in oseq order."""
-        self.released_upto += 1
-        self.log[self.released_upto] = blob
+    def _released_order(self, oseq: int, blob: bytes):
+        """Ordering information released by messaging, in oseq order.  (Kept
+        under its own oseq: a count of releases went wrong at a view notice,
+        where the new view's numbering jumps to pvn << 40, so later
+        acknowledgments and view notices looked for entries under the wrong
+        numbers.)"""
+        self.log[oseq] = blob
         self._order(blob)
 
     def _follow_new_view(self, body: dict) -> None:
@@ -265,7 +266,6 @@ class HostMember:
             log.error("this backup lacks ordering information of the old primary up to %d: it cannot follow "
                       "the new primary", body["sync"])
             self.stepped_down = "it cannot reach the new view's synchrony point"
-        self.released_upto = self.ep.sequencer.upto
 
     def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
         """The released entries after oseq (up to upto), as one consecutive run."""
@@ -304,7 +304,10 @@ class HostMember:
         if name == "membership-message" and msg is not None:
             t = msg.TYPE
             if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
-                self.election.on_message(msg)
+                try:
+                    self.election.on_message(msg)
+                except Excluded as e:   # (a datagram callback: the serve loop leaves the group)
+                    self.stepped_down = str(e)
             elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
                 try:
                     self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
@@ -517,7 +520,9 @@ class HostMember:
                 break
             await asyncio.sleep(0.015)
         else:
-            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them")
+            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them "
+                      "(%s)", ", ".join(f"connection {tuple(cid)}: have {ep.conns[cid].rx.received_upto} of {n}"
+                                        for cid, n in last_sent.items() if ep.conns[cid].rx.received_upto < n))
         for cid, c in ep.conns.items():
             bases.setdefault(cid, c.tx.remote_ack)
         sync = ep.sequencer.upto

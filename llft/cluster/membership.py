@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 
 from llft import wire
+from llft.messaging.fragments import Codec
 from llft.messaging.ids import View
 from llft.wire import MsgType
 
@@ -30,6 +31,15 @@ log = logging.getLogger("llft.membership")
 
 RETRY_S = 0.05
 MAX_COUNT = 40
+REPEAT_BYTES_PER_S = 4 << 20
+
+
+def repeat_interval(data: bytes) -> float:
+    """A large AcceptBackup (the state: megabytes) is repeated no faster than
+    every member can take it in: repeats every RETRY_S kept the members'
+    event loops busy with its fragments, and a backup behind on its socket
+    suspected a primary that was only slow to be heard."""
+    return max(RETRY_S, len(data) / REPEAT_BYTES_PER_S)
 
 
 class JoinRefused(Exception):
@@ -71,6 +81,12 @@ class Joiner:
 
     def __init__(self, ep, found_after: float, give_up_after: float):
         self.ep = ep
+        # A codec of its own: the group's traffic it decodes and ignores (the
+        # gateways' Requests) must not count as received by the endpoint's,
+        # which would then drop those messages as late duplicates when they
+        # are retransmitted to the member it becomes (a Request sent while we
+        # joined, not part of the state, was never delivered to our replica).
+        self.codec = Codec(ep.codec.keyring, ep.codec.accept_groups, ep.config, drops=ep.drops)
         self.found_after = found_after
         self.give_up_after = give_up_after
         self.group_seen = False
@@ -79,7 +95,7 @@ class Joiner:
 
     def datagram(self, data: bytes) -> None:
         ep = self.ep
-        r = ep.codec.decode(data, ep.clock.now())
+        r = self.codec.decode(data, ep.clock.now())
         if r is None:
             return
         msg = r[0]
@@ -138,8 +154,8 @@ class Admission:
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
-        self.pending: dict[int, list] = {}   # member -> [body, sends, members yet to acknowledge]
-        self.last_sent = float("-inf")
+        # member -> [encoded AcceptBackup, sends, members yet to acknowledge, next repeat]
+        self.pending: dict[int, list] = {}
 
     def on_message(self, msg) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
@@ -178,15 +194,25 @@ class Admission:
                     sum(len(b) for _k, b in state["history"]) // 1024, len(state["conns"]))
         self.on_change()
         data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
-        self.pending[member] = [data, 1, set(view.backups())]   # every backup must acknowledge
+        # every backup must acknowledge
+        self.pending[member] = [data, 1, set(view.backups()), self.ep.clock.now() + repeat_interval(data)]
 
     def tick(self) -> None:
         now = self.ep.clock.now()
-        if now - self.last_sent < RETRY_S:
-            return   # AcceptBackup carries the state: not every tick
-        self.last_sent = now
         for member, entry in list(self.pending.items()):
-            data, sends, waiting = entry
+            data, sends, waiting, due = entry
+            if member in self.ep.backup_reports:
+                # Its Heartbeats show it joined: its acknowledgment was lost
+                # (it sends one, and repeats of a large AcceptBackup it has
+                # decoded do not reach it again).  Removing it anyway left a
+                # member the primary no longer counted: the group watermark
+                # freed the client messages it lacked and it starved.
+                waiting.discard(member)
+            if not waiting:
+                del self.pending[member]
+                continue
+            if now < due:
+                continue   # AcceptBackup carries the state: not every tick
             if sends >= MAX_COUNT:
                 del self.pending[member]
                 if member in waiting:
@@ -196,7 +222,7 @@ class Admission:
                 else:
                     log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
                 continue
-            entry[1] = sends + 1
+            entry[1], entry[3] = sends + 1, now + repeat_interval(data)
             self.ep.resend(data, MsgType.ACCEPT_BACKUP)
 
 

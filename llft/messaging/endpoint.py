@@ -66,7 +66,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self._order_out: deque[bytes] = deque()
         self.events: deque[tuple[str, dict]] = deque(maxlen=1000)
         self.on_deliver: Callable[[ConnId, bytes], None] | None = None
-        self.on_order: Callable[[bytes], None] | None = None
+        self.on_order: Callable[[int, bytes], None] | None = None   # (oseq, blob)
         self.on_event: Callable[[str, dict], None] | None = None
         self.on_writable: Callable[[ConnId], None] | None = None
         self.on_ready: Callable[[], None] | None = None       # recv() has something
@@ -260,10 +260,12 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
             self.on_ready()
 
     def _order_delivered(self, blobs: list[bytes]) -> None:
-        for b in blobs:
+        """blobs: what the sequencer just released, in order, up to its upto."""
+        first = self.sequencer.upto - len(blobs) + 1
+        for i, b in enumerate(blobs):
             self.counters["order_delivered"] += 1
             if self.on_order is not None:
-                self.on_order(b)
+                self.on_order(first + i, b)
             else:
                 self._order_out.append(b)
 

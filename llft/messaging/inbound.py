@@ -132,7 +132,9 @@ class InboundMixin:
         now = self.clock.now()
         for m in msns[: self.config.nack_batch]:
             e = c.tx.sent.get(m)
-            if e is not None and not c.tx.recently_sent(e, now):
+            if e is None:
+                self.counters["nacked_not_held"] += 1   # freed already: the group had it, by its watermark
+            elif not c.tx.recently_sent(e, now):
                 self.counters["retransmit_nacked"] += 1
                 self._retransmit(c, e, now)
 

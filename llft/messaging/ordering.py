@@ -125,13 +125,22 @@ class OrderSequencer:
     def __init__(self) -> None:
         self.upto = 0
         self.pending: dict[int, bytes] = {}
+        self.held = False       # release nothing more (see hold)
+
+    def hold(self, held: bool = True) -> None:
+        """A backup that acknowledged a new primary releases nothing more of
+        the old view until the view notice says where it ends: an entry it
+        released after its acknowledgment (a reflection the new primary never
+        got) could lie past the virtual synchrony point, and its replica
+        would then replay records the new primary never did."""
+        self.held = held
 
     def add(self, first: int, blobs: list[bytes]) -> list[bytes]:
         for i, blob in enumerate(blobs):
             if first + i > self.upto:
                 self.pending.setdefault(first + i, blob)
         out = []
-        while self.upto + 1 in self.pending:
+        while self.upto + 1 in self.pending and not self.held:
             self.upto += 1
             out.append(self.pending.pop(self.upto))
         return out

@@ -56,6 +56,7 @@ def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) ->
     # them before filling the gap, or they would be released with it.
     for k in [k for k in ep.sequencer.pending if sync < k < base]:
         del ep.sequencer.pending[k]
+    ep.sequencer.hold(False)
     deliver_held_order(ep, first, blobs)
     complete = ep.sequencer.upto >= sync
     # The new primary's first entries may be here already, pending: released now.
