@@ -21,6 +21,7 @@ from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKU
 from llft.replica import Replica
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
+from llft.serving.outgoing import OutgoingService
 from llft.serving.relay import ReplicaRelay
 
 log = logging.getLogger("llft.group")
@@ -59,6 +60,7 @@ class LocalGroup:
         self.failed: str | None = None
         self.relays: list[ReplicaRelay] = []
         self.gateway: Gateway | None = None
+        self.outgoing = OutgoingService()   # the program's connect()s
         self.sinks: dict[int, BackupSink] = {}
         self.inputs: InputLog | None = None
         self.feeders: dict[int, CatchUpFeeder] = {}
@@ -77,6 +79,7 @@ class LocalGroup:
         out_dir.mkdir(exist_ok=True)
         r = Replica(k, stream, out_dir)
         self.replicas.append(r)
+        self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
             self.sinks[k] = BackupSink(k, stream, r.alive)
         return r
@@ -92,6 +95,7 @@ class LocalGroup:
             self.source = SavedStreamSource(self.opts.replay_from)
         else:
             self.source = PrimarySource(self.replicas[0].stream)
+            self.outgoing.primary = self.replicas[0].index
         saved = self.opts.save_stream
         if self.opts.respawn:
             saved = saved or self.run_dir / HISTORY_FILE
@@ -119,10 +123,12 @@ class LocalGroup:
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
                           "outputs": rl.output_summary() if rl else {},
+                          "outgoing": self.outgoing.summary(r.index),
                           "datagrams": self.gateway.datagrams.summary(r.index) if self.gateway else {}}
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
             "failovers": self.failovers,
+            "outgoing": dict(self.outgoing.stats, errors=self.outgoing.errors),
         })
 
     # -- run to completion -----------------------------------------------
@@ -142,6 +148,7 @@ class LocalGroup:
 
     async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
+        await self.outgoing.serve()
         for r in list(self.replicas):
             self._relay(r)
             self._watch_exit(r)
@@ -157,6 +164,7 @@ class LocalGroup:
         finally:
             if self.gateway:
                 await self.gateway.close()
+            self.outgoing.close()
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -191,6 +199,7 @@ class LocalGroup:
         self.source.finish()
         time.sleep(0)   # the GIL to the forwarder, which finish() woke: it carries the PROMOTE
         self.source = new_source
+        self.outgoing.promote(new)
         if self.gateway is not None:
             self.gateway.promote(self._relay_of(new))
             self.gateway.remove_relay(self._relay_of(failed))
@@ -223,6 +232,7 @@ class LocalGroup:
             r.catch_up = {"records": None, "ms": None, "done": False}
             r.start(self.argv, self.env)
             self._watch_exit(r)
+            self.tasks.append(asyncio.create_task(self.outgoing.serve()))
             self.gateway.add_relay(self._relay(r))
             feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
             feeder.start()
