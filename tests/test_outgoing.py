@@ -1,0 +1,202 @@
+"""Outgoing connections: a replicated program's connect() to a server
+outside the group (examples/proxy_server.c in front of a backend the test
+starts unreplicated).  The backend sees each connection and each request
+once, not once per replica; every replica computes the same output; a
+refused connect is replayed as refused; when the primary is killed the
+remote TCP connection survives and the backend gets nothing twice and
+misses nothing."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from serving import ServingGroup, concurrently, free_port, line_client
+from test_failover import kill_primary
+
+
+class RecordingBackend:
+    """A line server outside the group: answers each line with "<n> <line>"
+    (n: lines it has served so far) and keeps every connection's lines, so
+    that a request that reached it once per replica would show."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.lock = threading.Lock()
+        self.served = 0
+        self.conns: list[list[str]] = []     # each connection's lines, in arrival order
+        self.ended: set[int] = set()          # connections the proxy closed
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns.append([])
+                k = len(self.conns) - 1
+            threading.Thread(target=self._serve, args=(k, conn), daemon=True).start()
+
+    def _serve(self, k: int, conn: socket.socket):
+        with conn, conn.makefile("rwb") as f:
+            for raw in f:
+                line = raw.decode().rstrip("\n")
+                with self.lock:
+                    self.conns[k].append(line)
+                    self.served += 1
+                    n = self.served
+                f.write(f"{n} {line}\n".encode())
+                f.flush()
+        with self.lock:
+            self.ended.add(k)
+
+    def wait_ended(self, n: int, timeout: float = 30):
+        end = time.monotonic() + timeout
+        while len(self.ended) < n and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def close(self):
+        self.server.close()
+
+
+@pytest.fixture
+def backend():
+    b = RecordingBackend()
+    yield b
+    b.close()
+
+
+def proxy_group(tmp_path, examples, backend_port: int, replicas=3, extra=()) -> ServingGroup:
+    return ServingGroup(tmp_path / "rd", [examples / "proxy_server", 7000, backend_port], replicas=replicas,
+                        extra=extra)
+
+
+def finish(group: ServingGroup) -> dict:
+    """SHUTDOWN, then the run's state: the live replicas agree byte for byte
+    on what they sent the clients and what they sent the remote servers."""
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    live = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert all(r["status"] == 0 for r in live)
+    for r in live[1:]:
+        assert r["outputs"] == live[0]["outputs"], "replicas sent the clients different bytes"
+        assert r["outgoing"] == live[0]["outgoing"], "replicas wrote different bytes to the remote servers"
+    assert state["outgoing"]["dropped"] == 0, state["outgoing"]["errors"]
+    return state
+
+
+def client_lines(i: int, n: int) -> list[str]:
+    return [f"c{i}-{j}" for j in range(n)]
+
+
+def check_backend_got_each_line_once(backend: RecordingBackend, results: dict, nclients: int, nlines: int):
+    """One backend connection per client, with exactly that client's lines,
+    in order; the replies number every line the backend served, 1..n."""
+    assert sorted(backend.conns) == sorted(client_lines(i, nlines) for i in range(nclients))
+    numbers = sorted(int(r.split()[0]) for got in results.values() for r in got)
+    assert numbers == list(range(1, nclients * nlines + 1))
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == client_lines(i, nlines)
+
+
+def run_clients(group, nclients, nlines, meanwhile=None, pause=0.0) -> dict:
+    results, errors = {}, []
+
+    def client(i):
+        try:
+            with group.connect() as s:
+                f = s.makefile("rwb")
+                got = []
+                for line in client_lines(i, nlines):
+                    f.write(line.encode() + b"\n")
+                    f.flush()
+                    reply = f.readline().decode()
+                    if not reply:
+                        errors.append(f"client {i}: connection closed after {len(got)} replies")
+                        return
+                    got.append(reply.rstrip("\n"))
+                    time.sleep(pause)
+                results[i] = got
+        except OSError as e:
+            errors.append(f"client {i}: {e}")
+    concurrently(client, nclients, meanwhile)
+    assert not errors, errors
+    return results
+
+
+def test_backend_sees_each_request_once_and_replicas_agree(examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+    results = run_clients(group, nclients=4, nlines=60)
+    check_backend_got_each_line_once(backend, results, 4, 60)
+    backend.wait_ended(4)
+    assert backend.ended == {0, 1, 2, 3}, "the program's close reaches the backend"
+    state = finish(group)
+    assert state["outgoing"]["connections"] == 4
+    assert [len(r["outgoing"]) for r in state["replicas"]] == [4, 4, 4]
+
+
+def test_kv_server_backend_applies_each_increment_once(examples, tmp_path):
+    port = free_port()
+    kv = subprocess.Popen([examples / "kv_server", str(port)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "kv_server did not start"
+                time.sleep(0.02)
+        group = proxy_group(tmp_path, examples, port)
+        counts: dict[int, list[int]] = {}
+
+        def client(i):
+            with group.connect() as s:
+                replies, _ = line_client(s, ["INCR shared"] * 25)
+                counts[i] = [int(r.split()[1]) for r in replies]
+        concurrently(client, 3)
+        assert sorted(n for c in counts.values() for n in c) == list(range(1, 76))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            assert line_client(s, ["GET shared"])[0] == ["VALUE 75"], "each INCR applied once, not per replica"
+        finish(group)
+    finally:
+        kv.kill()
+        kv.wait()
+
+
+def test_refused_and_accepted_connects_replay_alike(examples, tmp_path, backend):
+    closed = free_port()   # nothing listens there
+    group = proxy_group(tmp_path, examples, backend.port)
+    with group.connect() as s:
+        replies, _ = line_client(s, [f"PROBE {closed}", f"CONNECT {closed}", f"PROBE {backend.port}",
+                                     f"CONNECT {backend.port}", "hello"])
+    assert replies == ["PROBE Connection refused", "CONNECT Connection refused",
+                       f"PROBE connected {backend.port}", f"CONNECT connected {backend.port}", "1 hello"]
+    backend.wait_ended(2)
+    assert backend.conns == [[], [], ["hello"]], "two probes and the forwarding connection, once each"
+    state = finish(group)
+    assert state["outgoing"]["connections"] == 3 and state["outgoing"]["failed"] == 2
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+
+    def kill_some():
+        for _ in range(kills):
+            time.sleep(0.3)
+            kill_primary(group)
+    results = run_clients(group, nclients=3, nlines=300, meanwhile=kill_some, pause=0.002)
+    check_backend_got_each_line_once(backend, results, 3, 300)
+    state = finish(group)
+    assert state["gateway"]["failovers"] == kills
+    assert [r["role"] for r in state["replicas"]].count("failed") == kills
+    assert state["outgoing"]["connections"] == 3, "the remote connections outlived the primary"
