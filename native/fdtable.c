@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -42,12 +43,28 @@ void llft_fd_copy(int from, int to)
         llft_fds[to] = llft_fds[from];
 }
 
+/* fd moved out of the way, to one of the highest numbers allowed: while
+ * it waits for its number, it must not hold one another thread waits for
+ * (two threads would wait for each other's). */
+static int park_fd(int fd)
+{
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 256)
+        return fd;
+    int parked = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, (int)(lim.rlim_cur - 64));
+    if (parked < 0)
+        return fd;
+    REAL(close)(fd);
+    return parked;
+}
+
 /* EBUSY from dup3: another thread's call holds the number it is about to return. */
 void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
 {
     int want = (int)e->ret;
     if (fd == want)
         return;
+    fd = park_fd(fd);
     uint64_t since = llft_now_ms();
     while (REAL(fcntl)(want, F_GETFD) != -1 || REAL(dup3)(fd, want, cloexec ? O_CLOEXEC : 0) != want) {
         if (llft_now_ms() - since > llft_ctl->stall_timeout_ms)
