@@ -14,8 +14,10 @@ import time
 
 import pytest
 
+from conftest import tool
 from serving import ServingGroup, concurrently, free_port, line_client
 from test_failover import kill_primary
+from test_rejoin import full_and_caught_up, wait_for
 
 
 class RecordingBackend:
@@ -182,6 +184,10 @@ def test_refused_and_accepted_connects_replay_alike(examples, tmp_path, backend)
                        f"PROBE connected {backend.port}", f"CONNECT connected {backend.port}", "1 hello"]
     backend.wait_ended(2)
     assert backend.conns == [[], [], ["hello"]], "two probes and the forwarding connection, once each"
+    wait_for(lambda st: (st.get("outgoing") or {}).get("failed") == 2, "the state file counts the connects", group)
+    status = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir)], capture_output=True, text=True,
+                            timeout=30)
+    assert "outgoing: 3 connections (2 connects failed)" in status.stdout, status.stdout
     state = finish(group)
     assert state["outgoing"]["connections"] == 3 and state["outgoing"]["failed"] == 2
 
@@ -200,3 +206,21 @@ def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, examples
     assert state["gateway"]["failovers"] == kills
     assert [r["role"] for r in state["replicas"]].count("failed") == kills
     assert state["outgoing"]["connections"] == 3, "the remote connections outlived the primary"
+
+
+def test_replacement_replays_the_remote_bytes_and_sends_nothing(examples, tmp_path, backend):
+    """--respawn: the replacement of a killed primary replays every connect
+    and gets every remote connection's bytes from the first; the backend
+    sees nothing more."""
+    group = proxy_group(tmp_path, examples, backend.port, extra=["--respawn"])
+
+    def kill_once():
+        time.sleep(0.3)
+        kill_primary(group)
+    results = run_clients(group, nclients=3, nlines=200, meanwhile=kill_once, pause=0.002)
+    wait_for(full_and_caught_up(3), "three live replicas, the replacement caught up", group)
+    check_backend_got_each_line_once(backend, results, 3, 200)
+    state = finish(group)
+    replacement = next(r for r in state["replicas"] if r["replaces"] is not None)
+    assert len(replacement["outgoing"]) == 3, "the replacement replayed the three backend connections"
+    assert state["outgoing"]["connections"] == 3
