@@ -23,7 +23,8 @@ from test_rejoin import full_and_caught_up, wait_for
 class RecordingBackend:
     """A line server outside the group: answers each line with "<n> <line>"
     (n: lines it has served so far) and keeps every connection's lines, so
-    that a request that reached it once per replica would show."""
+    that a request that reached it once per replica would show.  HANGUP:
+    it closes the connection without an answer."""
 
     def __init__(self):
         self.server = socket.create_server(("127.0.0.1", 0))
@@ -51,6 +52,8 @@ class RecordingBackend:
                 line = raw.decode().rstrip("\n")
                 with self.lock:
                     self.conns[k].append(line)
+                    if line == "HANGUP":
+                        break
                     self.served += 1
                     n = self.served
                 f.write(f"{n} {line}\n".encode())
@@ -190,6 +193,16 @@ def test_refused_and_accepted_connects_replay_alike(examples, tmp_path, backend)
     assert "outgoing: 3 connections (2 connects failed)" in status.stdout, status.stdout
     state = finish(group)
     assert state["outgoing"]["connections"] == 3 and state["outgoing"]["failed"] == 2
+
+
+def test_remote_close_reaches_every_replica(examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+    with group.connect() as s:
+        replies, _ = line_client(s, ["a", "HANGUP", "b"])
+    assert replies == ["1 a", "ERROR backend closed", "2 b"], "the program saw the backend's close, then reconnected"
+    assert backend.conns == [["a", "HANGUP"], ["b"]]
+    state = finish(group)
+    assert [sorted(r["outgoing"]) for r in state["replicas"]] == [["1", "2"]] * 3
 
 
 @pytest.mark.parametrize("kills", [1, 2])
