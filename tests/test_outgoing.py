@@ -7,6 +7,8 @@ remote TCP connection survives and the backend gets nothing twice and
 misses nothing."""
 from __future__ import annotations
 
+import http.client
+import http.server
 import socket
 import subprocess
 import threading
@@ -14,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import tool
+from conftest import PROGRAMS_DIR, tool
 from serving import ServingGroup, concurrently, free_port, line_client
 from test_failover import kill_primary
 from test_rejoin import full_and_caught_up, wait_for
@@ -237,3 +239,56 @@ def test_replacement_replays_the_remote_bytes_and_sends_nothing(examples, tmp_pa
     replacement = next(r for r in state["replicas"] if r["replaces"] is not None)
     assert len(replacement["outgoing"]) == 3, "the replacement replayed the three backend connections"
     assert state["outgoing"]["connections"] == 3
+
+
+def test_python_http_client_behind_a_replicated_http_server(real_python, tmp_path):
+    """CPython's http.client connects with a timeout: a non-blocking
+    connect, poll for writability, SO_ERROR.  The backend HTTP server
+    answers each request it gets with its count."""
+    got: list[str] = []
+    lock = threading.Lock()
+
+    class Backend(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            with lock:
+                got.append(self.path)
+                body = f"{len(got)} {self.path}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    try:
+        group = ServingGroup(tmp_path / "rd", [real_python, PROGRAMS_DIR / "http_gateway.py", 8080,
+                                               backend.server_address[1]])
+        bodies = {}
+
+        def client(i):
+            c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+            bodies[i] = []
+            for j in range(5):
+                c.request("GET", f"/fetch/c{i}/{j}")
+                r = c.getresponse()
+                bodies[i].append((r.status, r.read().decode()))
+            c.close()
+        concurrently(client, 3)
+        assert sorted(got) == sorted(f"/c{i}/{j}" for i in range(3) for j in range(5)), "each fetch reached it once"
+        numbers = sorted(int(b.split()[2]) for got_i in bodies.values() for _, b in got_i)
+        assert numbers == list(range(1, 16))
+        assert all(status == 200 for got_i in bodies.values() for status, _ in got_i)
+        c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        c.request("GET", "/shutdown")
+        assert c.getresponse().read() == b"bye\n"
+        state = group.finish()
+        assert group.proc.returncode == 0, group.stderr
+        for r in state["replicas"][1:]:
+            assert r["outputs"] == state["replicas"][0]["outputs"]
+            assert r["outgoing"] == state["replicas"][0]["outgoing"]
+        assert state["outgoing"]["connections"] == 15
+    finally:
+        backend.shutdown()
+        backend.server_close()
