@@ -84,7 +84,7 @@ def proxy_group(tmp_path, examples, backend_port: int, replicas=3, extra=()) -> 
                         extra=extra)
 
 
-def finish(group: ServingGroup) -> dict:
+def finish(group: ServingGroup, dropped: int = 0) -> dict:
     """SHUTDOWN, then the run's state: the live replicas agree byte for byte
     on what they sent the clients and what they sent the remote servers."""
     with group.connect() as s:
@@ -96,7 +96,7 @@ def finish(group: ServingGroup) -> dict:
     for r in live[1:]:
         assert r["outputs"] == live[0]["outputs"], "replicas sent the clients different bytes"
         assert r["outgoing"] == live[0]["outgoing"], "replicas wrote different bytes to the remote servers"
-    assert state["outgoing"]["dropped"] == 0, state["outgoing"]["errors"]
+    assert state["outgoing"]["dropped"] == dropped, state["outgoing"]["errors"]
     return state
 
 
@@ -292,3 +292,21 @@ def test_python_http_client_behind_a_replicated_http_server(real_python, tmp_pat
     finally:
         backend.shutdown()
         backend.server_close()
+
+
+def test_a_malformed_request_is_dropped_and_counted(examples, tmp_path, backend):
+    """Anyone on the host can connect to a replica's outgoing name: what is
+    not a request from the shim is dropped, counted, and harms nothing."""
+    import json
+    import os
+    group = proxy_group(tmp_path, examples, backend.port)
+    st = json.loads((group.run_dir / "llft-run.json").read_text())
+    name = os.path.basename(st["replicas"][0]["stream"]) + "-out"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect("\0" + name)
+        s.sendall(b"\xff" * 32)        # address family 0xffff
+        assert s.recv(64) == b"", "closed without an answer"
+    with group.connect() as s:
+        assert line_client(s, ["still works"])[0] == ["1 still works"]
+    state = finish(group, dropped=1)
+    assert "bad request" in state["outgoing"]["errors"][0]

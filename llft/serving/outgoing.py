@@ -37,6 +37,7 @@ from llft.serving.relay import OutputLog
 log = logging.getLogger("llft.outgoing")
 
 READ_CHUNK = 65536
+MAX_ERRORS = 20     # the last ones, for the state file
 
 
 def outgoing_name(replica) -> str:
@@ -123,6 +124,7 @@ class OutgoingService:
         msg = f"replica {index}: outgoing connection dropped: {why}"
         log.warning(msg)
         self.errors.append(msg)
+        del self.errors[:-MAX_ERRORS]
 
     async def _replica_connection(self, index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:
@@ -200,27 +202,30 @@ class OutgoingService:
             while chunk := await reader.read(READ_CHUNK):
                 rc.received += chunk
                 self.stats["bytes_in"] += len(chunk)
-                for w in self._live_sinks(rc):
-                    w.write(chunk)
+                self._to_sinks(rc, lambda w: w.write(chunk))
                 primary = rc.sinks.get(self.primary)
                 if primary is not None and not primary.is_closing():
-                    await primary.drain()   # paced by the primary; backups' sockets buffer
-        except (ConnectionError, OSError, RuntimeError):   # RuntimeError: uvloop, transport closed
-            pass
+                    try:
+                        await primary.drain()   # paced by the primary; backups' sockets buffer
+                    except (ConnectionError, OSError, RuntimeError):
+                        pass   # the primary is gone: its successor reads on
+        except (ConnectionError, OSError):
+            pass   # reset by the remote: the replicas see the end of its stream
         rc.eof = True
-        for w in self._live_sinks(rc):
-            if w.can_write_eof():
-                w.write_eof()
+        self._to_sinks(rc, lambda w: w.can_write_eof() and w.write_eof())
         if rc.write_closed:
             rc.writer.close()
 
     @staticmethod
-    def _live_sinks(rc: RemoteConnection):
+    def _to_sinks(rc: RemoteConnection, op):
         for index, w in list(rc.sinks.items()):
-            if w.is_closing():
-                del rc.sinks[index]   # that replica closed the socket, or is gone
-            else:
-                yield w
+            try:
+                if not w.is_closing():
+                    op(w)
+                    continue
+            except (ConnectionError, OSError, RuntimeError):   # RuntimeError: uvloop, transport closed
+                pass
+            del rc.sinks[index]   # that replica closed the socket, or is gone
 
     async def _from_replica(self, rc: RemoteConnection, index: int, reader: asyncio.StreamReader):
         """What the replica's program writes: the primary's goes to the
