@@ -3,13 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <time.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 struct llft_fd llft_fds[LLFT_FD_MAX];
