@@ -8,12 +8,17 @@
  *                     writable, then SO_ERROR and getpeername:
  *                     "PROBE connected <peer port>" | "PROBE <strerror>"
  *   CONNECT port   -> the same with a blocking connect
+ *   UDP port text  -> a UDP socket connected to 127.0.0.1:port sends text,
+ *                     polls for the answer: "UDP <answer>" | "UDP timeout"
+ *   UDPTO port text -> the same with sendto and recvfrom, unconnected:
+ *                     "UDPTO <answer> from <port>"
  *   SHUTDOWN       -> BYE, and exit 0
  * usage: proxy_server PORT BACKEND_PORT */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -99,6 +104,39 @@ static int probe(const char *cmd, int port, int nonblocking, char *out, size_t c
     return r;
 }
 
+/* UDP and UDPTO: one datagram to port and its answer, on a socket never
+ * bound (the first send, or connect, gives it a port). */
+static int udp_ask(const char *cmd, const char *arg, int connected, char *out, size_t cap)
+{
+    char *text;
+    int port = (int)strtol(arg, &text, 10);
+    text += *text == ' ';
+    struct sockaddr_in a = loopback(port), from;
+    socklen_t flen = sizeof from;
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    ssize_t n = -1;
+    if (connected)
+        n = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? send(fd, text, strlen(text), 0) : -1;
+    else
+        n = sendto(fd, text, strlen(text), 0, (struct sockaddr *)&a, sizeof a);
+    char answer[1024];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r;
+    if (n < 0)
+        r = snprintf(out, cap, "%s %s\n", cmd, strerror(errno));
+    else if (poll(&p, 1, 5000) != 1)
+        r = snprintf(out, cap, "%s timeout\n", cmd);
+    else if ((n = connected ? recv(fd, answer, sizeof answer - 1, 0)
+                            : recvfrom(fd, answer, sizeof answer - 1, 0, (struct sockaddr *)&from, &flen)) < 0)
+        r = snprintf(out, cap, "%s %s\n", cmd, strerror(errno));
+    else if (connected)
+        r = snprintf(out, cap, "%s %.*s\n", cmd, (int)n, answer);
+    else
+        r = snprintf(out, cap, "%s %.*s from %u\n", cmd, (int)n, answer, ntohs(from.sin_port));
+    close(fd);
+    return r;
+}
+
 static int forward(int *backend, struct linebuf *bb, const char *line, size_t len, char *out, size_t cap)
 {
     if (*backend < 0) {
@@ -141,6 +179,10 @@ static void *serve(void *arg)
             n = probe("PROBE", atoi(line + 6), 1, out, sizeof out);
         } else if (strncmp(line, "CONNECT ", 8) == 0) {
             n = probe("CONNECT", atoi(line + 8), 0, out, sizeof out);
+        } else if (strncmp(line, "UDP ", 4) == 0) {
+            n = udp_ask("UDP", line + 4, 1, out, sizeof out);
+        } else if (strncmp(line, "UDPTO ", 6) == 0) {
+            n = udp_ask("UDPTO", line + 6, 0, out, sizeof out);
         } else {
             n = forward(&backend, &bb, line, (size_t)len, out, sizeof out);
         }

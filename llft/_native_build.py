@@ -38,6 +38,7 @@ ffibuilder.cdef("""
         uint64_t conn_id; int32_t err; uint16_t family; uint16_t port; uint8_t addr[16];
     } llft_connect_reply_t;
     #define LLFT_CONNECT_ASK ...
+    #define LLFT_LISTENER_ANY_PORT ...
     typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; char name[48]; } llft_listener_t;
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;

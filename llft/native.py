@@ -232,6 +232,12 @@ class StreamFile:
         import socket
         return self.listeners(socket.SOCK_DGRAM)
 
+    def any_port_datagram_listeners(self) -> list[tuple[int, int, str]]:
+        """UDP ports bound to port 0, or by a send or connect before any bind
+        (outgoing UDP): served on any free port, not the gateway's."""
+        import socket
+        return self.listeners(socket.SOCK_DGRAM | lib.LLFT_LISTENER_ANY_PORT)
+
     def clock_offsets(self) -> dict[str, int]:
         """Group clock minus this replica's clock, per clock (Consistent Time
         Service): 0 at the primary; kept up to date by a replaying backup."""

@@ -30,6 +30,7 @@ struct llft_fd {
     uint8_t addr[16];        /* bound address */
     llft_conn_header_t peer; /* FD_CONN: who the client (or the remote server) is */
     int32_t so_error;        /* a non-blocking connect's result, until SO_ERROR (or connect) reports it */
+    uint8_t reply_seen;      /* FD_DGRAM: a send reached the controller (its name is there) */
     uint64_t *epoll_data;    /* FD_EPOLL: the program's epoll_data, indexed by fd */
 };
 
@@ -85,6 +86,7 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags);
 ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags);
 ssize_t llft_dgram_recv(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *len);
 ssize_t llft_dgram_send(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len);
+int llft_dgram_connect(int fd, const struct sockaddr *addr, socklen_t len);
 struct iovec;
 ssize_t llft_dgram_readv(int fd, const struct iovec *iov, int n);
 ssize_t llft_dgram_writev(int fd, const struct iovec *iov, int n);

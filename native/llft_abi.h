@@ -125,6 +125,9 @@ typedef struct llft_connect_reply {
  * name; its replies go to the same name with LLFT_REPLY_SUFFIX, which the
  * controller binds. */
 #define LLFT_REPLY_SUFFIX "-gw"
+/* type flag: a UDP port bound to port 0, or implicitly by a send or a
+ * connect (outgoing UDP): the controller serves it on any free port. */
+#define LLFT_LISTENER_ANY_PORT 0x100u
 typedef struct llft_listener {
     uint32_t state;               /* 0 free, 1 listening, 2 closed; written last */
     uint16_t port;                /* host byte order */

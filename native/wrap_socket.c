@@ -57,7 +57,7 @@ static inline int virtual_kind(int kind)
 struct socket_args { int type; };
 static int make_socket(void *a) { return REAL(socket)(AF_UNIX, ((struct socket_args *)a)->type, 0); }
 
-/* A TCP socket, under the primary's fd number (see llft_new_fd). */
+/* TCP and UDP sockets are made under the primary's fd number (see llft_new_fd). */
 static int virtual_tcp_socket(int domain, int type)
 {
     struct socket_args a = {type};
@@ -75,7 +75,8 @@ EXPORT int socket(int domain, int type, int protocol)
         return virtual_tcp_socket(domain, type);
     if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_DGRAM &&
         (protocol == 0 || protocol == IPPROTO_UDP) && replicated()) {
-        int fd = REAL(socket)(AF_UNIX, type, 0); /* a UDP socket: see wrap_udp.c */
+        struct socket_args a = {type}; /* a UDP socket: see wrap_udp.c */
+        int fd = llft_new_fd(make_socket, &a, type & SOCK_CLOEXEC);
         if (fd >= 0) {
             llft_fd_set(fd, FD_DGRAM);
             llft_fds[fd].family = (uint8_t)domain;
@@ -168,7 +169,8 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         errno = EAFNOSUPPORT;
         return -1;
     }
-    if (port == 0) /* the same in every replica: binds happen in the same order */
+    int any_port = port == 0;
+    if (any_port) /* the same in every replica: binds happen in the same order */
         port = next_ephemeral++;
     struct sockaddr_un un;
     socklen_t ulen = abstract_name(port, addr->sa_family, fd_socktype(fd), &un);
@@ -177,7 +179,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         f->port = port;
         f->family = (uint8_t)addr->sa_family;
         if (kind == FD_DGRAM) /* a bound UDP socket receives at once: no listen() */
-            publish_listener(f, SOCK_DGRAM);
+            publish_listener(f, SOCK_DGRAM | (any_port ? (int)LLFT_LISTENER_ANY_PORT : 0));
     }
     return r;
 }
@@ -193,7 +195,7 @@ static void publish_listener(const struct llft_fd *f, int type)
         l->port = f->port;
         l->family = f->family;
         l->type = (uint32_t)type;
-        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type);
+        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type & 0xff);
         __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
         if ((uint32_t)i + 1 > c->nlisteners)
             __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
@@ -209,7 +211,7 @@ void llft_listener_closed(int fd)
     for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
         llft_listener_t *l = &llft_ctl->listeners[i];
         if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port &&
-            l->family == llft_fds[fd].family && l->type == (uint32_t)fd_socktype(fd))
+            l->family == llft_fds[fd].family && (l->type & 0xff) == (uint32_t)fd_socktype(fd))
             __atomic_store_n(&l->state, 2, __ATOMIC_RELEASE);
     }
 }
@@ -353,13 +355,8 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int kind = llft_fd_kind(fd);
     if (LIKELY(!virtual_kind(kind)))
         return REAL(connect)(fd, addr, len);
-    if (kind == FD_DGRAM) {
-        static int warned;
-        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-            llft_log("llft: connect() on a UDP socket is not replicated yet; it fails with EOPNOTSUPP");
-        errno = EOPNOTSUPP;
-        return -1;
-    }
+    if (kind == FD_DGRAM)
+        return llft_dgram_connect(fd, addr, len);
     return llft_connect(fd, addr, len);
 }
 
@@ -377,7 +374,7 @@ EXPORT int getpeername(int fd, struct sockaddr *restrict addr, socklen_t *restri
     int kind = llft_fd_kind(fd);
     if (!virtual_kind(kind))
         return REAL(getpeername)(fd, addr, len);
-    if (kind != FD_CONN) {
+    if (kind != FD_CONN && !(kind == FD_DGRAM && llft_fds[fd].peer.family)) {
         errno = ENOTCONN;
         return -1;
     }

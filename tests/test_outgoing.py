@@ -310,3 +310,47 @@ def test_a_malformed_request_is_dropped_and_counted(examples, tmp_path, backend)
         assert line_client(s, ["still works"])[0] == ["1 still works"]
     state = finish(group, dropped=1)
     assert "bad request" in state["outgoing"]["errors"][0]
+
+
+class RecordingUdpServer:
+    """A UDP service outside the group: answers each datagram with "<n> <text>"
+    and keeps every datagram it got."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.got: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(2048)
+            except OSError:
+                return
+            self.got.append(data.decode())
+            self.sock.sendto(f"{len(self.got)} {data.decode()}".encode(), addr)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_outgoing_udp_from_unbound_sockets(examples, tmp_path, backend):
+    """A UDP socket that sends (sendto, or connect and send) before any bind,
+    as a resolver does: the datagram reaches the server once, its answer
+    reaches every replica, the ports are closed after."""
+    udp = RecordingUdpServer()
+    try:
+        group = proxy_group(tmp_path, examples, backend.port)
+        with group.connect() as s:
+            lines = [f"UDP {udp.port} q{j}" if j % 2 else f"UDPTO {udp.port} q{j}" for j in range(10)]
+            replies, _ = line_client(s, lines)
+        assert replies == [f"UDP {j + 1} q{j}" if j % 2 else f"UDPTO {j + 1} q{j} from {udp.port}" for j in range(10)]
+        assert udp.got == [f"q{j}" for j in range(10)], "each datagram sent once, not once per replica"
+        state = finish(group)
+        ports = [k for k in state["replicas"][0]["outgoing"] if k.startswith("udp-")]
+        assert len(ports) == 10, "a port of its own for each socket"
+        assert state["outgoing"]["udp"]["datagrams_in"] == 10 and state["outgoing"]["udp"]["datagrams_out"] == 10
+    finally:
+        udp.close()

@@ -17,11 +17,18 @@ what comes after what the old one had sent.  A backup's writes are
 digested, like its replies to clients.  The remote TCP connection is this
 process's, so it outlives any replica.
 
+UDP sockets that send or connect before any bind (outgoing UDP) get a
+port of their own, flagged LLFT_LISTENER_ANY_PORT; the gateway leaves those
+alone and a DatagramService of this service's serves them on any free
+port, closing each once every live replica has closed it.
+
 Integration points (kept small: the relay's byte path is being rewritten
 separately): LocalGroup calls listen() for each replica before starting
 it, serve() in its event loop, promote() at a failover, close() at the
-end, and puts stats and summary() in the state file.  Nothing here touches
-the gateway or the relays; OutputLog is the relays' per-connection digest."""
+end, and puts stats and summary() in the state file.  From serving/ it
+uses relay.OutputLog (the per-connection digest) and
+datagrams.DatagramService (with its `listed` argument); it changes neither
+the gateway's nor the relays' paths."""
 from __future__ import annotations
 
 import asyncio
@@ -32,11 +39,13 @@ import socket
 from dataclasses import dataclass, field
 
 from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
+from llft.serving.datagrams import DatagramService
 from llft.serving.relay import OutputLog
 
 log = logging.getLogger("llft.outgoing")
 
 READ_CHUNK = 65536
+UDP_WATCH_S = 0.01  # how often new outgoing UDP ports are looked for
 MAX_ERRORS = 20     # the last ones, for the state file
 
 
@@ -65,6 +74,8 @@ class OutgoingService:
     def __init__(self):
         self.primary: int | None = None            # index of the replica whose writes go out
         self.replicas: dict[int, object] = {}
+        self.members: list = []                     # the replicas in start order (for UDP ports)
+        self.udp: DatagramService | None = None     # outgoing UDP, once serving
         self.listeners: dict[int, socket.socket] = {}
         self.servers: dict[int, asyncio.AbstractServer] = {}
         self.remotes: dict[int, RemoteConnection] = {}
@@ -83,6 +94,7 @@ class OutgoingService:
         s.setblocking(False)
         self.listeners[replica.index] = s
         self.replicas[replica.index] = replica
+        self.members.append(replica)
 
     async def serve(self):
         """Accepts on every name bound and not yet served."""
@@ -90,11 +102,22 @@ class OutgoingService:
             if k not in self.servers:
                 self.servers[k] = await asyncio.start_unix_server(
                     lambda r, w, k=k: self._replica_connection(k, r, w), sock=s)
+        if self.udp is None and self.primary is not None:
+            # UDP ports bound to port 0, or by a send or connect before any
+            # bind: the gateway's datagram service, on any free port.
+            self.udp = DatagramService(self.members, self.replicas[self.primary], None, {0: 0}, self.errors,
+                                       listed=lambda stream: stream.any_port_datagram_listeners())
+            self.stats["udp"] = self.udp.stats
+            task = asyncio.create_task(self._watch_udp())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     def promote(self, replica):
         """replica took over: its writes go to the remote servers from where
         the failed primary's stopped, and its closes close them."""
         self.primary = replica.index
+        if self.udp is not None:
+            self.udp.promote(replica)
         for rc in self.remotes.values():
             out = rc.outputs.get(replica.index)
             if out is None:
@@ -107,16 +130,43 @@ class OutgoingService:
 
     def summary(self, index: int) -> dict[str, dict]:
         """What a replica wrote on each outgoing connection (bytes, SHA-256)."""
-        return {str(k): rc.outputs[index].summary() for k, rc in sorted(self.remotes.items())
-                if index in rc.outputs}
+        out = {str(k): rc.outputs[index].summary() for k, rc in sorted(self.remotes.items()) if index in rc.outputs}
+        if self.udp is not None:
+            out.update({f"udp-{port}": s for port, s in self.udp.summary(index).items()})
+        return out
 
     def close(self):
+        if self.udp is not None:
+            self.udp.close()
         for s in self.servers.values():
             s.close()
         for rc in self.remotes.values():
             rc.writer.close()
         for t in self.tasks:
             t.cancel()
+
+    # -- outgoing UDP ----------------------------------------------------
+    async def _watch_udp(self):
+        while True:
+            await self.udp.watch_once()
+            self._close_finished_udp_ports()
+            await asyncio.sleep(UDP_WATCH_S)
+
+    def _close_finished_udp_ports(self):
+        """A port every live replica has used and closed is done: its public
+        socket closes (each lookup of a resolver has a port of its own)."""
+        for port, public in self.udp.ports.items():
+            if public is None or public.transport is None:
+                continue
+            live = [m for m in public.members.values() if m.replica.alive()]
+            if any(m.sock is None or port in {p for p, _f, _n in self.udp.listed(m.replica.stream)} for m in live):
+                continue
+            for m in public.members.values():
+                m._readable()   # what it sent last
+                m.close()
+                m.kept.clear()
+            public.transport.close()
+            public.transport = None
 
     # -- a replica's connection -----------------------------------------
     def _drop(self, index: int, why: str):
