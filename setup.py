@@ -23,6 +23,7 @@ PRELOAD_SOURCES = [
     "native/fdtable.c",
     "native/wrap_fd.c",
     "native/wrap_socket.c",
+    "native/wrap_connect.c",
     "native/wrap_udp.c",
     "native/wrap_io.c",
     "native/wrap_poll.c",

@@ -31,6 +31,14 @@ ffibuilder.cdef("""
     typedef struct {
         uint64_t conn_id; uint16_t family; uint16_t port; uint32_t _pad; uint8_t addr[16];
     } llft_conn_header_t;
+    typedef struct {
+        uint64_t conn_id; uint16_t family; uint16_t port; uint32_t flags; uint8_t addr[16];
+    } llft_connect_request_t;
+    typedef struct {
+        uint64_t conn_id; int32_t err; uint16_t family; uint16_t port; uint8_t addr[16];
+    } llft_connect_reply_t;
+    #define LLFT_CONNECT_ASK ...
+    #define LLFT_LISTENER_ANY_PORT ...
     typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; char name[48]; } llft_listener_t;
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;

@@ -23,6 +23,7 @@ from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
 from llft.serving.plane_relay import PlaneRelay
+from llft.serving.outgoing import OutgoingService
 
 log = logging.getLogger("llft.group")
 
@@ -61,6 +62,7 @@ class LocalGroup:
         self.relays: list[PlaneRelay] = []
         self.plane: DataPlane | None = None   # the client connections' byte path
         self.gateway: Gateway | None = None
+        self.outgoing = OutgoingService()   # the program's connect()s
         self.sinks: dict[int, BackupSink] = {}
         self.inputs: InputLog | None = None
         self.feeders: dict[int, CatchUpFeeder] = {}
@@ -79,6 +81,7 @@ class LocalGroup:
         out_dir.mkdir(exist_ok=True)
         r = Replica(k, stream, out_dir)
         self.replicas.append(r)
+        self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
             self.sinks[k] = BackupSink(k, stream, r.alive)
         return r
@@ -94,6 +97,7 @@ class LocalGroup:
             self.source = SavedStreamSource(self.opts.replay_from)
         else:
             self.source = PrimarySource(self.replicas[0].stream)
+            self.outgoing.primary = self.replicas[0].index
         saved = self.opts.save_stream
         if self.opts.respawn:
             saved = saved or self.run_dir / HISTORY_FILE
@@ -133,10 +137,12 @@ class LocalGroup:
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
                           "outputs": rl.output_summary() if rl else {},
+                          "outgoing": self.outgoing.summary(r.index),
                           "datagrams": self.gateway.datagrams.summary(r.index) if self.gateway else {}}
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
             "failovers": self.failovers,
+            "outgoing": dict(self.outgoing.stats, errors=self.outgoing.errors),
         })
 
     # -- run to completion -----------------------------------------------
@@ -157,6 +163,7 @@ class LocalGroup:
     async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
         self.plane = DataPlane(self.inputs.dir if self.inputs is not None else None)
+        await self.outgoing.serve()
         for r in list(self.replicas):
             self._relay(r)
             self._watch_exit(r)
@@ -174,6 +181,7 @@ class LocalGroup:
             if self.gateway:
                 await self.gateway.close()
             self.plane.stop()
+            self.outgoing.close()
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -206,6 +214,7 @@ class LocalGroup:
         self.source.finish()
         time.sleep(0)   # the GIL to the forwarder, which finish() woke: it carries the PROMOTE
         self.source = new_source
+        self.outgoing.promote(new)
         if self.gateway is not None:
             self.gateway.promote(self._relay_of(new))
             self.gateway.remove_relay(self._relay_of(failed))
@@ -238,6 +247,7 @@ class LocalGroup:
             r.catch_up = {"records": None, "ms": None, "done": False}
             r.start(self.argv, self.env)
             self._watch_exit(r)
+            self.tasks.append(asyncio.create_task(self.outgoing.serve()))
             self.gateway.add_relay(self._relay(r))
             feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
             feeder.start()

@@ -232,6 +232,12 @@ class StreamFile:
         import socket
         return self.listeners(socket.SOCK_DGRAM)
 
+    def any_port_datagram_listeners(self) -> list[tuple[int, int, str]]:
+        """UDP ports bound to port 0, or by a send or connect before any bind
+        (outgoing UDP): served on any free port, not the gateway's."""
+        import socket
+        return self.listeners(socket.SOCK_DGRAM | lib.LLFT_LISTENER_ANY_PORT)
+
     def clock_offsets(self) -> dict[str, int]:
         """Group clock minus this replica's clock, per clock (Consistent Time
         Service): 0 at the primary; kept up to date by a replaying backup."""
@@ -333,6 +339,43 @@ def parse_conn_header(raw: bytes) -> tuple[int, str, int]:
     h = ffi.from_buffer("llft_conn_header_t *", raw[:CONN_HEADER_SIZE])
     n = 16 if h.family == socket.AF_INET6 else 4
     return h.conn_id, str(ipaddress.ip_address(bytes(ffi.buffer(h.addr, n)))), socket.ntohs(h.port)
+
+
+CONNECT_REQUEST_SIZE = ffi.sizeof("llft_connect_request_t")
+CONNECT_ASK = lib.LLFT_CONNECT_ASK
+
+
+def _ip(family: int, raw) -> str:
+    import ipaddress
+    import socket
+    n = 16 if family == socket.AF_INET6 else 4
+    return str(ipaddress.ip_address(bytes(ffi.buffer(raw, n))))
+
+
+def parse_connect_request(raw: bytes) -> tuple[int, int, int, str, int]:
+    """(conn_id, flags, family, host, port) of what the shim writes first on an
+    outgoing connection; ValueError for a family it never writes."""
+    import socket
+    rq = ffi.from_buffer("llft_connect_request_t *", raw[:CONNECT_REQUEST_SIZE])
+    if rq.family not in (socket.AF_INET, socket.AF_INET6):
+        raise ValueError(f"address family {rq.family}")
+    return rq.conn_id, rq.flags, rq.family, _ip(rq.family, rq.addr), socket.ntohs(rq.port)
+
+
+def connect_reply(conn_id: int, err: int, local: tuple[str, int] | None = None) -> bytes:
+    """The controller's answer to the primary's connect: the real connect's
+    errno (0: connected) and the connection's local address."""
+    import ipaddress
+    import socket
+    rep = ffi.new("llft_connect_reply_t *")
+    rep.conn_id = conn_id
+    rep.err = err
+    if local is not None:
+        ip = ipaddress.ip_address(local[0])
+        rep.family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        rep.port = socket.htons(local[1])
+        ffi.memmove(rep.addr, ip.packed, len(ip.packed))
+    return ffi.buffer(rep)[:]
 
 
 def disable_aslr():

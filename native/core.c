@@ -177,10 +177,14 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     _exit(exit_code);
 }
 
-/* exit(): a backup's exiting thread waits for the primary's end of stream. */
+/* exit(): a backup's exiting thread waits for the primary's end of stream;
+ * the primary's, for the creations of threads that are running already. */
 __attribute__((destructor)) static void llft_dtor(void)
 {
     struct llft_thread *t;
-    if (llft_mode(&t) == LLFT_ROLE_BACKUP)
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP)
         llft_replay_at_exit(t);
+    else if (role == LLFT_ROLE_PRIMARY)
+        llft_primary_at_exit();
 }

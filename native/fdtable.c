@@ -2,11 +2,14 @@
 #include "fdtable.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 struct llft_fd llft_fds[LLFT_FD_MAX];
@@ -16,6 +19,9 @@ DEFINE_REAL(write)
 DEFINE_REAL(recv)
 DEFINE_REAL(poll)
 DEFINE_REAL(sendfile)
+DEFINE_REAL(fcntl)
+DEFINE_REAL(dup3)
+DEFINE_REAL(close)
 
 void llft_fd_set(int fd, int kind)
 {
@@ -35,6 +41,63 @@ void llft_fd_copy(int from, int to)
 {
     if ((unsigned)from < LLFT_FD_MAX && (unsigned)to < LLFT_FD_MAX && from != to)
         llft_fds[to] = llft_fds[from];
+}
+
+/* fd moved out of the way, to one of the highest numbers allowed: while
+ * it waits for its number, it must not hold one another thread waits for
+ * (two threads would wait for each other's). */
+static int park_fd(int fd)
+{
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 256)
+        return fd;
+    int parked = REAL(fcntl)(fd, F_DUPFD_CLOEXEC, (int)(lim.rlim_cur - 64));
+    if (parked < 0)
+        return fd;
+    REAL(close)(fd);
+    return parked;
+}
+
+/* EBUSY from dup3: another thread's call holds the number it is about to return. */
+void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
+{
+    int want = (int)e->ret;
+    if (fd == want)
+        return;
+    fd = park_fd(fd);
+    uint64_t since = llft_now_ms();
+    while (REAL(fcntl)(want, F_GETFD) != -1 || REAL(dup3)(fd, want, cloexec ? O_CLOEXEC : 0) != want) {
+        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms)
+            llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "the primary's fd %d stayed in use here", want);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    REAL(close)(fd);
+}
+
+int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    llft_rec_t e;
+    if (role == LLFT_ROLE_BACKUP && !llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
+        if (e.ret < 0) {
+            errno = e.err;
+            return -1;
+        }
+        int fd = make(ctx);
+        if (fd < 0)
+            llft_diverge(t, LLFT_OP_NEW_FD, &e, LLFT_EXIT_DIVERGED, "could not make fd %lld here (error %d)",
+                         (long long)e.ret, errno);
+        llft_move_fd(t, LLFT_OP_NEW_FD, &e, fd, cloexec);
+        return (int)e.ret;
+    }
+    int fd = make(ctx);
+    int err = errno;
+    if (role != LLFT_ROLE_OFF) /* the primary, or a backup that has just taken over */
+        llft_record(t, LLFT_OP_NEW_FD, 0, 0, fd, fd < 0 ? err : 0, 0);
+    errno = err;
+    return fd;
 }
 
 static int wait_fd(int fd, short events)

@@ -16,7 +16,7 @@ enum llft_fd_kind {
     FD_PROCFS,        /* a file under /proc: what this process reads there is its own */
     FD_VSOCK,         /* a TCP socket of the program, not yet listening (an AF_UNIX socket) */
     FD_LISTEN,        /* ...listening: the controller connects here per client connection */
-    FD_CONN,          /* a client connection accepted from a virtual listener */
+    FD_CONN,          /* a client connection accepted from a virtual listener, or an outgoing one (connect) */
     FD_IPC,           /* pipes and socketpairs between the program's threads */
     FD_COUNTER,       /* eventfd, timerfd: a read returns an 8-byte value */
     FD_EPOLL,
@@ -28,7 +28,9 @@ struct llft_fd {
     uint8_t family;          /* AF_INET / AF_INET6 the program asked for */
     uint16_t port;           /* bound port (host order) */
     uint8_t addr[16];        /* bound address */
-    llft_conn_header_t peer; /* FD_CONN: who the client is */
+    llft_conn_header_t peer; /* FD_CONN: who the client (or the remote server) is */
+    int32_t so_error;        /* a non-blocking connect's result, until SO_ERROR (or connect) reports it */
+    uint8_t reply_seen;      /* FD_DGRAM: a send reached the controller (its name is there) */
     uint64_t *epoll_data;    /* FD_EPOLL: the program's epoll_data, indexed by fd */
 };
 
@@ -60,9 +62,23 @@ int llft_sendfile_exact(int out, int in, off_t *off, size_t n);
  * the result in *res (and errno), or LLFT_PROMOTED. */
 int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res);
 
+/* Backup: moves fd to the primary's number e->ret once that is free here
+ * (closes are not replayed in order with other threads' calls). */
+void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec);
+/* An fd made by make(ctx) under the number the primary's got: recorded
+ * (LLFT_OP_NEW_FD) at the primary, moved there at a backup.  The kernel
+ * numbers fds lowest-free, and a thread blocked in accept() holds the
+ * number it will return: another thread's new fd gets the next one at the
+ * primary, the lowest one at a backup, whose accept is replayed later. */
+int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec);
+
 /* Addresses of virtual sockets (wrap_socket.c). */
 int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a);
 int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type);
+int llft_give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h);
+
+/* Outgoing connections (wrap_connect.c): connect() on a TCP socket. */
+int llft_connect(int fd, const struct sockaddr *addr, socklen_t len);
 
 /* UDP sockets (wrap_udp.c): every receive and send on an FD_DGRAM fd. */
 struct msghdr;
@@ -70,6 +86,7 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags);
 ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags);
 ssize_t llft_dgram_recv(int fd, void *buf, size_t n, int flags, struct sockaddr *addr, socklen_t *len);
 ssize_t llft_dgram_send(int fd, const void *buf, size_t n, int flags, const struct sockaddr *addr, socklen_t len);
+int llft_dgram_connect(int fd, const struct sockaddr *addr, socklen_t len);
 struct iovec;
 ssize_t llft_dgram_readv(int fd, const struct iovec *iov, int n);
 ssize_t llft_dgram_writev(int fd, const struct iovec *iov, int n);

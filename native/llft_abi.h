@@ -72,7 +72,9 @@ enum llft_op {
     LLFT_OP_SENDFILE = 80,       /* sendfile to a connection: byte count (the bytes come from a local file) */
     LLFT_OP_DGRAM_RECV = 81,     /* recv* of a UDP socket: payload bytes; val: datagram number; err: msg_flags */
     LLFT_OP_DGRAM_SEND = 82,     /* send* on a UDP socket: payload bytes */
-    LLFT_OP_MAX = 83
+    LLFT_OP_CONNECT = 83,        /* connect on a TCP socket: aux: fd; data: llft_connect_reply_t */
+    LLFT_OP_NEW_FD = 84,         /* socket() of a TCP socket, epoll_create*: the fd number */
+    LLFT_OP_MAX = 85
 };
 
 /* What the controller writes first on each connection it makes to a
@@ -87,6 +89,33 @@ typedef struct llft_conn_header {
     uint8_t  addr[16];            /* client address, network byte order */
 } llft_conn_header_t;
 
+/* An outgoing connection (the program's connect() on a TCP socket): the
+ * shim connects the AF_UNIX socket to the controller's name for this
+ * replica (the stream's name + LLFT_OUTGOING_SUFFIX) and writes a request:
+ * the program's conn_id-th outgoing connection and where to.  Only the
+ * primary's request carries LLFT_CONNECT_ASK: the controller makes the real
+ * connection (or finds the one it made for this number already) and
+ * answers with a reply; a backup's request gets no answer.  Then the
+ * connection carries the remote server's bytes to the replica and the
+ * program's bytes to the controller. */
+#define LLFT_OUTGOING_SUFFIX "-out"
+#define LLFT_CONNECT_ASK 1u
+typedef struct llft_connect_request {
+    uint64_t conn_id;             /* 1, 2, ...: the same number at every replica */
+    uint16_t family;              /* AF_INET or AF_INET6 */
+    uint16_t port;                /* network byte order */
+    uint32_t flags;               /* LLFT_CONNECT_ASK */
+    uint8_t  addr[16];            /* network byte order */
+} llft_connect_request_t;
+
+typedef struct llft_connect_reply {
+    uint64_t conn_id;
+    int32_t  err;                 /* 0: connected; else the errno of the real connect */
+    uint16_t family;              /* the real connection's local address */
+    uint16_t port;                /* network byte order */
+    uint8_t  addr[16];
+} llft_connect_reply_t;
+
 #define LLFT_MAX_LISTENERS 16
 #define LLFT_LISTENER_NAME 48
 
@@ -96,6 +125,9 @@ typedef struct llft_conn_header {
  * name; its replies go to the same name with LLFT_REPLY_SUFFIX, which the
  * controller binds. */
 #define LLFT_REPLY_SUFFIX "-gw"
+/* type flag: a UDP port bound to port 0, or implicitly by a send or a
+ * connect (outgoing UDP): the controller serves it on any free port. */
+#define LLFT_LISTENER_ANY_PORT 0x100u
 typedef struct llft_listener {
     uint32_t state;               /* 0 free, 1 listening, 2 closed; written last */
     uint16_t port;                /* host byte order */

@@ -717,10 +717,29 @@ void llft_replay_thread_end(struct llft_thread *t)
     wake_stopped();
 }
 
+/* Every other thread has started each call the primary recorded for it,
+ * and finished each one that takes a turn (a transfer on a connection). */
+static int others_replayed(const struct llft_thread *t)
+{
+    for (uint32_t tid = 0; tid <= LOAD(&max_tid, RLX); tid++) {
+        const struct tqueue *q = &queues[tid];
+        if (tid == t->tid || LOAD(&q->state, ACQ) == Q_UNUSED)
+            continue;
+        if (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
+            LOAD(&q->turns_done, ACQ) != LOAD(&q->turns_taken, RLX))
+            return 0;
+    }
+    return 1;
+}
+
 /* The thread calling exit() waits until the primary's stream has ended: a
- * backup never finishes before its primary.  Its queue may still hold
- * records: destructors that run after this one (an allocator's, a C++
- * runtime's) make recorded calls, and replay them after we return. */
+ * backup never finishes before its primary.  Then, for at most the end
+ * grace, until the other threads have replayed their records: at the
+ * primary a thread that lags here had already sent its last replies (a
+ * connection's thread, while another one serves the request to exit).
+ * Its own queue may still hold records: destructors that run after this
+ * one (an allocator's, a C++ runtime's) make recorded calls, and replay
+ * them after we return. */
 void llft_replay_at_exit(struct llft_thread *t)
 {
     t->depth++;
@@ -736,6 +755,11 @@ void llft_replay_at_exit(struct llft_thread *t)
         } else {
             llft_futex_wait(&epoch, ep, 50);
         }
+    }
+    uint64_t since = llft_now_ms();
+    while (LOAD(&stream_ended, ACQ) && !others_replayed(t) && llft_now_ms() - since < llft_ctl->end_grace_ms) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
     }
     t->depth--;
 }

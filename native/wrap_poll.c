@@ -22,7 +22,6 @@ DEFINE_REAL(poll)
 DEFINE_REAL(ppoll)
 DEFINE_REAL(select)
 DEFINE_REAL(pselect)
-DEFINE_REAL(epoll_create)
 DEFINE_REAL(epoll_create1)
 DEFINE_REAL(epoll_ctl)
 DEFINE_REAL(epoll_wait)
@@ -226,8 +225,25 @@ static int epoll_made(int epfd)
     return epfd;
 }
 
-EXPORT int epoll_create(int size) { return epoll_made(REAL(epoll_create)(size)); }
-EXPORT int epoll_create1(int flags) { return epoll_made(REAL(epoll_create1)(flags)); }
+static int make_epoll(void *flags) { return REAL(epoll_create1)(*(int *)flags); }
+
+/* Under the primary's fd number (llft_new_fd): servers make one per
+ * connection thread. */
+EXPORT int epoll_create1(int flags)
+{
+    if (!llft_ctl)
+        return REAL(epoll_create1)(flags);
+    return epoll_made(llft_new_fd(make_epoll, &flags, flags & EPOLL_CLOEXEC));
+}
+
+EXPORT int epoll_create(int size)
+{
+    if (size <= 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    return epoll_create1(0);
+}
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {

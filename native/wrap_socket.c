@@ -38,7 +38,6 @@ DEFINE_REAL(setsockopt)
 DEFINE_REAL(getsockopt)
 DEFINE_REAL(close)
 DEFINE_REAL(poll)
-DEFINE_REAL(dup3)
 DEFINE_REAL(fcntl)
 
 extern char llft_stream_name[]; /* core.c: this replica's stream, e.g. llft-123-r01 */
@@ -55,19 +54,29 @@ static inline int virtual_kind(int kind)
     return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN || kind == FD_DGRAM;
 }
 
+struct socket_args { int type; };
+static int make_socket(void *a) { return REAL(socket)(AF_UNIX, ((struct socket_args *)a)->type, 0); }
+
+/* TCP and UDP sockets are made under the primary's fd number (see llft_new_fd). */
+static int virtual_tcp_socket(int domain, int type)
+{
+    struct socket_args a = {type};
+    int fd = llft_new_fd(make_socket, &a, type & SOCK_CLOEXEC);
+    if (fd >= 0) {
+        llft_fd_set(fd, FD_VSOCK);
+        llft_fds[fd].family = (uint8_t)domain;
+    }
+    return fd;
+}
+
 EXPORT int socket(int domain, int type, int protocol)
 {
-    if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_STREAM && replicated()) {
-        int fd = REAL(socket)(AF_UNIX, type, 0);
-        if (fd >= 0) {
-            llft_fd_set(fd, FD_VSOCK);
-            llft_fds[fd].family = (uint8_t)domain;
-        }
-        return fd;
-    }
+    if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_STREAM && replicated())
+        return virtual_tcp_socket(domain, type);
     if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_DGRAM &&
         (protocol == 0 || protocol == IPPROTO_UDP) && replicated()) {
-        int fd = REAL(socket)(AF_UNIX, type, 0); /* a UDP socket: see wrap_udp.c */
+        struct socket_args a = {type}; /* a UDP socket: see wrap_udp.c */
+        int fd = llft_new_fd(make_socket, &a, type & SOCK_CLOEXEC);
         if (fd >= 0) {
             llft_fd_set(fd, FD_DGRAM);
             llft_fds[fd].family = (uint8_t)domain;
@@ -160,7 +169,8 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         errno = EAFNOSUPPORT;
         return -1;
     }
-    if (port == 0) /* the same in every replica: binds happen in the same order */
+    int any_port = port == 0;
+    if (any_port) /* the same in every replica: binds happen in the same order */
         port = next_ephemeral++;
     struct sockaddr_un un;
     socklen_t ulen = abstract_name(port, addr->sa_family, fd_socktype(fd), &un);
@@ -169,7 +179,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         f->port = port;
         f->family = (uint8_t)addr->sa_family;
         if (kind == FD_DGRAM) /* a bound UDP socket receives at once: no listen() */
-            publish_listener(f, SOCK_DGRAM);
+            publish_listener(f, SOCK_DGRAM | (any_port ? (int)LLFT_LISTENER_ANY_PORT : 0));
     }
     return r;
 }
@@ -185,7 +195,7 @@ static void publish_listener(const struct llft_fd *f, int type)
         l->port = f->port;
         l->family = f->family;
         l->type = (uint32_t)type;
-        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type);
+        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type & 0xff);
         __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
         if ((uint32_t)i + 1 > c->nlisteners)
             __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
@@ -201,7 +211,7 @@ void llft_listener_closed(int fd)
     for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
         llft_listener_t *l = &llft_ctl->listeners[i];
         if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port &&
-            l->family == llft_fds[fd].family && l->type == (uint32_t)fd_socktype(fd))
+            l->family == llft_fds[fd].family && (l->type & 0xff) == (uint32_t)fd_socktype(fd))
             __atomic_store_n(&l->state, 2, __ATOMIC_RELEASE);
     }
 }
@@ -237,7 +247,7 @@ static void conn_setup(int fd, int lfd, const llft_conn_header_t *h)
     llft_fds[fd].peer = *h;
 }
 
-static int give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h)
+int llft_give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h)
 {
     return llft_give_addr(addr, len, h->family, ntohs(h->port), h->addr);
 }
@@ -252,21 +262,6 @@ static int accept_blocking(int lfd, int flags)
             return fd;
         struct pollfd p = {.fd = lfd, .events = POLLIN};
         REAL(poll)(&p, 1, 100);
-    }
-}
-
-/* Backup: the kernel numbers fds lowest-free, and closes are not replayed
- * in order with other threads' accepts.  At the primary the fd this
- * connection got had been closed before; wait for that close here too. */
-static void wait_fd_free(struct llft_thread *t, const llft_rec_t *e)
-{
-    uint64_t since = llft_now_ms();
-    while (REAL(fcntl)((int)e->ret, F_GETFD) != -1) {
-        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms)
-            llft_diverge(t, LLFT_OP_ACCEPT, e, LLFT_EXIT_DIVERGED,
-                         "the primary's fd %lld for this connection stayed in use here", (long long)e->ret);
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
     }
 }
 
@@ -300,7 +295,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         conn_setup(fd, lfd, &h);
         struct llft_obj *o = llft_obj_get(llft_fd_object(lfd), t);
         llft_record_data(t, LLFT_OP_ACCEPT, o->id, llft_obj_take_turn(o), fd, 0, &h, sizeof h);
-        give_peer(addr, len, &h);
+        llft_give_peer(addr, len, &h);
         return fd;
     }
     return REAL(accept4)(lfd, addr, len, flags);
@@ -329,15 +324,11 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
             llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
                          "accepted connection %llu where the primary accepted %llu",
                          (unsigned long long)h.conn_id, (unsigned long long)want.conn_id);
-        if (fd != (int)e.ret) {
-            wait_fd_free(t, &e);
-            REAL(dup3)(fd, (int)e.ret, (flags & SOCK_CLOEXEC) ? O_CLOEXEC : 0);
-            REAL(close)(fd);
-            fd = (int)e.ret;
-        }
+        llft_move_fd(t, LLFT_OP_ACCEPT, &e, fd, flags & SOCK_CLOEXEC);
+        fd = (int)e.ret;
         llft_turn_done(t, ts, llft_fd_object(lfd), e.turn);
         conn_setup(fd, lfd, &h);
-        give_peer(addr, len, &h);
+        llft_give_peer(addr, len, &h);
         *res = fd;
         return 0;
     }
@@ -362,14 +353,11 @@ EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
     int kind = llft_fd_kind(fd);
-    if (kind != FD_VSOCK && kind != FD_DGRAM)
+    if (LIKELY(!virtual_kind(kind)))
         return REAL(connect)(fd, addr, len);
-    static int warned;
-    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        llft_log("llft: outgoing connections (TCP connect, or connect on a UDP socket) are not replicated yet; "
-                 "connect() fails with EOPNOTSUPP");
-    errno = EOPNOTSUPP;
-    return -1;
+    if (kind == FD_DGRAM)
+        return llft_dgram_connect(fd, addr, len);
+    return llft_connect(fd, addr, len);
 }
 
 EXPORT int getsockname(int fd, struct sockaddr *restrict addr, socklen_t *restrict len)
@@ -386,11 +374,11 @@ EXPORT int getpeername(int fd, struct sockaddr *restrict addr, socklen_t *restri
     int kind = llft_fd_kind(fd);
     if (!virtual_kind(kind))
         return REAL(getpeername)(fd, addr, len);
-    if (kind != FD_CONN) {
+    if (kind != FD_CONN && !(kind == FD_DGRAM && llft_fds[fd].peer.family)) {
         errno = ENOTCONN;
         return -1;
     }
-    return give_peer(addr, len, &llft_fds[fd].peer);
+    return llft_give_peer(addr, len, &llft_fds[fd].peer);
 }
 
 /* TCP and IP options mean nothing on the AF_UNIX socket underneath: accept
@@ -416,6 +404,8 @@ EXPORT int getsockopt(int fd, int level, int name, void *restrict val, socklen_t
         v = llft_fds[fd].family ? llft_fds[fd].family : AF_INET;
     else if (level == SOL_SOCKET && name == SO_PROTOCOL)
         v = llft_fd_kind(fd) == FD_DGRAM ? IPPROTO_UDP : IPPROTO_TCP;
+    else if (level == SOL_SOCKET && name == SO_ERROR) /* a non-blocking connect's result, reported once */
+        v = __atomic_exchange_n(&llft_fds[fd].so_error, 0, __ATOMIC_RELAXED);
     else if (level == SOL_SOCKET)
         return REAL(getsockopt)(fd, level, name, val, len);
     else

@@ -5,10 +5,23 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 DEFINE_REAL(pthread_create)
 DEFINE_REAL(pthread_exit)
+
+/* Primary: creations not yet recorded.  The child runs before its
+ * parent records it, and may end the process (exit() on a request it
+ * served at once): a backup could then never create it. */
+static uint32_t creating;
+
+void llft_primary_at_exit(void)
+{
+    uint64_t since = llft_now_ms();
+    while (__atomic_load_n(&creating, __ATOMIC_SEQ_CST) && llft_now_ms() - since < 1000)
+        sched_yield();
+}
 
 struct start {
     void *(*fn)(void *);
@@ -92,8 +105,10 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
     }
     if (role == LLFT_ROLE_PRIMARY) {
         uint32_t tid = __atomic_fetch_add(&llft_next_tid, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&creating, 1, __ATOMIC_SEQ_CST);
         int r = create(th, attr, fn, arg, tid);
         llft_record(t, LLFT_OP_THREAD_CREATE, 0, 0, r, 0, tid);
+        __atomic_fetch_sub(&creating, 1, __ATOMIC_SEQ_CST);
         if (r == 0)
             __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
         return r;

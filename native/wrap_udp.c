@@ -11,6 +11,10 @@
  * the controller's socket at the same name + LLFT_REPLY_SUFFIX, headed by
  * the destination; only the primary's replies leave the host.
  *
+ * A socket that sends or connects before any bind (outgoing UDP) is bound
+ * to port 0 first, as the kernel would: the controller serves that port on
+ * any free public port (llft/serving/outgoing.py).
+ *
  * The primary records each receive (payload length, the datagram's number,
  * msg_flags, or the error) and each send (payload length), taking turns on
  * the fd like stream transfers.  A backup receives its own copy of the same
@@ -155,38 +159,86 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
 
 /* ---- send ----------------------------------------------------------- */
 
-/* The header for a datagram to dest, or an errno.  Outcomes decided here
- * are the same at every replica: nothing is recorded for them. */
-static int dest_header(int fd, const struct msghdr *m, llft_conn_header_t *h)
+/* A UDP socket that sends (or connects) before it is bound gets a port of
+ * its own, as the kernel gives it: bind() to port 0 picks the same one at
+ * every replica and publishes it for the controller to serve on any free
+ * port (outgoing UDP: a DNS lookup, a client of a UDP service). */
+static int bind_any_port(int fd)
 {
-    const struct sockaddr *a = m->msg_name;
+    if (llft_fds[fd].port)
+        return 0;
+    struct sockaddr_storage ss = {0};
+    socklen_t len;
+    if (llft_fds[fd].family == AF_INET6) {
+        ((struct sockaddr_in6 *)&ss)->sin6_family = AF_INET6;
+        len = sizeof(struct sockaddr_in6);
+    } else {
+        ((struct sockaddr_in *)&ss)->sin_family = AF_INET;
+        len = sizeof(struct sockaddr_in);
+    }
+    return bind(fd, (struct sockaddr *)&ss, len) == 0 ? 0 : errno;
+}
+
+/* An address into a header (the destination, or a connected peer). */
+static int to_header(const struct sockaddr *a, socklen_t len, llft_conn_header_t *h)
+{
     memset(h, 0, sizeof *h);
-    if (!a)
-        return EDESTADDRREQ; /* connect() on a UDP socket is refused, so it never has a peer */
-    if (a->sa_family == AF_INET && m->msg_namelen >= sizeof(struct sockaddr_in)) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)m->msg_name;
+    if (a->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)a;
         h->port = in->sin_port;
         memcpy(h->addr, &in->sin_addr, 4);
-    } else if (a->sa_family == AF_INET6 && m->msg_namelen >= sizeof(struct sockaddr_in6)) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)m->msg_name;
+    } else if (a->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
         h->port = in6->sin6_port;
         memcpy(h->addr, &in6->sin6_addr, 16);
     } else {
         return EAFNOSUPPORT;
     }
     h->family = a->sa_family;
-    if (llft_fds[fd].port == 0) {
-        static int warned;
-        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-            llft_log("llft: UDP sends from a socket not bound to a port (outgoing UDP) are not replicated yet; "
-                     "they fail with EOPNOTSUPP");
-        return EOPNOTSUPP;
-    }
     return 0;
 }
 
-/* Sends the datagram to the controller; returns the payload length.  A
- * datagram the controller is not there to take is lost, as UDP allows. */
+/* The header for a datagram to dest (or the connected peer), or an errno.
+ * Outcomes decided here are the same at every replica: nothing is
+ * recorded for them. */
+static int dest_header(int fd, const struct msghdr *m, llft_conn_header_t *h)
+{
+    int err;
+    if (m->msg_name)
+        err = to_header(m->msg_name, m->msg_namelen, h);
+    else if (llft_fds[fd].peer.family)
+        *h = llft_fds[fd].peer, err = 0;
+    else
+        err = EDESTADDRREQ;
+    return err ? err : bind_any_port(fd);
+}
+
+/* connect() on a UDP socket: sends without an address go to the peer.
+ * Nothing filters what is received (the kernel would keep only the
+ * peer's datagrams).  AF_UNSPEC dissolves the association. */
+int llft_dgram_connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    if (addr && addr->sa_family == AF_UNSPEC) {
+        memset(&llft_fds[fd].peer, 0, sizeof llft_fds[fd].peer);
+        return 0;
+    }
+    llft_conn_header_t h;
+    int err = addr ? to_header(addr, len, &h) : EFAULT;
+    if (!err)
+        err = bind_any_port(fd);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    llft_fds[fd].peer = h;
+    return 0;
+}
+
+/* Sends the datagram to the controller; returns the payload length.  Until
+ * one has reached it, wait for the controller's name (it serves a new port
+ * within milliseconds); after that, a datagram the controller is not there
+ * to take is lost, as UDP allows. */
+#define REPLY_NAME_WAIT_MS 2000
 static ssize_t send_real(int fd, const struct msghdr *m, int flags, llft_conn_header_t *h)
 {
     struct iovec v[MAX_IOV];
@@ -194,17 +246,32 @@ static ssize_t send_real(int fd, const struct msghdr *m, int flags, llft_conn_he
     if (n < 0)
         return -1;
     struct sockaddr_un un = {.sun_family = AF_UNIX};
-    const struct llft_fd *f = &llft_fds[fd];
+    struct llft_fd *f = &llft_fds[fd];
     int len = llft_listener_name(un.sun_path + 1, sizeof un.sun_path - 1, f->port, f->family, SOCK_DGRAM);
     len += snprintf(un.sun_path + 1 + len, sizeof un.sun_path - 1 - (size_t)len, "%s", LLFT_REPLY_SUFFIX);
     struct msghdr k = {.msg_name = &un,
                        .msg_namelen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len),
                        .msg_iov = v,
                        .msg_iovlen = (size_t)n};
-    ssize_t r = REAL(sendmsg)(fd, &k, flags | MSG_NOSIGNAL);
-    if (r < 0 && (errno == ECONNREFUSED || errno == ENOENT))
-        return (ssize_t)payload_len(m);
-    return r < 0 ? r : r - (ssize_t)HDR;
+    uint64_t since = 0;
+    for (;;) {
+        ssize_t r = REAL(sendmsg)(fd, &k, flags | MSG_NOSIGNAL);
+        if (r >= 0) {
+            f->reply_seen = 1;
+            return r - (ssize_t)HDR;
+        }
+        if (errno != ECONNREFUSED && errno != ENOENT)
+            return r;
+        if (f->reply_seen)
+            return (ssize_t)payload_len(m);
+        uint64_t now = llft_now_ms();
+        if (!since)
+            since = now;
+        if (now - since > REPLY_NAME_WAIT_MS)
+            return (ssize_t)payload_len(m);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
 }
 
 /* Backup: send this replica's copy (the controller digests it) and return

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     replicas = [member_view(m) for m in state.get("replicas", [])]
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
-              "gateway": state.get("gateway"), "view": state.get("view")}
+              "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing")}
     messaging = state.get("messaging")
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
@@ -64,6 +64,11 @@ def main(argv=None) -> int:
                   f"{udp.get('dropped', 0)} dropped")
         for notice in gw.get("notices") or []:
             print(f"notice: {notice}")
+    out = report["outgoing"]
+    if out and (out["connections"] or out["failed"] or out["dropped"]):
+        print(f"outgoing: {out['connections']} connections ({out['failed']} connects failed), "
+              f"{out['bytes_in']} bytes in, {out['bytes_out']} bytes out"
+              + (f"; {out['dropped']} dropped: {'; '.join(out['errors'][-3:])}" if out["dropped"] else ""))
     return 0
 
 

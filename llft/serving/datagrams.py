@@ -202,8 +202,10 @@ class DatagramService:
     """The UDP side of the gateway: a public port per UDP port the primary
     binds, a ReplicaPort per replica and port."""
 
-    def __init__(self, replicas, primary, host: str | None, port_map: dict[int, int], errors: list[str]):
+    def __init__(self, replicas, primary, host: str | None, port_map: dict[int, int], errors: list[str],
+                 listed=lambda stream: stream.datagram_listeners()):
         self.replicas = replicas
+        self.listed = listed                # a replica's ports this service serves (outgoing.py: any-port ones)
         self.primary = primary
         self.host = host
         self.port_map = port_map
@@ -215,7 +217,7 @@ class DatagramService:
     async def watch_once(self):
         """Serves new UDP ports of the primary; connects replicas whose
         program has bound them since."""
-        for port, family, _name in self.primary.stream.datagram_listeners():
+        for port, family, _name in self.listed(self.primary.stream):
             if port not in self.ports:
                 await self._serve(port, family)
         for port, public in self.ports.items():
@@ -223,7 +225,7 @@ class DatagramService:
                 continue
             for m in public.members.values():
                 if m.sock is None and m.replica.alive():
-                    for p, _family, name in m.replica.stream.datagram_listeners():
+                    for p, _family, name in self.listed(m.replica.stream):
                         if p == port:
                             m.attach(name)
                             break
@@ -247,9 +249,11 @@ class DatagramService:
         not had yet."""
         self.primary = replica
         for public in self.ports.values():
-            if public is None:
+            if public is None or public.transport is None:   # closed (outgoing.py)
                 continue
-            m = public.members[replica.index]
+            m = public.members.get(replica.index)
+            if m is None:   # a replica started after this port was served
+                continue
             for k, payload, dest in m.kept:
                 if k >= public.sent:
                     public.send(k, payload, dest)

@@ -1,0 +1,199 @@
+/* Consistent Socket Communication Service, outgoing connections: connect()
+ * on a TCP socket of the program (docs/serving.md, "Outgoing connections").
+ *
+ * The socket is an AF_UNIX stream socket.  connect() connects it to the
+ * controller's outgoing name of this replica (<stream name>-out) and writes
+ * an llft_connect_request_t: the program's k-th outgoing connection and the
+ * address it asked for.  At the primary the controller makes the real TCP
+ * connection and answers with an llft_connect_reply_t (the real connect's
+ * error, the local address); the shim records the answer.  A backup returns
+ * the recorded result and, when the primary's connect succeeded, connects
+ * its own socket to connection k without waiting for an answer.  From then
+ * on the socket is an FD_CONN like an accepted one: the controller gives
+ * every replica the remote server's bytes in the same order, and sends the
+ * remote only the primary's writes; reads and writes are recorded and
+ * replayed as on any connection (wrap_io.c).
+ *
+ * A non-blocking connect waits for the answer as well (the TCP handshake,
+ * made by the controller), then says EINPROGRESS; the socket is writable at
+ * once and its pending error (SO_ERROR) is the real connect's result. */
+#include "fdtable.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+DEFINE_REAL(connect)
+DEFINE_REAL(fcntl)
+
+extern char llft_stream_name[]; /* core.c: this replica's stream, e.g. llft-123-r01 */
+
+#define CONTROLLER_WAIT_MS 5000 /* the controller's name not there (yet): give up after this */
+
+/* The next outgoing connection's number at the primary.  A backup keeps it
+ * past every number it replays, so that it continues the sequence should
+ * it take over. */
+static uint64_t next_conn_id = 1;
+
+static void note_conn_id(uint64_t k)
+{
+    uint64_t cur = __atomic_load_n(&next_conn_id, __ATOMIC_RELAXED);
+    while (cur <= k && !__atomic_compare_exchange_n(&next_conn_id, &cur, k + 1, 0, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED))
+        ;
+}
+
+/* The address the program asked for, into rq; 0 or an errno. */
+static int parse_target(const struct sockaddr *addr, socklen_t len, llft_connect_request_t *rq)
+{
+    memset(rq, 0, sizeof *rq);
+    if (!addr)
+        return EFAULT;
+    if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+        rq->port = a->sin_port;
+        memcpy(rq->addr, &a->sin_addr, 4);
+    } else if (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+        rq->port = a->sin6_port;
+        memcpy(rq->addr, &a->sin6_addr, 16);
+    } else {
+        return addr->sa_family == AF_INET || addr->sa_family == AF_INET6 ? EINVAL : EAFNOSUPPORT;
+    }
+    rq->family = addr->sa_family;
+    return 0;
+}
+
+/* Connects fd to the controller's outgoing name and writes the request;
+ * 0 or an errno.  The name is bound before the replica starts, but the
+ * backlog may be full for a moment: retry then, whatever fd's mode. */
+static int reach_controller(int fd, const llft_connect_request_t *rq)
+{
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "%s%s", llft_stream_name, LLFT_OUTGOING_SUFFIX);
+    socklen_t ulen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    uint64_t since = llft_now_ms();
+    while (REAL(connect)(fd, (struct sockaddr *)&un, ulen) != 0) {
+        if (errno == EINPROGRESS)
+            break; /* queued: writes wait for room below */
+        if ((errno != EAGAIN && errno != EINTR && errno != ECONNREFUSED) ||
+            llft_now_ms() - since > CONTROLLER_WAIT_MS)
+            return errno;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return llft_write_exact(fd, rq, sizeof *rq);
+}
+
+/* fd is connected (or not) as the reply says: an FD_CONN whose peer is the
+ * remote server and whose local address is the real connection's. */
+static void settle(int fd, const llft_connect_request_t *rq, const llft_connect_reply_t *rep, int in_progress)
+{
+    if (rep->err == 0) {
+        uint8_t family = llft_fds[fd].family;
+        llft_fd_set(fd, FD_CONN);
+        struct llft_fd *f = &llft_fds[fd];
+        f->family = family;
+        f->port = ntohs(rep->port);
+        memcpy(f->addr, rep->addr, 16);
+        f->peer = (llft_conn_header_t){.conn_id = rq->conn_id, .family = rq->family, .port = rq->port};
+        memcpy(f->peer.addr, rq->addr, 16);
+    }
+    if (in_progress)
+        __atomic_store_n(&llft_fds[fd].so_error, rep->err, __ATOMIC_RELAXED);
+}
+
+/* The call's result: a non-blocking socket says EINPROGRESS and keeps the
+ * outcome as its pending error. */
+static int outcome(int nonblock, int err)
+{
+    errno = nonblock ? EINPROGRESS : err;
+    return nonblock || err ? -1 : 0;
+}
+
+static int connect_primary(struct llft_thread *t, int fd, llft_connect_request_t *rq, int nonblock)
+{
+    rq->conn_id = __atomic_fetch_add(&next_conn_id, 1, __ATOMIC_RELAXED);
+    rq->flags = LLFT_CONNECT_ASK;
+    llft_connect_reply_t rep = {.conn_id = rq->conn_id};
+    int err = reach_controller(fd, rq);
+    if (!err)
+        err = llft_read_exact(fd, &rep, sizeof rep, 0);
+    if (err || rep.conn_id != rq->conn_id) {
+        llft_log("llft: outgoing connection %llu: no answer from the controller (error %d)",
+                 (unsigned long long)rq->conn_id, err);
+        rep = (llft_connect_reply_t){.conn_id = rq->conn_id, .err = ECONNABORTED};
+    }
+    int r = outcome(nonblock, rep.err);
+    int call_err = errno;
+    if (t)
+        llft_record_data_aux(t, LLFT_OP_CONNECT, 0, 0, r, r < 0 ? call_err : 0, &rep, sizeof rep, (uint32_t)fd);
+    settle(fd, rq, &rep, r < 0 && call_err == EINPROGRESS);
+    errno = call_err;
+    return r;
+}
+
+/* Backup: the primary's result; the same connection, without an answer. */
+static int connect_replay(struct llft_thread *t, int fd, llft_connect_request_t *rq, int *res)
+{
+    llft_rec_t e;
+    if (llft_replay_next(t, LLFT_OP_CONNECT, &e))
+        return LLFT_PROMOTED;
+    if (UNLIKELY(e.aux != (uint32_t)fd))
+        llft_diverge(t, LLFT_OP_CONNECT, &e, LLFT_EXIT_DIVERGED, "connected fd %d where the primary connected fd %u",
+                     fd, e.aux);
+    llft_connect_reply_t rep;
+    llft_replay_data(t, &rep, sizeof rep);
+    note_conn_id(rep.conn_id);
+    rq->conn_id = rep.conn_id;
+    if (rep.err == 0) {
+        int err = reach_controller(fd, rq);
+        if (err)
+            llft_diverge(t, LLFT_OP_CONNECT, &e, LLFT_EXIT_DIVERGED,
+                         "cannot reach the controller for outgoing connection %llu (error %d)",
+                         (unsigned long long)rep.conn_id, err);
+    }
+    settle(fd, rq, &rep, e.ret < 0 && e.err == EINPROGRESS);
+    *res = (int)e.ret;
+    errno = e.err;
+    return 0;
+}
+
+int llft_connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    struct llft_fd *f = &llft_fds[fd];
+    if (f->kind != FD_VSOCK) { /* connected already, or listening: as TCP says */
+        errno = f->kind == FD_CONN ? EISCONN : EINVAL;
+        return -1;
+    }
+    int pending = __atomic_exchange_n(&f->so_error, 0, __ATOMIC_RELAXED);
+    if (pending) { /* a failed non-blocking connect: connecting again reports it, as TCP does */
+        errno = pending;
+        return -1;
+    }
+    llft_connect_request_t rq;
+    int err = parse_target(addr, len, &rq);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    struct llft_thread *t = NULL;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        int res;
+        if (!connect_replay(t, fd, &rq, &res))
+            return res;
+        role = LLFT_ROLE_PRIMARY;
+    }
+    int nonblock = (REAL(fcntl)(fd, F_GETFL) & O_NONBLOCK) != 0;
+    /* A thread llft does not track (role OFF) still connects, unrecorded. */
+    return connect_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, fd, &rq, nonblock);
+}

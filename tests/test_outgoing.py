@@ -1,0 +1,356 @@
+"""Outgoing connections: a replicated program's connect() to a server
+outside the group (examples/proxy_server.c in front of a backend the test
+starts unreplicated).  The backend sees each connection and each request
+once, not once per replica; every replica computes the same output; a
+refused connect is replayed as refused; when the primary is killed the
+remote TCP connection survives and the backend gets nothing twice and
+misses nothing."""
+from __future__ import annotations
+
+import http.client
+import http.server
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import PROGRAMS_DIR, tool
+from serving import ServingGroup, concurrently, free_port, line_client
+from test_failover import kill_primary
+from test_rejoin import full_and_caught_up, wait_for
+
+
+class RecordingBackend:
+    """A line server outside the group: answers each line with "<n> <line>"
+    (n: lines it has served so far) and keeps every connection's lines, so
+    that a request that reached it once per replica would show.  HANGUP:
+    it closes the connection without an answer."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.lock = threading.Lock()
+        self.served = 0
+        self.conns: list[list[str]] = []     # each connection's lines, in arrival order
+        self.ended: set[int] = set()          # connections the proxy closed
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns.append([])
+                k = len(self.conns) - 1
+            threading.Thread(target=self._serve, args=(k, conn), daemon=True).start()
+
+    def _serve(self, k: int, conn: socket.socket):
+        with conn, conn.makefile("rwb") as f:
+            for raw in f:
+                line = raw.decode().rstrip("\n")
+                with self.lock:
+                    self.conns[k].append(line)
+                    if line == "HANGUP":
+                        break
+                    self.served += 1
+                    n = self.served
+                f.write(f"{n} {line}\n".encode())
+                f.flush()
+        with self.lock:
+            self.ended.add(k)
+
+    def wait_ended(self, n: int, timeout: float = 30):
+        end = time.monotonic() + timeout
+        while len(self.ended) < n and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def close(self):
+        self.server.close()
+
+
+@pytest.fixture
+def backend():
+    b = RecordingBackend()
+    yield b
+    b.close()
+
+
+def proxy_group(tmp_path, examples, backend_port: int, replicas=3, extra=()) -> ServingGroup:
+    return ServingGroup(tmp_path / "rd", [examples / "proxy_server", 7000, backend_port], replicas=replicas,
+                        extra=extra)
+
+
+def finish(group: ServingGroup, dropped: int = 0) -> dict:
+    """SHUTDOWN, then the run's state: the live replicas agree byte for byte
+    on what they sent the clients and what they sent the remote servers."""
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    live = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert all(r["status"] == 0 for r in live)
+    for r in live[1:]:
+        assert r["outputs"] == live[0]["outputs"], "replicas sent the clients different bytes"
+        assert r["outgoing"] == live[0]["outgoing"], "replicas wrote different bytes to the remote servers"
+    assert state["outgoing"]["dropped"] == dropped, state["outgoing"]["errors"]
+    return state
+
+
+def client_lines(i: int, n: int) -> list[str]:
+    return [f"c{i}-{j}" for j in range(n)]
+
+
+def check_backend_got_each_line_once(backend: RecordingBackend, results: dict, nclients: int, nlines: int):
+    """One backend connection per client, with exactly that client's lines,
+    in order; the replies number every line the backend served, 1..n."""
+    assert sorted(backend.conns) == sorted(client_lines(i, nlines) for i in range(nclients))
+    numbers = sorted(int(r.split()[0]) for got in results.values() for r in got)
+    assert numbers == list(range(1, nclients * nlines + 1))
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == client_lines(i, nlines)
+
+
+def run_clients(group, nclients, nlines, meanwhile=None, pause=0.0) -> dict:
+    results, errors = {}, []
+
+    def client(i):
+        try:
+            with group.connect() as s:
+                f = s.makefile("rwb")
+                got = []
+                for line in client_lines(i, nlines):
+                    f.write(line.encode() + b"\n")
+                    f.flush()
+                    reply = f.readline().decode()
+                    if not reply:
+                        errors.append(f"client {i}: connection closed after {len(got)} replies")
+                        return
+                    got.append(reply.rstrip("\n"))
+                    time.sleep(pause)
+                results[i] = got
+        except OSError as e:
+            errors.append(f"client {i}: {e}")
+    concurrently(client, nclients, meanwhile)
+    assert not errors, errors
+    return results
+
+
+def test_backend_sees_each_request_once_and_replicas_agree(examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+    results = run_clients(group, nclients=4, nlines=60)
+    check_backend_got_each_line_once(backend, results, 4, 60)
+    backend.wait_ended(4)
+    assert backend.ended == {0, 1, 2, 3}, "the program's close reaches the backend"
+    state = finish(group)
+    assert state["outgoing"]["connections"] == 4
+    assert [len(r["outgoing"]) for r in state["replicas"]] == [4, 4, 4]
+
+
+def test_kv_server_backend_applies_each_increment_once(examples, tmp_path):
+    port = free_port()
+    kv = subprocess.Popen([examples / "kv_server", str(port)])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "kv_server did not start"
+                time.sleep(0.02)
+        group = proxy_group(tmp_path, examples, port)
+        counts: dict[int, list[int]] = {}
+
+        def client(i):
+            with group.connect() as s:
+                replies, _ = line_client(s, ["INCR shared"] * 25)
+                counts[i] = [int(r.split()[1]) for r in replies]
+        concurrently(client, 3)
+        assert sorted(n for c in counts.values() for n in c) == list(range(1, 76))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            assert line_client(s, ["GET shared"])[0] == ["VALUE 75"], "each INCR applied once, not per replica"
+        finish(group)
+    finally:
+        kv.kill()
+        kv.wait()
+
+
+def test_refused_and_accepted_connects_replay_alike(examples, tmp_path, backend):
+    closed = free_port()   # nothing listens there
+    group = proxy_group(tmp_path, examples, backend.port)
+    with group.connect() as s:
+        replies, _ = line_client(s, [f"PROBE {closed}", f"CONNECT {closed}", f"PROBE {backend.port}",
+                                     f"CONNECT {backend.port}", "hello"])
+    assert replies == ["PROBE Connection refused", "CONNECT Connection refused",
+                       f"PROBE connected {backend.port}", f"CONNECT connected {backend.port}", "1 hello"]
+    backend.wait_ended(2)
+    assert backend.conns == [[], [], ["hello"]], "two probes and the forwarding connection, once each"
+    wait_for(lambda st: (st.get("outgoing") or {}).get("failed") == 2, "the state file counts the connects", group)
+    status = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir)], capture_output=True, text=True,
+                            timeout=30)
+    assert "outgoing: 3 connections (2 connects failed)" in status.stdout, status.stdout
+    state = finish(group)
+    assert state["outgoing"]["connections"] == 3 and state["outgoing"]["failed"] == 2
+
+
+def test_remote_close_reaches_every_replica(examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+    with group.connect() as s:
+        replies, _ = line_client(s, ["a", "HANGUP", "b"])
+    assert replies == ["1 a", "ERROR backend closed", "2 b"], "the program saw the backend's close, then reconnected"
+    assert backend.conns == [["a", "HANGUP"], ["b"]]
+    state = finish(group)
+    assert [sorted(r["outgoing"]) for r in state["replicas"]] == [["1", "2"]] * 3
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, examples, tmp_path, backend):
+    group = proxy_group(tmp_path, examples, backend.port)
+
+    def kill_some():
+        for _ in range(kills):
+            time.sleep(0.3)
+            kill_primary(group)
+    results = run_clients(group, nclients=3, nlines=300, meanwhile=kill_some, pause=0.002)
+    check_backend_got_each_line_once(backend, results, 3, 300)
+    state = finish(group)
+    assert state["gateway"]["failovers"] == kills
+    assert [r["role"] for r in state["replicas"]].count("failed") == kills
+    assert state["outgoing"]["connections"] == 3, "the remote connections outlived the primary"
+
+
+def test_replacement_replays_the_remote_bytes_and_sends_nothing(examples, tmp_path, backend):
+    """--respawn: the replacement of a killed primary replays every connect
+    and gets every remote connection's bytes from the first; the backend
+    sees nothing more."""
+    group = proxy_group(tmp_path, examples, backend.port, extra=["--respawn"])
+
+    def kill_once():
+        time.sleep(0.3)
+        kill_primary(group)
+    results = run_clients(group, nclients=3, nlines=200, meanwhile=kill_once, pause=0.002)
+    wait_for(full_and_caught_up(3), "three live replicas, the replacement caught up", group)
+    check_backend_got_each_line_once(backend, results, 3, 200)
+    state = finish(group)
+    replacement = next(r for r in state["replicas"] if r["replaces"] is not None)
+    assert len(replacement["outgoing"]) == 3, "the replacement replayed the three backend connections"
+    assert state["outgoing"]["connections"] == 3
+
+
+def test_python_http_client_behind_a_replicated_http_server(real_python, tmp_path):
+    """CPython's http.client connects with a timeout: a non-blocking
+    connect, poll for writability, SO_ERROR.  The backend HTTP server
+    answers each request it gets with its count."""
+    got: list[str] = []
+    lock = threading.Lock()
+
+    class Backend(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            with lock:
+                got.append(self.path)
+                body = f"{len(got)} {self.path}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    try:
+        group = ServingGroup(tmp_path / "rd", [real_python, PROGRAMS_DIR / "http_gateway.py", 8080,
+                                               backend.server_address[1]])
+        bodies = {}
+
+        def client(i):
+            c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+            bodies[i] = []
+            for j in range(5):
+                c.request("GET", f"/fetch/c{i}/{j}")
+                r = c.getresponse()
+                bodies[i].append((r.status, r.read().decode()))
+            c.close()
+        concurrently(client, 3)
+        assert sorted(got) == sorted(f"/c{i}/{j}" for i in range(3) for j in range(5)), "each fetch reached it once"
+        numbers = sorted(int(b.split()[2]) for got_i in bodies.values() for _, b in got_i)
+        assert numbers == list(range(1, 16))
+        assert all(status == 200 for got_i in bodies.values() for status, _ in got_i)
+        c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        c.request("GET", "/shutdown")
+        assert c.getresponse().read() == b"bye\n"
+        state = group.finish()
+        assert group.proc.returncode == 0, group.stderr
+        for r in state["replicas"][1:]:
+            assert r["outputs"] == state["replicas"][0]["outputs"]
+            assert r["outgoing"] == state["replicas"][0]["outgoing"]
+        assert state["outgoing"]["connections"] == 15
+    finally:
+        backend.shutdown()
+        backend.server_close()
+
+
+def test_a_malformed_request_is_dropped_and_counted(examples, tmp_path, backend):
+    """Anyone on the host can connect to a replica's outgoing name: what is
+    not a request from the shim is dropped, counted, and harms nothing."""
+    import json
+    import os
+    group = proxy_group(tmp_path, examples, backend.port)
+    st = json.loads((group.run_dir / "llft-run.json").read_text())
+    name = os.path.basename(st["replicas"][0]["stream"]) + "-out"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect("\0" + name)
+        s.sendall(b"\xff" * 32)        # address family 0xffff
+        assert s.recv(64) == b"", "closed without an answer"
+    with group.connect() as s:
+        assert line_client(s, ["still works"])[0] == ["1 still works"]
+    state = finish(group, dropped=1)
+    assert "bad request" in state["outgoing"]["errors"][0]
+
+
+class RecordingUdpServer:
+    """A UDP service outside the group: answers each datagram with "<n> <text>"
+    and keeps every datagram it got."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.got: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(2048)
+            except OSError:
+                return
+            self.got.append(data.decode())
+            self.sock.sendto(f"{len(self.got)} {data.decode()}".encode(), addr)
+
+    def close(self):
+        self.sock.close()
+
+
+def test_outgoing_udp_from_unbound_sockets(examples, tmp_path, backend):
+    """A UDP socket that sends (sendto, or connect and send) before any bind,
+    as a resolver does: the datagram reaches the server once, its answer
+    reaches every replica, the ports are closed after."""
+    udp = RecordingUdpServer()
+    try:
+        group = proxy_group(tmp_path, examples, backend.port)
+        with group.connect() as s:
+            lines = [f"UDP {udp.port} q{j}" if j % 2 else f"UDPTO {udp.port} q{j}" for j in range(10)]
+            replies, _ = line_client(s, lines)
+        assert replies == [f"UDP {j + 1} q{j}" if j % 2 else f"UDPTO {j + 1} q{j} from {udp.port}" for j in range(10)]
+        assert udp.got == [f"q{j}" for j in range(10)], "each datagram sent once, not once per replica"
+        state = finish(group)
+        ports = [k for k in state["replicas"][0]["outgoing"] if k.startswith("udp-")]
+        assert len(ports) == 10, "a port of its own for each socket"
+        assert state["outgoing"]["udp"]["datagrams_in"] == 10 and state["outgoing"]["udp"]["datagrams_out"] == 10
+    finally:
+        udp.close()
