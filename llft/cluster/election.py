@@ -12,13 +12,18 @@ member left out of a proposal it cannot contest (and an old primary that
 sees itself replaced) must reset and rejoin: here, it leaves the group.
 
 Proposals are repeated every RETRY_S; members that have not acknowledged
-after MAX_COUNT repeats are excluded and the proposal starts over."""
+after MAX_COUNT repeats are excluded and the proposal starts over.
+
+The fault detector is event-driven (detector.py): a timer at the moment the
+primary's silence reaches the timeout, put off while this member is not
+listening."""
 from __future__ import annotations
 
 import logging
 import time
 
 from llft import wire
+from llft.cluster.detector import Deadline, Silence
 from llft.cluster.membership import ranks
 from llft.messaging.ids import View
 from llft.wire import MsgType
@@ -29,7 +34,6 @@ RETRY_S = 0.02
 MAX_COUNT = 25
 GRACE_SENDS = 3
 SWITCH_WINDOW_S = 0.1
-STARTUP_GRACE_S = 1.0
 LOOP_STALL_S = 0.045   # a gap between ticks (every 20 ms) this long means we were not listening
 
 
@@ -38,15 +42,16 @@ class Excluded(Exception):
 
 
 class Election:
-    def __init__(self, ep, fault_base: float, fault_step: float, held_after, on_elected, on_new_primary):
+    def __init__(self, ep, silence: Silence, fault_base: float, fault_step: float, held_after, on_elected,
+                 on_new_primary):
         self.ep = ep
+        self.silence = silence
+        self.deadline = Deadline(silence, self._check_primary)
         self.fault_base, self.fault_step = fault_base, fault_step
         self.held_after = held_after          # fn(oseq) -> (first, [blob]): ordering info we hold after oseq
         self.on_elected = on_elected          # fn(View, acks): phase 1 done, this member is the new primary
         self.on_new_primary = on_new_primary  # fn(View): we acknowledged another member's proposal
-        # A member that just started (its replica catching up, the host busy)
-        # gets a grace period before it may suspect anyone.
-        self.watch_since = ep.clock.now() + STARTUP_GRACE_S
+        self.watch_since = 0.0                # the current primary's silence counts from here
         self.proposal: dict | None = None     # ours: body, acks, sends
         self.proposed_pvn = 0                 # the view we proposed ourselves for
         self.acked_precedence = ep.view.primary_precedence
@@ -63,24 +68,35 @@ class Election:
         """Rank 2 suspects the primary first; each later rank waits `step` longer."""
         return self.fault_base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
 
-    def tick(self) -> None:
+    def _watching(self) -> bool:
         ep = self.ep
-        now = ep.clock.now()
+        return self.proposal is None and not ep.is_primary and self.elected_pvn <= ep.view.pvn
+
+    def tick(self) -> None:
+        now = self.ep.clock.now()
         if now - self.last_tick > max(self.timeout() / 3, LOOP_STALL_S):
             # This process was not listening (its event loop busy, e.g. a new
             # member feeding its replica the group's log, or the host
             # stalled): silence measured then says nothing of the primary.
-            self.watch_since = max(self.watch_since, now)
+            self.silence.not_listening()
         self.last_tick = now
         if self.proposal is not None:
             self._repeat()
-            return
-        if ep.is_primary or self.elected_pvn > ep.view.pvn:
-            return
-        heard = max(ep.last_heard.get(ep.view.primary, 0.0), self.watch_since)
-        if now - heard < self.timeout() or self.lower_proposal_pvn > ep.view.pvn:
-            return
-        self._propose(now - heard)
+        elif self._watching() and not self.deadline.armed:
+            self.deadline.arm(0)
+
+    def _check_primary(self) -> float | None:
+        """The fault detector's timer: the delay until the next check, or None."""
+        if not self._watching():
+            return None                              # tick() arms it again when there is a primary to watch
+        ep, timeout = self.ep, self.timeout()
+        silence = self.silence.of(ep.view.primary, self.watch_since)
+        if silence < timeout:
+            return timeout - silence
+        if self.lower_proposal_pvn > ep.view.pvn:
+            return timeout                           # a backup of lower precedence proposes: its turn
+        self._propose(silence)
+        return None
 
     def _propose(self, silence: float) -> None:
         self.suspected_at = time.monotonic()     # measurement (bench/cluster.py)

@@ -25,11 +25,14 @@ from pathlib import Path
 from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
+from llft.cluster.detector import Silence
 from llft.cluster.election import Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream
+from llft.cluster.priority import realtime
 from llft.cluster.records import RecordFeeder, RecordShipper
+from llft.cluster.removal import BackupRemoval, follow_removal
 from llft.determinizer.streams import PrimarySource, stream_path
 from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
@@ -48,6 +51,11 @@ from llft.wire import MsgType
 log = logging.getLogger("llft.member")
 
 STATE_EVERY_S = 1.0
+# The default fault timeout of rank 2, with the controller at real-time
+# priority (priority.py) and without (not root): a few liveness Heartbeats
+# more than the longest silence a live member showed on a loaded host.
+FAULT_TIMEOUT_S = 0.03
+FAULT_TIMEOUT_ORDINARY_S = 0.15
 TICK_S = 0.02
 EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
 REJOIN_PATIENCE_S = 24 * 3600.0
@@ -66,10 +74,12 @@ class MemberOptions:
     stall_timeout_ms: int = 60_000
     end_grace_ms: int = 3_000
     log_output: bool = False
-    fault_timeout: float = 0.06     # rank 2 suspects a silent primary after this long
-    fault_step: float = 0.06        # and each later rank this much later
+    fault_timeout: float | None = None  # rank 2 suspects a silent primary after this long (None: by priority)
+    fault_step: float | None = None     # and each later rank this much later (None: the fault timeout)
     rejoin: bool = True             # a member left out of the group resets and applies again
-    config: Config = field(default_factory=Config)
+    # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
+    # the fault detectors' silence short.
+    config: Config = field(default_factory=lambda: Config(liveness=0.005))
 
 
 def host_addresses() -> list[str]:
@@ -124,6 +134,14 @@ class HostMember:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         o = self.opts
+        self.realtime = realtime()
+        if o.fault_timeout is None:
+            o.fault_timeout = FAULT_TIMEOUT_S if self.realtime else FAULT_TIMEOUT_ORDINARY_S
+        if o.fault_step is None:
+            o.fault_step = o.fault_timeout
+        log.info("controller at %s priority; fault timeout %.0f ms, %.0f ms more per rank",
+                 "real-time" if self.realtime else "ordinary (real-time not permitted)",
+                 o.fault_timeout * 1000, o.fault_step * 1000)
         self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, 0,
                                            self._datagram, o.interface, loop)
         try:
@@ -190,11 +208,11 @@ class HostMember:
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
-        self.election = Election(self.ep, self.opts.fault_timeout, self.opts.fault_step, self._held_after,
-                                 self._elected,
-                                 lambda view: self._view_changed())
+        self.silence = Silence(self.ep, self.udp.unread)
+        self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
+                                 self._held_after, self._elected, lambda view: self._view_changed())
         if joined is None:
-            self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed)
+            self._become_primary()
         else:
             self.feeder = RecordFeeder(stream, self.replica.alive)
             for client, server, seq, consumed, reqs in joined.conns:
@@ -210,6 +228,25 @@ class HostMember:
             self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me, "for": self.me})
 
     # -- the primary's side ------------------------------------------------
+    def _become_primary(self):
+        self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed,
+                                   remove=lambda m, why: self.removal.remove([m], why))
+        self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed)
+
+    def _removal_timeout(self) -> float:
+        """Longer than any backup waits for a silent primary: in a partition
+        the side with the backups elects its primary before the old primary
+        removes them."""
+        o = self.opts
+        return o.fault_timeout + max(o.fault_step, o.fault_timeout) * len(self.ep.view.backups())
+
+    def _removed(self, members: list[int], why: str):
+        for entry in self.admission.pending.values():   # nobody waits for their acknowledgments
+            entry[2].difference_update(members)
+        if self.view_notice.pending is not None:
+            self.view_notice.pending[2].difference_update(members)
+        self._view_changed()
+
     def _state(self) -> dict:
         """What a newcomer needs to become a replica like the others (state
         transfer by log): every ordering blob since the group began, and
@@ -311,12 +348,30 @@ class HostMember:
                     self.ep.drops.count(e.reason)
             elif t in (MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK) and msg.src_group == self.gid:
                 self.view_notice.on_message(msg)
+            elif t in (MsgType.REMOVE_BACKUP, MsgType.REMOVE_BACKUP_ACK):
+                self._removal_message(msg)
             elif self.ep.is_primary:
                 self.admission.on_message(msg)
             else:
                 follow(self.ep, msg, self._view_changed)
         elif name == "reset-and-rejoin":
             self._competing_primary(info)
+        elif name == "not-a-member" and self.ep.is_primary and not self.taking_over:
+            self.removal.stray(info["sender"], info["pvn"])
+
+    def _removal_message(self, msg):
+        if self.ep.is_primary:
+            if msg.TYPE == MsgType.REMOVE_BACKUP_ACK and not self.taking_over:
+                self.removal.on_ack(msg)
+            return
+        if msg.TYPE != MsgType.REMOVE_BACKUP:
+            return
+        before = set(self.ep.view.precedences)
+        why = follow_removal(self.ep, msg)
+        if why:
+            self.stepped_down = why
+        elif set(self.ep.view.precedences) != before:
+            self._view_changed()
 
     def _competing_primary(self, info: dict):
         """Fig. 6 lines 18-20: a primary of higher precedence in a view no
@@ -410,6 +465,7 @@ class HostMember:
             while self.replica.alive() and self.interrupted is None:
                 if self.ep.is_primary and not self.taking_over:
                     self.admission.tick()
+                    self.removal.tick()
                     self.view_notice.tick()
                 try:
                     self.election.tick()
@@ -526,7 +582,7 @@ class HostMember:
         self.feeder.promote()
         self.replica.role = "primary"
         self._start_shipping(loop)
-        self.admission = Admission(ep, self._state, self._why_no_joining, self._view_changed)
+        self._become_primary()
         self.taking_over = False
         self.took_over_at = time.monotonic()   # measurement (bench/cluster.py)
         log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "

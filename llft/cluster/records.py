@@ -10,6 +10,7 @@ import queue
 import threading
 
 from llft.cluster.payload import records_blob
+from llft.cluster.priority import realtime
 from llft.native import REC_SIZE, StreamError, split_groups
 
 log = logging.getLogger("llft.records")
@@ -27,6 +28,7 @@ class RecordShipper(threading.Thread):
         self.error: str | None = None
 
     def run(self):
+        realtime()   # it holds the GIL now and then: at the event loop's priority (priority.py)
         try:
             while True:
                 chunk = self.source.read(READ_SLOTS)
@@ -70,6 +72,7 @@ class RecordFeeder(threading.Thread):
         self.q.put(self.PROMOTE)
 
     def run(self):
+        realtime()   # it holds the GIL now and then: at the event loop's priority (priority.py)
         while True:
             item = self.q.get()
             if item is self.PROMOTE:
