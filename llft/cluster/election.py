@@ -102,12 +102,15 @@ class Election:
         self.suspected_at = time.monotonic()     # measurement (bench/cluster.py)
         ep, mine = self.ep, self._my_precedence()
         members = {m: p for m, p in ep.view.precedences.items() if p >= mine and m != ep.view.primary}
-        log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
-                    "with %s", ep.view.primary, silence * 1000, ep.me, ep.view.pvn + 1, sorted(members))
-        self.proposed_pvn = ep.view.pvn + 1
+        primary, pvn = ep.view.primary, ep.view.pvn + 1
+        self.proposed_pvn = pvn
         lower = [m for m, p in ep.view.precedences.items() if p < mine and m != ep.view.primary]
         self.proposal = {"members": members, "acks": {}, "sends": 0, "excluded_lower": bool(lower)}
         self._repeat()
+        # Logged after what follows (the proposal out, or, alone, phase 2 under way): a log write is slower.
+        ep.clock.call_later(0, lambda: log.warning(
+            "no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d with %s",
+            primary, silence * 1000, ep.me, pvn, sorted(members)))
 
     def _conclude(self) -> bool:
         """Phase 1 is over once every proposed member has acknowledged."""

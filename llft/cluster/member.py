@@ -273,9 +273,13 @@ class HostMember:
         self.log[oseq] = blob
         return oseq
 
-    def _start_shipping(self, loop):
-        self.source = PrimarySource(self.replica.stream)
-        RecordShipper(self.source, loop, self._ship, self.shipped.set).start()
+    def _ready_shipping(self, loop):
+        self.shipper = RecordShipper(PrimarySource(self.replica.stream), loop, self._ship, self.shipped.set)
+        self.shipper.start()
+
+    def _start_shipping(self):
+        self.source = self.shipper.source
+        self.shipper.go()
 
     async def _stop_shipping(self):
         """Ships the records left in the ring; the ring may be unmapped after."""
@@ -457,8 +461,9 @@ class HostMember:
                     self.ep.drops.count("bad-payload")
         self.pending_inputs = []
         tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready))]
+        self._ready_shipping(loop)
         if self.ep.is_primary:
-            self._start_shipping(loop)
+            self._start_shipping()
         exited = self._watch_exit(loop)
         next_state = 0.0
         try:
@@ -569,8 +574,6 @@ class HostMember:
         lowest = min((upto for upto, _first, _blobs in acks.values()), default=sync)
         take_over(ep, view, base)
         first, lacking = self._held_after(lowest, sync)
-        log.info("synchrony point %d; backups' lowest position %d; the view notice carries %d entries from %d",
-                 sync, lowest, len(lacking), first)
         self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
                                       "members": sorted(view.precedences)})
         ep.on_order = None
@@ -581,10 +584,12 @@ class HostMember:
         self.output.promote()
         self.feeder.promote()
         self.replica.role = "primary"
-        self._start_shipping(loop)
+        self._start_shipping()
         self._become_primary()
         self.taking_over = False
         self.took_over_at = time.monotonic()   # measurement (bench/cluster.py)
+        log.info("synchrony point %d; backups' lowest position %d; the view notice carried %d entries from %d",
+                 sync, lowest, len(lacking), first)
         log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "
                     "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, ep.sequencer.upto)
         self.write_state("running")
@@ -647,6 +652,9 @@ class HostMember:
             self.replica.kill()
 
     def cleanup(self):
+        shipper = getattr(self, "shipper", None)
+        if shipper is not None and self.source is None:
+            shipper.cancel()
         feeder = getattr(self, "feeder", None)
         if feeder is not None and feeder.is_alive():
             feeder.end()

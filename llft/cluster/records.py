@@ -10,7 +10,6 @@ import queue
 import threading
 
 from llft.cluster.payload import records_blob
-from llft.cluster.priority import realtime
 from llft.native import REC_SIZE, StreamError, split_groups
 
 log = logging.getLogger("llft.records")
@@ -21,14 +20,29 @@ WRITE_TIMEOUT_MS = 100
 
 
 class RecordShipper(threading.Thread):
+    """Started early and idle until go(): a backup's is ready when it takes
+    over, so that starting a thread is not on the view change's path."""
+
     def __init__(self, source, loop, ship, done):
         super().__init__(name="llft-shipper", daemon=True)
         self.source, self.loop, self.ship, self.done = source, loop, ship, done
         self.records_bytes = 0
         self.error: str | None = None
+        self._go = threading.Event()
+        self._cancelled = False
+
+    def go(self):
+        self._go.set()
+
+    def cancel(self):
+        """Never needed (a backup that leaves the group): the thread ends."""
+        self._cancelled = True
+        self._go.set()
 
     def run(self):
-        realtime()   # it holds the GIL now and then: at the event loop's priority (priority.py)
+        self._go.wait()
+        if self._cancelled:
+            return
         try:
             while True:
                 chunk = self.source.read(READ_SLOTS)
@@ -72,7 +86,6 @@ class RecordFeeder(threading.Thread):
         self.q.put(self.PROMOTE)
 
     def run(self):
-        realtime()   # it holds the GIL now and then: at the event loop's priority (priority.py)
         while True:
             item = self.q.get()
             if item is self.PROMOTE:
