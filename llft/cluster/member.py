@@ -30,7 +30,7 @@ from llft.cluster.election import Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream
-from llft.cluster.priority import realtime
+from llft.cluster import priority
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.removal import BackupRemoval, follow_removal
 from llft.determinizer.streams import PrimarySource, stream_path
@@ -134,7 +134,7 @@ class HostMember:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         o = self.opts
-        self.realtime = realtime()
+        self.realtime = priority.realtime(priority.EVENT_LOOP)
         if o.fault_timeout is None:
             o.fault_timeout = FAULT_TIMEOUT_S if self.realtime else FAULT_TIMEOUT_ORDINARY_S
         if o.fault_step is None:
