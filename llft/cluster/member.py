@@ -381,9 +381,13 @@ class HostMember:
         """Fig. 6 lines 18-20: a primary of higher precedence in a view no
         older than ours.  A primary steps down (one primary per view); a
         backup leaves it to its fault detector and the election."""
+        if not self.ep.is_primary or self.taking_over:
+            return
         sender, precedence = info.get("sender"), info.get("precedence")
-        claims = self.ep.view.precedences.get(sender) == precedence   # the sender says it is primary
-        if self.ep.is_primary and claims and not self.taking_over:
+        # The sender says it is primary (the header names its primary's precedence);
+        # it may be a backup we removed (e.g. cut off by a partition) that is primary now.
+        known = self.ep.view.precedences.get(sender) or self.removal.removed.get(sender)
+        if known == precedence:
             self.stepped_down = (f"member {sender} (precedence {precedence}) is primary of view {info.get('pvn')}, "
                                  f"which replaces ours ({self.ep.view.pvn})")
 
