@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --join: each backup after the first (by rank) suspects a silent primary this much "
                         "later than the one before, so that they do not compete (default: the fault timeout; "
                         "0 makes them all time out together)")
+    p.add_argument("--no-realtime", action="store_true",
+                   help="with --join: run this member's controller at ordinary priority, not real-time (which it "
+                        "takes when permitted, so that a loaded host does not delay its Heartbeats past the "
+                        "fault timeout); the default fault timeout is then 150")
     p.add_argument("--no-rejoin", action="store_true",
                    help="with --join: when this member is left out of the group, or its replica fails, exit "
                         "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
@@ -162,7 +166,7 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          # Liveness Heartbeats come every 5 ms: suspect a member only after a few are missing.
                          fault_timeout=args.fault_timeout and max(args.fault_timeout, MIN_FAULT_TIMEOUT_MS) / 1000,
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
-                         rejoin=not args.no_rejoin)
+                         rejoin=not args.no_rejoin, realtime=not args.no_realtime)
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

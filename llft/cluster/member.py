@@ -77,6 +77,7 @@ class MemberOptions:
     fault_timeout: float | None = None  # rank 2 suspects a silent primary after this long (None: by priority)
     fault_step: float | None = None     # and each later rank this much later (None: the fault timeout)
     rejoin: bool = True             # a member left out of the group resets and applies again
+    realtime: bool = True           # controller at real-time priority where permitted (priority.py)
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
     config: Config = field(default_factory=lambda: Config(liveness=0.005))
@@ -134,13 +135,13 @@ class HostMember:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         o = self.opts
-        self.realtime = priority.realtime(priority.EVENT_LOOP)
+        self.realtime = o.realtime and priority.realtime(priority.EVENT_LOOP)
         if o.fault_timeout is None:
             o.fault_timeout = FAULT_TIMEOUT_S if self.realtime else FAULT_TIMEOUT_ORDINARY_S
         if o.fault_step is None:
             o.fault_step = o.fault_timeout
         log.info("controller at %s priority; fault timeout %.0f ms, %.0f ms more per rank",
-                 "real-time" if self.realtime else "ordinary (real-time not permitted)",
+                 "real-time" if self.realtime else "ordinary" if not o.realtime else "ordinary (real-time not permitted)",
                  o.fault_timeout * 1000, o.fault_step * 1000)
         self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, 0,
                                            self._datagram, o.interface, loop)

@@ -28,3 +28,10 @@ def realtime(priority: int) -> bool:
     except (OSError, AttributeError):
         return False
     return True
+
+
+def below_event_loop() -> None:
+    """Called by a thread of the controller: one step below its event loop,
+    if that runs at real-time priority (the thread inherited it)."""
+    if os.sched_getscheduler(0) == os.SCHED_RR:
+        realtime(THREADS)

@@ -43,7 +43,7 @@ class RecordShipper(threading.Thread):
         self._go.set()
 
     def run(self):
-        priority.realtime(priority.THREADS)   # below the event loop's (priority.py)
+        priority.below_event_loop()   # (priority.py)
         self._go.wait()
         if self._cancelled:
             return
@@ -94,7 +94,7 @@ class RecordFeeder(threading.Thread):
         self.q.put(self.PROMOTE)
 
     def run(self):
-        priority.realtime(priority.THREADS)   # below the event loop's (priority.py)
+        priority.below_event_loop()   # (priority.py)
         while True:
             item = self.q.get()
             if item is self.PROMOTE:
