@@ -5,15 +5,16 @@ reaches a timeout (event-driven, not sampled on a periodic tick).
 Silence runs from the last intra-group message heard from the member
 (messaging stamps `ep.last_heard`), but never across a time when this
 member was not listening: its start-up grace, its own event loop stalled
-(a check that runs late), or datagrams still unread in its socket (the
-member's Heartbeat may be among them: the verdict waits until the loop
-has read them)."""
+or the host paused (a 5 ms watchdog timer that runs late, or a check that
+does), or datagrams still unread in its socket (the member's Heartbeat may
+be among them: the verdict waits until the loop has read them)."""
 from __future__ import annotations
 
 from typing import Callable
 
 STARTUP_GRACE_S = 1.0
-LATE_S = 0.015          # a check this late means this member's event loop was not listening
+LATE_S = 0.010          # a timer this late means this member's event loop was not listening
+WATCHDOG_S = 0.005
 UNREAD_RECHECK_S = 0.0005
 
 
@@ -24,6 +25,19 @@ class Silence:
         # A member that just started (its replica catching up, the host busy)
         # suspects nobody for a while.
         self.listening_since = ep.clock.now() + STARTUP_GRACE_S
+        self._watched = ep.clock.now()
+        ep.clock.call_later(WATCHDOG_S, self._watchdog)
+
+    def _watchdog(self) -> None:
+        """Our own loop (or the whole host) stalled: a peer's silence then
+        says nothing, even if it began before our check was due."""
+        if self.ep.closed:
+            return
+        now = self.ep.clock.now()
+        if now - self._watched > WATCHDOG_S + LATE_S:
+            self.not_listening()
+        self._watched = now
+        self.ep.clock.call_later(WATCHDOG_S, self._watchdog)
 
     def not_listening(self) -> None:
         """This member was not listening until now: silence before now says nothing."""
