@@ -34,6 +34,7 @@ RETRY_S = 0.02
 MAX_COUNT = 25
 GRACE_SENDS = 3
 SWITCH_WINDOW_S = 0.1
+SETTLING_S = 5.0       # a new primary's first seconds: it may pause (see timeout())
 LOOP_STALL_S = 0.045   # a gap between ticks (every 20 ms) this long means we were not listening
 
 
@@ -43,7 +44,7 @@ class Excluded(Exception):
 
 class Election:
     def __init__(self, ep, silence: Silence, fault_base: float, fault_step: float, held_after, on_elected,
-                 on_new_primary):
+                 on_new_primary, settling_timeout: float):
         self.ep = ep
         self.silence = silence
         self.deadline = Deadline(silence, self._check_primary)
@@ -52,6 +53,8 @@ class Election:
         self.on_elected = on_elected          # fn(View, acks): phase 1 done, this member is the new primary
         self.on_new_primary = on_new_primary  # fn(View): we acknowledged another member's proposal
         self.watch_since = 0.0                # the current primary's silence counts from here
+        self.settling_timeout = settling_timeout
+        self.settling_until = 0.0             # the current primary took over; until then, settling_timeout
         self.proposal: dict | None = None     # ours: body, acks, sends
         self.proposed_pvn = 0                 # the view we proposed ourselves for
         self.acked_precedence = ep.view.primary_precedence
@@ -65,8 +68,15 @@ class Election:
         return self.ep.view.precedences.get(self.ep.me, 0)
 
     def timeout(self) -> float:
-        """Rank 2 suspects the primary first; each later rank waits `step` longer."""
-        return self.fault_base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
+        """Rank 2 suspects the primary first; each later rank waits `step` longer.
+        A primary that just took over gets the longer settling timeout: new
+        primaries paused 30-150 ms within seconds of taking over under load
+        (not yet explained), and a short timeout made their backups replace
+        them."""
+        base = self.fault_base
+        if self.ep.clock.now() < self.settling_until:
+            base = max(base, self.settling_timeout)
+        return base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
 
     def _watching(self) -> bool:
         ep = self.ep
@@ -194,6 +204,7 @@ class Election:
             log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
             ep.view = View(ep.group, sender, members, new_pvn)
             self.watch_since = ep.clock.now()
+            self.settling_until = self.watch_since + SETTLING_S
             self.on_new_primary(ep.view)
             return
         if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:

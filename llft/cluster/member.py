@@ -27,7 +27,7 @@ from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
 from llft.cluster.detector import Silence
-from llft.cluster.election import Election, Excluded
+from llft.cluster.election import SETTLING_S, Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream
@@ -212,7 +212,8 @@ class HostMember:
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
         self.silence = Silence(self.ep, self.udp.unread)
         self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
-                                 self._held_after, self._elected, lambda view: self._view_changed())
+                                 self._held_after, self._elected, lambda view: self._view_changed(),
+                                 max(self.opts.fault_timeout, FAULT_TIMEOUT_ORDINARY_S))
         if joined is None:
             self._become_primary()
         else:
@@ -238,9 +239,12 @@ class HostMember:
     def _removal_timeout(self) -> float:
         """Longer than any backup waits for a silent primary: in a partition
         the side with the backups elects its primary before the old primary
-        removes them."""
+        removes them.  Just after a takeover, longer again (election.SETTLING_S)."""
         o = self.opts
-        return o.fault_timeout + max(o.fault_step, o.fault_timeout) * len(self.ep.view.backups())
+        base = o.fault_timeout
+        if time.monotonic() < getattr(self, "took_over_at", 0.0) + SETTLING_S:
+            base = max(base, FAULT_TIMEOUT_ORDINARY_S)
+        return base + max(o.fault_step, base) * len(self.ep.view.backups())
 
     def _removed(self, members: list[int], why: str):
         for entry in self.admission.pending.values():   # nobody waits for their acknowledgments
