@@ -12,6 +12,14 @@ from llft.members import start_time
 from llft.native import ROLE_NAMES, StreamFile, disable_aslr
 
 
+def _child_setup():
+    """Between fork and exec: no address randomisation, and ordinary
+    scheduling whatever the controller's (a member's runs at real-time
+    priority: llft/cluster/priority.py)."""
+    disable_aslr()
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 @dataclass
 class Replica:
     index: int
@@ -43,7 +51,7 @@ class Replica:
         env["LLFT_REPLICA"] = f"{self.index:03d}"   # one length for all: the same stack layout
         with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         preexec_fn=disable_aslr, start_new_session=True, close_fds=True)
+                                         preexec_fn=_child_setup, start_new_session=True, close_fds=True)
         self.started = start_time(self.proc.pid)
 
     def poll(self) -> int | None:

@@ -8,11 +8,14 @@ callback); frames, MACs and reassembly are in `llft.messaging.fragments`.
 """
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import socket
 import struct
 from collections import deque
 from collections.abc import Sequence
+import termios
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -120,6 +123,21 @@ class UdpTransport(asyncio.DatagramProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
+
+    def unread(self) -> bool:
+        """Is a datagram waiting in the socket, not yet read by the event
+        loop?  (A fault detector must not call a member silent while its
+        Heartbeat may be sitting here.)"""
+        if getattr(self, "_fd", -1) < 0:
+            return False
+        size = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, size, True)
+        except OSError:
+            return False
+        return size[0] > 0
 
     def datagram_received(self, data: bytes, addr) -> None:
         self.receive(data, addr)

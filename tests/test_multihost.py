@@ -231,6 +231,8 @@ forged = [wire.make(wire.MsgType.PROPOSE_PRIMARY, src_group=gid, dst_group=gid, 
                     precedence=99, body={"primary": 7}),
           wire.make(wire.MsgType.ACCEPT_BACKUP, src_group=gid, dst_group=gid, role=2, sender=7, pvn=1,
                     precedence=99, body={"member": 7, "view": {"primary": 7, "pvn": 1, "prec": [[7, 1]]}}),
+          wire.make(wire.MsgType.REMOVE_BACKUP, src_group=gid, dst_group=gid, role=2, sender=7, pvn=1,
+                    precedence=1, body={"round": 1, "removed": [], "view": {"primary": 7, "pvn": 1, "prec": [[7, 1]]}}),
           wire.make(wire.MsgType.REQUEST, src_group=4242, dst_group=gid, conn_seq=1, role=0, sender=1, msn=1,
                     payload=b"SET stolen 1\\n")]
 for i in range(50):
@@ -265,7 +267,7 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
         st = cluster.status(run_dir)
         assert [m["precedence"] for m in st["members"]] == [1, 2, 3], "forged messages changed the membership"
         assert st["view"]["pvn"] == 1
-        assert st["drops"].get("bad-mac", 0) >= 50 * 3 and st["drops"].get("malformed", 0) + \
+        assert st["drops"].get("bad-mac", 0) >= 50 * 4 and st["drops"].get("malformed", 0) + \
             st["drops"].get("truncated", 0) + st["drops"].get("bad-version", 0) >= 50, st["drops"]
         text = subprocess.run([tool("llft-status"), "--run-dir", str(run_dir)], capture_output=True,
                               text=True).stdout
@@ -568,3 +570,97 @@ def test_udp_member_joining_late_replays_the_ports_datagrams(cluster, examples):
     assert udp_clients(cluster, 2, 30, kill_pid=replica_pid) == list(range(41, 101))
     assert cluster.members[0][0].wait(timeout=30) == 128 + 9
     udp_survivors_agree(cluster, [1, 2], 100)
+
+
+def removed_from_view(cluster, indices, gone: int):
+    """Waits until the members at these indices agree on a view without
+    member `gone`, in the same primary view (removing a backup is no
+    primary change), with consecutive ranks; returns their states."""
+    def agreed():
+        sts = [cluster.status(cluster.members[k][1]) for k in indices]
+        return all(st and gone not in [m["member"] for m in st["members"]] for st in sts) and \
+            len({json.dumps([(m["member"], m["rank"]) for m in st["members"]]) for st in sts}) == 1
+    cluster.wait(agreed, f"member {gone} to be removed", watch=False)
+    sts = [cluster.status(cluster.members[k][1]) for k in indices]
+    assert [st["view"]["pvn"] for st in sts] == [1] * len(indices)
+    assert [m["rank"] for m in sts[0]["members"]] == list(range(1, len(indices) + 1))
+    return sts
+
+
+def host_of_replica(cluster, index: int) -> int:
+    """Which host runs replica `index` (the order of joining decides)."""
+    return next(k for k, (_, d) in enumerate(cluster.members) if cluster.status(d)["replicas"][0]["index"] == index)
+
+
+def test_killed_backup_is_removed_and_the_group_serves_on(cluster, examples):
+    """A backup dies under writers: the primary's fault detector removes it
+    (RemoveBackup), the other backup's rank closes up, writes go on (the dead
+    backup no longer holds back watermarks and flow control), nothing
+    acknowledged is lost."""
+    start_three(cluster, examples, extra=["--no-rejoin"])
+    host = host_of_replica(cluster, 1)
+    victim = cluster.status(cluster.members[host][1])["member"]
+    others = [0, 3 - host]
+    import threading
+    stop, acked, removed = threading.Event(), {}, {}
+
+    def writer(i):
+        c, n = cluster.client(), 0
+        while not stop.is_set():
+            assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
+            n += 1
+        acked[i] = n
+        c.close()
+
+    def kill_backup():
+        time.sleep(0.5)
+        assert "sent SIGKILL to replica 1 (backup" in cluster.kill("--backup", "1")
+        removed["states"] = removed_from_view(cluster, others, victim)
+        before = dict(acked)
+        time.sleep(1.0)                       # the writers go on with one backup
+        stop.set()
+        removed["before"] = before
+
+    concurrently(writer, 3, kill_backup, timeout=120)
+    # It leaves on its replica's death, or on its removal if that comes first.
+    assert cluster.members[host][0].wait(timeout=30) in (128 + 9, 3)
+    primary, backup = removed["states"]
+    assert [m["role"] for m in primary["members"]] == ["primary", "backup"]
+    assert primary["members"][1]["member"] == backup["member"]
+    assert "removed from the group" in (cluster.members[0][1] / "llft.log").read_text()
+    text = subprocess.run([tool("llft-status"), "--run-dir", str(cluster.members[others[1]][1])], capture_output=True,
+                          text=True).stdout
+    assert "view 1" in text and str(victim) not in text, text
+    assert all(n > 0 for n in acked.values()), acked
+    c = cluster.client()
+    for i, n in acked.items():
+        assert c.lines([f"GET w{i}-{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)]
+    c.close()
+    survivors_agree_and_end(cluster, others, sum(acked.values()))
+
+
+def test_frozen_backup_is_removed_then_resets_and_rejoins(cluster, examples):
+    start_three(cluster, examples)
+    host = host_of_replica(cluster, 1)
+    st = cluster.status(cluster.members[host][1])
+    frozen, pids = st["member"], [st["controller_pid"], st["replicas"][0]["pid"]]
+    writes_then_reads(cluster, "before", 30)
+    assert "sent SIGSTOP" in cluster.kill("--backup", "1", "--signal", "STOP")
+    try:
+        removed_from_view(cluster, [0, 3 - host], frozen)
+        writes_then_reads(cluster, "during", 30)
+    finally:
+        for pid in pids:                    # woken whatever happened: no frozen process left behind
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    # Woken, it learns it is no longer a member: it resets and applies again.
+    cluster.wait(lambda: (st := cluster.status(cluster.members[host][1])) and st["member"] != frozen
+                 and st["replicas"] and st["replicas"][0]["role"] == "backup" and len(st["members"]) == 3,
+                 "the removed backup to reset and rejoin", timeout=60)
+    cluster.wait_members(3)
+    text = (cluster.members[host][1] / "llft.log").read_text()
+    assert "removed this member" in text and "resetting and rejoining" in text
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [0, 1, 2], 90)

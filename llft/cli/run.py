@@ -18,6 +18,7 @@ from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
 
 PROG = "llft-run"
+MIN_FAULT_TIMEOUT_MS = 20.0
 log = logging.getLogger("llft.run")
 
 DESCRIPTION = """\
@@ -52,12 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-timeout", type=float, metavar="MS",
                    help="a replica frozen (stopped) this long is failed and fenced; a failed primary is "
                         "replaced by the backup of lowest rank (default 30).  With --join: how long the backup "
-                        "of rank 2 waits without a Heartbeat from the primary before it proposes itself "
-                        "(default 150, at least 50: Heartbeats come every 20)")
+                        "of rank 2 waits without a word from the primary before it proposes itself (default 60 "
+                        "when the member may run its controller at real-time priority, as root, else 150; at "
+                        "least 20: a liveness Heartbeat comes every 5); the primary removes a backup silent "
+                        "for longer than every backup waits")
     p.add_argument("--fault-timeout-step", type=float, metavar="MS",
                    help="with --join: each backup after the first (by rank) suspects a silent primary this much "
                         "later than the one before, so that they do not compete (default: the fault timeout; "
                         "0 makes them all time out together)")
+    p.add_argument("--no-realtime", action="store_true",
+                   help="with --join: run this member's controller at ordinary priority, not real-time (which it "
+                        "takes when permitted, so that a loaded host does not delay its Heartbeats past the "
+                        "fault timeout); the default fault timeout is then 150")
     p.add_argument("--no-rejoin", action="store_true",
                    help="with --join: when this member is left out of the group, or its replica fails, exit "
                         "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
@@ -128,10 +135,10 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     slots = args.ring_slots
     if slots < 8192 or slots & (slots - 1):
         raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
-    if args.fault_timeout is None:
-        args.fault_timeout = 150.0 if args.join else 30.0
+    if args.fault_timeout is None and not args.join:
+        args.fault_timeout = 30.0              # with --join the member chooses (llft/cluster/member.py)
     for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout"):
-        if getattr(args, name) <= 0:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.respawn and (args.replay_from is not None or args.join):
         raise UsageError("--respawn replaces replicas of a group on this host: not with --replay-from or --join")
@@ -157,10 +164,10 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
     opts = MemberOptions(group=args.group, key=args.key, interface=args.interface, group_port=args.group_port,
                          ring_slots=args.ring_slots, stall_timeout_ms=int(args.divergence_timeout * 1000),
                          end_grace_ms=int(args.end_grace * 1000), log_output=args.log_output,
-                         # Heartbeats come every 20 ms: suspect a primary only after a few are missing.
-                         fault_timeout=max(args.fault_timeout / 1000, 0.05), rejoin=not args.no_rejoin,
-                         fault_step=(args.fault_timeout_step if args.fault_timeout_step is not None
-                                     else max(args.fault_timeout, 50)) / 1000)
+                         # Liveness Heartbeats come every 5 ms: suspect a member only after a few are missing.
+                         fault_timeout=args.fault_timeout and max(args.fault_timeout, MIN_FAULT_TIMEOUT_MS) / 1000,
+                         fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
+                         rejoin=not args.no_rejoin, realtime=not args.no_realtime)
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

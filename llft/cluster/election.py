@@ -12,13 +12,18 @@ member left out of a proposal it cannot contest (and an old primary that
 sees itself replaced) must reset and rejoin: here, it leaves the group.
 
 Proposals are repeated every RETRY_S; members that have not acknowledged
-after MAX_COUNT repeats are excluded and the proposal starts over."""
+after MAX_COUNT repeats are excluded and the proposal starts over.
+
+The fault detector is event-driven (detector.py): a timer at the moment the
+primary's silence reaches the timeout, put off while this member is not
+listening."""
 from __future__ import annotations
 
 import logging
 import time
 
 from llft import wire
+from llft.cluster.detector import Deadline, Silence
 from llft.cluster.membership import ranks
 from llft.messaging.ids import View
 from llft.wire import MsgType
@@ -29,7 +34,7 @@ RETRY_S = 0.02
 MAX_COUNT = 25
 GRACE_SENDS = 3
 SWITCH_WINDOW_S = 0.1
-STARTUP_GRACE_S = 1.0
+SETTLING_S = 5.0       # a new primary's first seconds: it may pause (see timeout())
 LOOP_STALL_S = 0.045   # a gap between ticks (every 20 ms) this long means we were not listening
 
 
@@ -38,21 +43,28 @@ class Excluded(Exception):
 
 
 class Election:
-    def __init__(self, ep, fault_base: float, fault_step: float, held_after, on_elected, on_new_primary):
+    def __init__(self, ep, silence: Silence, fault_base: float, fault_step: float, held_after, on_elected,
+                 on_new_primary, settling_timeout: float):
         self.ep = ep
+        self.silence = silence
+        self.deadline = Deadline(silence, self._check_primary)
         self.fault_base, self.fault_step = fault_base, fault_step
         self.held_after = held_after          # fn(oseq) -> (first, [blob]): ordering info we hold after oseq
         self.on_elected = on_elected          # fn(View, acks): phase 1 done, this member is the new primary
         self.on_new_primary = on_new_primary  # fn(View): we acknowledged another member's proposal
-        # A member that just started (its replica catching up, the host busy)
-        # gets a grace period before it may suspect anyone.
-        self.watch_since = ep.clock.now() + STARTUP_GRACE_S
+        self.watch_since = 0.0                # the current primary's silence counts from here
+        self.settling_timeout = settling_timeout
+        self.settling_until = 0.0             # the current primary took over; until then, settling_timeout
         self.proposal: dict | None = None     # ours: body, acks, sends
         self.proposed_pvn = 0                 # the view we proposed ourselves for
         self.acked_precedence = ep.view.primary_precedence
         self.acked_at = 0.0
         self.lower_proposal_pvn = 0           # a lower-precedence backup proposed for this next view
         self.elected_pvn = 0                  # phase 1 won for this view; phase 2 under way
+        # The primary's program ended (END received): there is nothing left to
+        # take over, and a primary that leaves once its backups have the end
+        # is not a failure.
+        self.program_ended = False
         self.last_tick = ep.clock.now()
         self.last_ack = None                  # (what it answered, encoded acknowledgment)
 
@@ -60,39 +72,61 @@ class Election:
         return self.ep.view.precedences.get(self.ep.me, 0)
 
     def timeout(self) -> float:
-        """Rank 2 suspects the primary first; each later rank waits `step` longer."""
-        return self.fault_base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
+        """Rank 2 suspects the primary first; each later rank waits `step` longer.
+        A primary that just took over gets the longer settling timeout: new
+        primaries paused 30-150 ms within seconds of taking over under load
+        (not yet explained), and a short timeout made their backups replace
+        them."""
+        base = self.fault_base
+        if self.ep.clock.now() < self.settling_until:
+            base = max(base, self.settling_timeout)
+        return base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
+
+    def _watching(self) -> bool:
+        ep = self.ep
+        return self.proposal is None and not ep.is_primary and self.elected_pvn <= ep.view.pvn \
+            and not self.program_ended
 
     def tick(self) -> None:
-        ep = self.ep
-        now = ep.clock.now()
+        now = self.ep.clock.now()
         if now - self.last_tick > max(self.timeout() / 3, LOOP_STALL_S):
             # This process was not listening (its event loop busy, e.g. a new
             # member feeding its replica the group's log, or the host
             # stalled): silence measured then says nothing of the primary.
-            self.watch_since = max(self.watch_since, now)
+            self.silence.not_listening()
         self.last_tick = now
         if self.proposal is not None:
             self._repeat()
-            return
-        if ep.is_primary or self.elected_pvn > ep.view.pvn:
-            return
-        heard = max(ep.last_heard.get(ep.view.primary, 0.0), self.watch_since)
-        if now - heard < self.timeout() or self.lower_proposal_pvn > ep.view.pvn:
-            return
-        self._propose(now - heard)
+        elif self._watching() and not self.deadline.armed:
+            self.deadline.arm(0)
+
+    def _check_primary(self) -> float | None:
+        """The fault detector's timer: the delay until the next check, or None."""
+        if not self._watching():
+            return None                              # tick() arms it again when there is a primary to watch
+        ep, timeout = self.ep, self.timeout()
+        silence = self.silence.of(ep.view.primary, self.watch_since)
+        if silence < timeout:
+            return timeout - silence
+        if self.lower_proposal_pvn > ep.view.pvn:
+            return timeout                           # a backup of lower precedence proposes: its turn
+        self._propose(silence)
+        return None
 
     def _propose(self, silence: float) -> None:
         self.suspected_at = time.monotonic()     # measurement (bench/cluster.py)
         ep, mine = self.ep, self._my_precedence()
         members = {m: p for m, p in ep.view.precedences.items() if p >= mine and m != ep.view.primary}
-        log.warning("no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d "
-                    "with %s", ep.view.primary, silence * 1000, ep.me, ep.view.pvn + 1, sorted(members))
-        self.proposed_pvn = ep.view.pvn + 1
+        primary, pvn = ep.view.primary, ep.view.pvn + 1
+        self.proposed_pvn = pvn
         ep.sequencer.hold(False)   # a proposer gathers the most advanced state of the old view
         lower = [m for m, p in ep.view.precedences.items() if p < mine and m != ep.view.primary]
         self.proposal = {"members": members, "acks": {}, "sends": 0, "excluded_lower": bool(lower)}
         self._repeat()
+        # Logged after what follows (the proposal out, or, alone, phase 2 under way): a log write is slower.
+        ep.clock.call_later(0, lambda: log.warning(
+            "no word from primary %d for %.0f ms: proposing myself (%d) as primary of view %d with %s",
+            primary, silence * 1000, ep.me, pvn, sorted(members)))
 
     def _conclude(self) -> bool:
         """Phase 1 is over once every proposed member has acknowledged."""
@@ -177,10 +211,17 @@ class Election:
             log.warning("member %d is the primary of view %d (proposal acknowledged)", sender, new_pvn)
             ep.view = View(ep.group, sender, members, new_pvn)
             self.watch_since = max(self.watch_since, ep.clock.now())   # keeps a start-up grace
+            self.settling_until = ep.clock.now() + SETTLING_S
             self.on_new_primary(ep.view)
             return
         if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:
             return                                   # line 25's exception: we are the stronger claimant
+        if (self.proposed_pvn == new_pvn or (ep.view.pvn == new_pvn and ep.view.primary == ep.me)) \
+                and self._my_precedence() < precedence:
+            # A later backup that timed out with us and left us out: it
+            # withdraws when it hears our proposal (above), so its proposal,
+            # sent before, is stale.
+            return
         raise Excluded(f"member {sender} took over as primary of view {new_pvn} without this member")
 
     def _ack(self, proposer: int, pvn: int, upto: int) -> None:

@@ -148,11 +148,12 @@ class Joiner:
 class Admission:
     """At the primary: accepts new members (ProposeBackup -> AcceptBackup)."""
 
-    def __init__(self, ep, history, serving, on_change):
+    def __init__(self, ep, history, serving, on_change, remove):
         self.ep = ep
         self.state = history            # fn() -> {"oseq", "history", "conns"}: what a newcomer needs
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
+        self.remove = remove            # fn(member, why): RemoveBackup
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
         # member -> [encoded AcceptBackup, sends, members yet to acknowledge, next repeat]
         self.pending: dict[int, list] = {}
@@ -216,9 +217,7 @@ class Admission:
             if sends >= MAX_COUNT:
                 del self.pending[member]
                 if member in waiting:
-                    log.warning("member %d never acknowledged its admission: removed", member)
-                    self.ep.view.precedences.pop(member, None)
-                    self.on_change()
+                    self.remove(member, "never acknowledged its admission")
                 else:
                     log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
                 continue

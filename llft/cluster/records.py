@@ -8,25 +8,45 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
+from llft.cluster import priority
 from llft.cluster.payload import records_blob
-from llft.native import REC_SIZE, StreamError, split_groups
+from llft.native import REC_SIZE, ROLE_PRIMARY, StreamError, split_groups
 
 log = logging.getLogger("llft.records")
 
 READ_SLOTS = 4097 * 2     # room for the largest record group
 BLOB_BYTES = 4096         # ordering information per blob (messaging piggybacks up to 8 KiB per message)
 WRITE_TIMEOUT_MS = 100
+PROMOTION_POLL_S = 0.0005
 
 
 class RecordShipper(threading.Thread):
+    """Started early and idle until go(): a backup's is ready when it takes
+    over, so that starting a thread is not on the view change's path."""
+
     def __init__(self, source, loop, ship, done):
         super().__init__(name="llft-shipper", daemon=True)
         self.source, self.loop, self.ship, self.done = source, loop, ship, done
         self.records_bytes = 0
         self.error: str | None = None
+        self._go = threading.Event()
+        self._cancelled = False
+
+    def go(self):
+        self._go.set()
+
+    def cancel(self):
+        """Never needed (a backup that leaves the group): the thread ends."""
+        self._cancelled = True
+        self._go.set()
 
     def run(self):
+        priority.below_event_loop()   # (priority.py)
+        self._go.wait()
+        if self._cancelled:
+            return
         try:
             while True:
                 chunk = self.source.read(READ_SLOTS)
@@ -36,6 +56,10 @@ class RecordShipper(threading.Thread):
                     while chunk := self.source.read(READ_SLOTS):
                         self._hand(chunk)
                     break
+                elif self.source.stream.role != ROLE_PRIMARY:
+                    # Taking over: the ring still holds the records its replica replays
+                    # before it is primary, so wait() would return at once (a spin).
+                    time.sleep(PROMOTION_POLL_S)
                 else:
                     self.source.wait(20)
         except StreamError as e:
@@ -74,6 +98,7 @@ class RecordFeeder(threading.Thread):
         self.q.put(self.PROMOTE)
 
     def run(self):
+        priority.below_event_loop()   # (priority.py)
         while True:
             item = self.q.get()
             if item is self.PROMOTE:

@@ -25,6 +25,8 @@ class ViewNotice:
         self.followed = 0               # backups: the last view whose notice was applied
 
     def start(self, view, body: dict) -> None:
+        if not view.backups():
+            return   # nobody to tell
         data = self.ep.send_membership(MsgType.NEW_PRIMARY_VIEW, body)
         self.pending = [data, 1, set(view.backups()), view.pvn]
         self.last_sent = self.ep.clock.now()

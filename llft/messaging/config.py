@@ -17,6 +17,7 @@ class Config:
     nack_interval: float = 0.015   # Nack retransmission while the nack list is non-empty
     keepalive: float = 0.050       # idle inter-group connection (lines 54-55)
     heartbeat: float = 0.020       # intra-group connection (lines 56-59)
+    liveness: float = 0.0          # a bodiless Heartbeat when nothing went to the group for this long (fault detectors); 0: none
     max_ack: int = 4               # MAX_ACK: FirstAcks for one message before flow control (line 65)
     send_window: int = 256         # messages held in a connection's sent list (flow control)
     recv_window: int = 512         # received-but-unconsumed messages accepted per connection

@@ -26,7 +26,7 @@ from llft.messaging.connection import Connection
 from llft.messaging.fragments import Codec
 from llft.messaging.ids import ConnId, View
 from llft.messaging.inbound import InboundMixin
-from llft.messaging.intragroup import IntraGroupMixin
+from llft.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
 from llft.messaging.ordering import OrderLog, OrderSequencer
 from llft.messaging.periodic import PeriodicMixin
 from llft.messaging.sendside import SentEntry
@@ -59,6 +59,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
         self.last_heard: dict[int, float] = {}               # member -> when its last intra-group message came
+        self.heard_gaps: dict[int, list[int]] = {}           # member -> silences of >= 10, 20, 30, 50, 100, 200 ms
         self.primary_gwm: dict[ConnId, int] = {}             # backups: group watermarks from the primary
         self.competitors: set[tuple[int, int, int]] = set()
         self.counters: Counter = Counter()
@@ -71,6 +72,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.on_writable: Callable[[ConnId], None] | None = None
         self.on_ready: Callable[[], None] | None = None       # recv() has something
         self._last_hb = -1.0
+        self._last_intra_tx = -1.0
         self._timer = None
         self.closed = False
 
@@ -239,6 +241,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
 
     def _transmit_data(self, group: int, data: bytes, mtype: MsgType) -> None:
         self.counters[f"tx_{mtype.name.lower()}"] += 1
+        if group == self.group:
+            self._last_intra_tx = self.clock.now()
         self.transport.send_group(group, self.codec.split(group, data))
 
     def _event(self, name: str, **info: Any) -> None:
@@ -300,5 +304,6 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
             "myTimestamp": self.lamport,
             "myTimestampWatermark": min(wms) if wms else self.lamport,
             "counters": dict(self.counters), "drops": self.drops.snapshot(),
+            "heard_gaps_ms": {"buckets": list(GAP_BUCKETS_MS), **{str(m): g for m, g in self.heard_gaps.items()}},
             "buffers": self.buffers(),
         }

@@ -17,12 +17,21 @@ from llft import wire
 from llft.messaging.ids import ConnId
 from llft.wire import MsgType
 
+GAP_BUCKETS_MS = (10, 20, 30, 50, 100, 200)
+
 
 class IntraGroupMixin:
     def _on_intra(self, msg: wire.Message, data: bytes) -> None:
         if msg.sender == self.me:
             return  # our own multicast looped back
-        self.last_heard[msg.sender] = self.clock.now()   # the membership's fault detector reads it
+        now = self.clock.now()
+        gap = now - self.last_heard.get(msg.sender, now)
+        if gap >= GAP_BUCKETS_MS[0] / 1000:           # how close silences come to the fault timeouts
+            counts = self.heard_gaps.setdefault(msg.sender, [0] * len(GAP_BUCKETS_MS))
+            for i, ms in enumerate(GAP_BUCKETS_MS):
+                if gap >= ms / 1000:
+                    counts[i] += 1
+        self.last_heard[msg.sender] = now   # the membership's fault detector reads it
         self.counters[f"rx_{msg.TYPE.name.lower()}"] += 1
         if msg.timestamp > self.lamport:
             self.lamport = msg.timestamp
@@ -37,7 +46,10 @@ class IntraGroupMixin:
             return
         if msg.sender not in self.view:
             self.drops.count("not-a-member")
+            self._event("not-a-member", sender=msg.sender, pvn=msg.pvn)
             return
+        if t == MsgType.HEARTBEAT and msg.body is None:
+            return   # a liveness Heartbeat: last_heard is all it is for
         if t == MsgType.HEARTBEAT:
             if self.is_primary:
                 self._backup_heartbeat(msg)
@@ -101,6 +113,16 @@ class IntraGroupMixin:
             "gen": {ConnId(*r[:3]): r[4] for r in rows},
             "oupto": oupto,
         }
+        self._backups_progressed()
+
+    def forget_backups(self, members) -> None:
+        """Primary: these backups left the view (RemoveBackup); their last
+        reports no longer hold back confirmations, watermarks or flow control."""
+        for m in members:
+            self.backup_reports.pop(m, None)
+        self._backups_progressed()
+
+    def _backups_progressed(self) -> None:
         self.order_log.confirm(self._min_oupto())
         for c in self.conns.values():
             if c.throttle_msn and all(

@@ -29,6 +29,8 @@ class PeriodicMixin:
         if now - self._last_hb >= cfg.heartbeat:                       # lines 56-59
             self._last_hb = now
             self._send_heartbeat(now)
+        elif cfg.liveness and now - self._last_intra_tx >= cfg.liveness:
+            self._transmit(self._intra(MsgType.HEARTBEAT, body=None))  # only says "alive"
         self.codec.reassembler.expire(now)
         self._timer = self.clock.call_later(cfg.tick, self._tick)
 

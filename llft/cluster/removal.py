@@ -1,0 +1,148 @@
+"""Removal of a backup (LLFT §IV-C2, Fig. 10: RemoveBackup and its
+acknowledgment).
+
+The primary's fault detector watches every backup: one silent for the
+removal timeout is taken out of the view at once (messaging stops waiting
+for it: group watermarks, intra-group flow control, ordering
+confirmations), the ranks of the others close up, and the primary
+multicasts RemoveBackup with the new membership until every remaining
+backup acknowledges it; one that has not after MAX_COUNT repeats is
+removed in turn (as for ProposePrimary).  The primary view number does not
+change: only a change of the primary makes a new view.
+
+A backup that receives a RemoveBackup including it adopts the membership
+and acknowledges; one that is not included (mistakenly suspected, e.g.
+frozen past the timeout) resets and applies again (ProposeBackup).  A
+removed backup that missed every RemoveBackup is told again when one of its
+Heartbeats reaches the primary."""
+from __future__ import annotations
+
+import logging
+
+from llft import wire
+from llft.cluster.detector import Deadline, Silence
+from llft.cluster.membership import parse_view, view_body
+from llft.wire import MsgType
+
+log = logging.getLogger("llft.membership")
+
+RETRY_S = 0.02
+MAX_COUNT = 25
+JOIN_GRACE_S = 2.0        # a newcomer replays the group's log before it is heard regularly
+TELL_EVERY_S = 0.1        # how often a removed member still heard is told again
+
+
+class BackupRemoval:
+    """At the primary: removes the backups its fault detector finds silent."""
+
+    def __init__(self, ep, silence: Silence, timeout, on_removed):
+        self.ep, self.silence = ep, silence
+        self.timeout = timeout            # fn() -> seconds of silence after which a backup is removed
+        self.on_removed = on_removed      # fn([member], why): they are out of the view
+        now = ep.clock.now()
+        self.since = {b: now for b in ep.view.backups()}   # each backup's silence counts from here
+        self.round = 0
+        self.pending: list | None = None  # [encoded RemoveBackup, sends, members yet to acknowledge]
+        self.last_sent = float("-inf")
+        self.told: dict[int, float] = {}
+        self.removed: dict[int, int] = {}   # member -> precedence it had (see HostMember._competing_primary)
+        self.deadline = Deadline(silence, self._check)
+
+    # -- the fault detector ------------------------------------------------------
+    def tick(self) -> None:
+        if not self.deadline.armed:
+            self.deadline.arm(0)
+        p, now = self.pending, self.ep.clock.now()
+        if p is None or now - self.last_sent < RETRY_S:
+            return
+        if not p[2]:
+            self.pending = None
+            return
+        if p[1] >= MAX_COUNT:
+            self.remove(sorted(p[2]), f"did not acknowledge RemoveBackup {MAX_COUNT} times")
+            return
+        p[1] += 1
+        self.last_sent = now
+        self.ep.resend(p[0], MsgType.REMOVE_BACKUP)
+
+    def _check(self) -> float | None:
+        ep, now, timeout = self.ep, self.ep.clock.now(), self.timeout()
+        if not ep.is_primary:
+            return None
+        for b in ep.view.backups():
+            # A backup admitted by this primary gets time to replay the group's log.
+            self.since.setdefault(b, now + JOIN_GRACE_S)
+        silences = {b: self.silence.of(b, self.since[b]) for b in ep.view.backups()}
+        silent = sorted(b for b, s in silences.items() if s >= timeout)
+        if silent:
+            self.remove(silent, "silent for " + ", ".join(f"{silences[b] * 1000:.0f}" for b in silent) + " ms")
+            return timeout
+        return min((timeout - s for s in silences.values()), default=timeout)
+
+    # -- RemoveBackup -------------------------------------------------------------
+    def remove(self, members: list[int], why: str) -> None:
+        ep = self.ep
+        members = [m for m in members if m in ep.view.backups()]
+        if not members:
+            return
+        for m in members:
+            self.removed[m] = ep.view.precedences.pop(m)
+            self.since.pop(m, None)
+        ep.forget_backups(members)
+        self.round += 1
+        log.warning("backup%s %s %s: removed from the group (view %d now %s)", "s" * (len(members) > 1),
+                    ", ".join(map(str, members)), why, ep.view.pvn, sorted(ep.view.precedences))
+        data = ep.send_membership(MsgType.REMOVE_BACKUP, self._body(members))
+        self.pending = [data, 1, set(ep.view.backups())]
+        self.last_sent = ep.clock.now()
+        self.on_removed(members, why)
+
+    def _body(self, removed: list[int]) -> dict:
+        return {"round": self.round, "removed": removed, "view": view_body(self.ep.view)}
+
+    def on_ack(self, msg) -> None:
+        body = msg.body if isinstance(msg.body, dict) else {}
+        if self.pending is not None and body.get("round") == self.round:
+            self.pending[2].discard(msg.sender)
+
+    def stray(self, sender: int, pvn: int) -> None:
+        """A Heartbeat of our view from a member not in it: it missed its
+        removal (or never completed its admission) and must hear of it."""
+        ep, now = self.ep, self.ep.clock.now()
+        if not ep.is_primary or pvn != ep.view.pvn or sender in ep.view:
+            return
+        if now - self.told.get(sender, float("-inf")) < TELL_EVERY_S:
+            return
+        self.told[sender] = now
+        if len(self.told) > 1000:
+            self.told.clear()
+        ep.send_membership(MsgType.REMOVE_BACKUP, self._body([sender]))
+
+
+def follow_removal(ep, msg) -> str | None:
+    """At a backup: a RemoveBackup from our primary.  Returns why this member
+    must reset and rejoin (it is not in the new membership), else None."""
+    if msg.sender != ep.view.primary or ep.is_primary:
+        return None
+    body = msg.body if isinstance(msg.body, dict) else {}
+    try:
+        view = parse_view(ep.group, body.get("view"))
+        removed = [int(m) for m in body["removed"]]
+        round_ = int(body["round"])
+    except (KeyError, TypeError, ValueError, wire.DropError):
+        ep.drops.count("malformed")
+        return None
+    if view.pvn != ep.view.pvn or view.primary != ep.view.primary:
+        return None
+    if ep.me not in view:
+        return f"the primary removed this member from view {view.pvn}"
+    # Only the removals are taken from it: a repeated RemoveBackup may predate
+    # an admission we followed since.
+    gone = [m for m in removed if m in ep.view and m not in view and m != ep.view.primary]
+    for m in gone:
+        del ep.view.precedences[m]
+    if gone:
+        log.warning("the primary removed backup%s %s (view %d now %s)", "s" * (len(gone) > 1),
+                    ", ".join(map(str, gone)), ep.view.pvn, sorted(ep.view.precedences))
+    ep.send_membership(MsgType.REMOVE_BACKUP_ACK, {"member": ep.me, "round": round_})
+    return None
