@@ -369,7 +369,12 @@ class HostMember:
 
     def _rebase(self, cid: ConnId, base: int):
         """A new view: this connection's messages go on after msn base."""
-        later = rebase(self.ep, cid, base)
+        # What messaging logged beyond base, and then what was still waiting
+        # for its window (a backup's window frees only as the remote group
+        # acknowledges the primary's messages: under heavy output it may hold
+        # megabytes), in order: all of it goes out again, the waiting part
+        # included, or the output from there on would be lost.
+        later = rebase(self.ep, cid, base) + self.outbox.take(cid)
         (self.datagrams if self.datagrams.handles(cid) else self.output).rebase(cid, later)
 
     def _to_relay(self, cid: ConnId, req: tuple):
