@@ -14,6 +14,7 @@ from collections import deque
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
+from llft.messaging.viewchange import rebase as rebase_messaging
 
 log = logging.getLogger("llft.output")
 
@@ -169,3 +170,16 @@ class ReplyStream:
         self.primary = True
         for cid, p in self.conns.items():
             self._emit(cid, p)
+
+
+def rebase_connection(ep, outbox: Outbox, stream, cid: ConnId, base: int) -> None:
+    """A new view (new primary, or a backup following it): the remote group
+    has this connection's messages up to msn `base`.  What messaging logged
+    beyond base, and then what was still waiting in the outbox for
+    messaging's window (a backup's window frees only as the remote group
+    acknowledges the primary's messages, so under heavy output it may hold
+    megabytes), go back to the stream (a ReplyStream or MemberDatagrams),
+    in that order, to be sent again: the waiting part too, or the output
+    from there on would be lost."""
+    later = rebase_messaging(ep, cid, base) + outbox.take(cid)
+    stream.rebase(cid, later)
