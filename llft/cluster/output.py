@@ -181,5 +181,9 @@ def rebase_connection(ep, outbox: Outbox, stream, cid: ConnId, base: int) -> Non
     megabytes), go back to the stream (a ReplyStream or MemberDatagrams),
     in that order, to be sent again: the waiting part too, or the output
     from there on would be lost."""
-    later = rebase_messaging(ep, cid, base) + outbox.take(cid)
-    stream.rebase(cid, later)
+    logged = rebase_messaging(ep, cid, base)
+    waiting = outbox.take(cid)
+    if logged or waiting:
+        log.info("connection %s: after msn %d, %d logged and %d waiting messages go out again", cid, base,
+                 len(logged), len(waiting))
+    stream.rebase(cid, logged + waiting)
