@@ -31,7 +31,7 @@ from llft.cluster.detector import Silence
 from llft.cluster.election import SETTLING_S, Election, Excluded
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
-from llft.cluster.output import Outbox, ReplyStream
+from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.removal import BackupRemoval, follow_removal
@@ -42,7 +42,7 @@ from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
 from llft.cluster.view_notice import ViewNotice
 from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
-                                       parse_new_primary_view_ack, rebase, take_over)
+                                       parse_new_primary_view_ack, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica
 from llft.serving.relay import ReplicaRelay
@@ -441,8 +441,8 @@ class HostMember:
 
     def _rebase(self, cid: ConnId, base: int):
         """A new view: this connection's messages go on after msn base."""
-        later = rebase(self.ep, cid, base)
-        (self.datagrams if self.datagrams.handles(cid) else self.output).rebase(cid, later)
+        rebase_connection(self.ep, self.outbox, self.datagrams if self.datagrams.handles(cid) else self.output,
+                          cid, base)
 
     def _to_relay(self, cid: ConnId, req: tuple):
         if req[0] == payload.DGRAM:

@@ -9,10 +9,14 @@ keeps messaging's per-message bookkeeping (SecondAcks, flow control) the
 same at every member, and lets a backup carry on where its primary stopped."""
 from __future__ import annotations
 
+import logging
 from collections import deque
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
+from llft.messaging.viewchange import rebase as rebase_messaging
+
+log = logging.getLogger("llft.output")
 
 
 class Outbox:
@@ -41,6 +45,13 @@ class Outbox:
 
     def queued(self) -> int:
         return sum(len(q) for q in self.waiting.values())
+
+    def take(self, cid: ConnId) -> list[bytes]:
+        """The bodies still waiting on a connection, which no longer go out
+        as they are (a primary change renumbers the connection: they follow
+        the messages logged beyond what the remote group has)."""
+        q = self.waiting.pop(cid, None)
+        return [body for body, _order_info in q] if q else []
 
 
 class _Produced:
@@ -117,9 +128,13 @@ class ReplyStream:
                 self._send(cid, p, max(0, end - p.start))
 
     def rebase(self, cid: ConnId, later: list[bytes]):
-        """After a primary change: messages logged beyond what the remote
-        group has (`later`, from messaging's rebase) go back into the buffer,
-        to be cut again in the new view."""
+        """After a primary change: messages generated beyond what the remote
+        group has (`later`: those messaging logged, from its rebase, then
+        those still waiting in the outbox, in order) go back into the
+        buffer, to be cut again in the new view.  Every byte from the first
+        of them on must be there: the buffer goes on where the last of them
+        ended.  A primary cuts them where they were cut before (one message
+        each, not one huge one)."""
         p = self._of(cid)
         p.cuts.clear()
         chunks, start, closed = [], None, False
@@ -131,17 +146,44 @@ class ReplyStream:
             if kind == payload.CLOSE:
                 closed = True
                 continue
+            if start is not None and offset != start + sum(map(len, chunks)):
+                log.error("connection %s: the output logged from offset %d is not contiguous (a message at "
+                          "offset %d after %d bytes)", cid, start, offset, sum(map(len, chunks)))
             start = offset if start is None else start
             chunks.append(rest[0])
         if start is not None:
+            if start + sum(map(len, chunks)) != p.start:
+                log.error("connection %s: the output logged goes up to offset %d, but the rest from %d", cid,
+                          start + sum(map(len, chunks)), p.start)
             p.buf[0:0] = b"".join(chunks)
             p.start = start
         if closed:
             p.close_sent = False
             p.closed = True
+        if self.primary:
+            for chunk in chunks:
+                if chunk:
+                    self._send(cid, p, len(chunk))
         self._emit(cid, p)
 
     def promote(self):
         self.primary = True
         for cid, p in self.conns.items():
             self._emit(cid, p)
+
+
+def rebase_connection(ep, outbox: Outbox, stream, cid: ConnId, base: int) -> None:
+    """A new view (new primary, or a backup following it): the remote group
+    has this connection's messages up to msn `base`.  What messaging logged
+    beyond base, and then what was still waiting in the outbox for
+    messaging's window (a backup's window frees only as the remote group
+    acknowledges the primary's messages, so under heavy output it may hold
+    megabytes), go back to the stream (a ReplyStream or MemberDatagrams),
+    in that order, to be sent again: the waiting part too, or the output
+    from there on would be lost."""
+    logged = rebase_messaging(ep, cid, base)
+    waiting = outbox.take(cid)
+    if logged or waiting:
+        log.info("connection %s: after msn %d, %d logged and %d waiting messages go out again", cid, base,
+                 len(logged), len(waiting))
+    stream.rebase(cid, logged + waiting)
