@@ -1,0 +1,152 @@
+"""Outgoing connections across hosts: a replicated program's connect() made
+by the gateway on the group's behalf (examples/proxy_server on three hosts,
+a recording backend in the gateway's namespace, outside the group).  The
+backend sees one connection per client and each request once; every
+replica's output is the same; when the primary's host fails mid-workload
+the backend connections survive and nothing is duplicated or lost."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from netns import in_ns
+from serving import concurrently
+from test_multihost import PROGRAM_PORT, cluster, cluster_of, outputs_of  # noqa: F401 (fixtures)
+
+BACKEND_PORT = 7100
+
+# A line server: answers each line with "<n> <line>" (n: lines served so far)
+# and logs "<connection>\t<line>" to a file, so that a request that reached
+# it once per replica, or twice after a failover, would show.
+BACKEND = """
+import socket, sys, threading
+log = open(sys.argv[2], 'a', buffering=1)
+lock = threading.Lock()
+served = [0]
+conns = [0]
+def serve(k, c):
+    f = c.makefile('rwb')
+    for raw in f:
+        line = raw.decode().rstrip('\\n')
+        with lock:
+            served[0] += 1
+            n = served[0]
+            log.write(f'{k}\\t{line}\\n')
+        f.write(f'{n} {line}\\n'.encode()); f.flush()
+s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
+print('ready', flush=True)
+while True:
+    c, _ = s.accept()
+    with lock:
+        conns[0] += 1
+        k = conns[0]
+    threading.Thread(target=serve, args=(k, c), daemon=True).start()
+"""
+
+
+def start_backend(cluster, host: int, log_path):
+    p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path),
+                         stdout=subprocess.PIPE, text=True)
+    cluster.procs.append(p)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def backend_conns(log_path) -> list[list[str]]:
+    conns: dict[str, list[str]] = {}
+    for row in log_path.read_text().splitlines():
+        k, line = row.split("\t", 1)
+        conns.setdefault(k, []).append(line)
+    return sorted(conns.values())
+
+
+def proxy_cluster(cluster, examples, tmp_path, extra=()):
+    program = [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT]
+    first = cluster.start_member(0, program, extra=extra)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    for host in (1, 2):
+        cluster.start_member(host, program, extra=extra)
+    cluster.wait_members(3)
+    cluster.start_gateway(3, extra=["--outgoing"])
+    log_path = tmp_path / "backend.log"
+    start_backend(cluster, 3, log_path)
+    return first, log_path
+
+
+def client_lines(i: int, n: int) -> list[str]:
+    return [f"c{i}-{j}" for j in range(n)]
+
+
+def run_clients(cluster, nclients: int, nlines: int, at=None) -> dict:
+    """Each client sends its lines one by one; at(i, j) runs before line j."""
+    results = {}
+
+    def client(i):
+        c = cluster.client()
+        got = []
+        for j, line in enumerate(client_lines(i, nlines)):
+            if at is not None:
+                at(i, j)
+            got.append(c.lines([line])[0][0])
+        c.close()
+        results[i] = got
+    concurrently(client, nclients)
+    return results
+
+
+def check_each_line_once(log_path, results: dict, nclients: int, nlines: int):
+    """One backend connection per client, each with exactly that client's
+    lines in order; the clients' replies number every line served, 1..n."""
+    assert backend_conns(log_path) == sorted(client_lines(i, nlines) for i in range(nclients))
+    numbers = sorted(int(r.split()[0]) for got in results.values() for r in got)
+    assert numbers == list(range(1, nclients * nlines + 1))
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == client_lines(i, nlines)
+
+
+def shutdown_and_compare(cluster, members: list):
+    c = cluster.client()
+    assert c.lines(["SHUTDOWN"])[0] == ["BYE"]
+    c.close()
+    for p, _ in members:
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    states = [cluster.status(d) for _, d in members]
+    outs = [outputs_of(s) for s in states]
+    assert all(o == outs[0] for o in outs), "replicas sent the clients different bytes"
+    for s in states:
+        assert s["replicas"][0]["outgoing"]["dropped"] == 0, s["replicas"][0]["outgoing"]
+    return states
+
+
+def gateway_counted(cluster, n: int):
+    """The gateway (its state file, written every second) made n remote
+    connections and dropped nothing."""
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["outgoing"]["connections"] == n,
+                 f"the gateway to count {n} outgoing connections", watch=False)
+    assert cluster.status(cluster.gateway_dir)["gateway"]["outgoing"]["dropped"] == 0
+
+
+def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_path):
+    _, log_path = proxy_cluster(cluster, examples, tmp_path)
+    results = run_clients(cluster, nclients=3, nlines=40)
+    check_each_line_once(log_path, results, 3, 40)
+    states = shutdown_and_compare(cluster, cluster.members)
+    assert all(s["replicas"][0]["outgoing"]["connections"] == 3 for s in states)
+    gateway_counted(cluster, 3)
+
+
+def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path):
+    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"])
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    nclients, nlines = 3, 60
+
+    def kill_midway(i, j):
+        if i == 0 and j == nlines // 3:
+            os.kill(replica_pid, signal.SIGKILL)   # the primary fails mid-stream
+    results = run_clients(cluster, nclients, nlines, at=kill_midway)
+    check_each_line_once(log_path, results, nclients, nlines)
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    shutdown_and_compare(cluster, cluster.members[1:])
+    gateway_counted(cluster, nclients)
