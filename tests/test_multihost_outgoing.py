@@ -69,7 +69,7 @@ def proxy_cluster(cluster, examples, tmp_path, extra=()):
     for host in (1, 2):
         cluster.start_member(host, program, extra=extra)
     cluster.wait_members(3)
-    cluster.start_gateway(3, extra=["--outgoing"])
+    cluster.start_gateway(3, extra=["--outgoing", "--log-level", "info"])
     log_path = tmp_path / "backend.log"
     start_backend(cluster, 3, log_path)
     return first, log_path
@@ -107,6 +107,8 @@ def check_each_line_once(log_path, results: dict, nclients: int, nlines: int):
 
 
 def shutdown_and_compare(cluster, members: list):
+    """SHUTDOWN; every member ends with status 0 and the replicas sent the
+    clients the same bytes."""
     c = cluster.client()
     assert c.lines(["SHUTDOWN"])[0] == ["BYE"]
     c.close()
@@ -132,9 +134,16 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
     _, log_path = proxy_cluster(cluster, examples, tmp_path)
     results = run_clients(cluster, nclients=3, nlines=40)
     check_each_line_once(log_path, results, 3, 40)
+    # Refused connects, blocking and non-blocking, replay as refused; a
+    # non-blocking connect reports the backend as its peer.
+    c = cluster.client()
+    assert c.lines(["CONNECT 7199", "PROBE 7199", f"PROBE {BACKEND_PORT}"])[0] == [
+        "CONNECT Connection refused", "PROBE Connection refused", f"PROBE connected {BACKEND_PORT}"]
+    c.close()
     states = shutdown_and_compare(cluster, cluster.members)
-    assert all(s["replicas"][0]["outgoing"]["connections"] == 3 for s in states)
-    gateway_counted(cluster, 3)
+    assert all(s["replicas"][0]["outgoing"]["connections"] == 4 for s in states)
+    assert all(s["replicas"][0]["outgoing"]["failed"] == 2 for s in states)
+    gateway_counted(cluster, 4)
 
 
 def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path):
@@ -148,5 +157,35 @@ def test_primary_host_fails_and_the_backend_connections_survive(cluster, example
     results = run_clients(cluster, nclients, nlines, at=kill_midway)
     check_each_line_once(log_path, results, nclients, nlines)
     assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    # The new primary's own connect (the next k) gets a connection of its own.
+    c = cluster.client()
+    assert c.lines(["after"])[0] == [f"{nclients * nlines + 1} after"]
+    c.close()
+    assert len(backend_conns(log_path)) == nclients + 1
     shutdown_and_compare(cluster, cluster.members[1:])
-    gateway_counted(cluster, nclients)
+    gateway_counted(cluster, nclients + 1)
+
+
+MALFORMED = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect('\\0' + sys.argv[1])
+s.sendall(b'\\xff' * 32)   # address family 0xffff
+print(repr(s.recv(64)))
+"""
+
+
+def test_a_malformed_request_is_dropped_and_counted_across_hosts(cluster, examples, tmp_path):
+    """Anyone on a member's host can connect to its replica's outgoing name:
+    what is not a request from the shim is dropped, counted, and harms nothing."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path)
+    name = os.path.basename(cluster.status(first)["replicas"][0]["stream"]) + "-out"
+    r = subprocess.run(in_ns(cluster.hosts[0][0], sys.executable, "-c", MALFORMED, name), capture_output=True,
+                       text=True, timeout=30)
+    assert r.stdout.strip() == "b''", r.stderr   # closed without an answer
+    c = cluster.client()
+    assert c.lines(["still works"])[0] == ["1 still works"]
+    c.close()
+    cluster.wait(lambda: cluster.status(first)["replicas"][0]["outgoing"]["dropped"] == 1, "the drop to be counted")
+    assert "bad request" in cluster.status(first)["replicas"][0]["outgoing"]["errors"][0]
+    assert backend_conns(log_path) == [["still works"]]

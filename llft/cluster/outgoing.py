@@ -46,7 +46,6 @@ class _Remote:
         self.received = bytearray()   # what the remote sent, from the first byte
         self.eof = False
         self.sink: asyncio.StreamWriter | None = None
-        self.asked = False            # this member (as primary) sent XOPEN for it
 
 
 class MemberOutgoing:
@@ -54,6 +53,8 @@ class MemberOutgoing:
         self.replica, self.ep, self.outbox, self.output = replica, ep, outbox, output
         self.control: ConnId | None = None     # the gateway's control connection (the first heard)
         self.remotes: dict[int, _Remote] = {}
+        self.next_open = 1                     # the next k whose XOPEN this member generates
+        self.to_open: dict[int, tuple[str, int]] = {}   # XOPENs waiting for a lower k
         self.by_cid: dict[ConnId, int] = {}
         self.stats = {"connections": 0, "failed": 0, "bytes_in": 0, "bytes_out": 0, "dropped": 0}
         self.errors: list[str] = []
@@ -99,6 +100,7 @@ class MemberOutgoing:
                 return self._drop(f"control request on connection {tuple(cid)}")
             if self.control is None:
                 self.control = cid
+                self._announce()
             return
         if kind == payload.XRESULT:
             _, k, err, host, port, lhost, lport = req
@@ -108,6 +110,7 @@ class MemberOutgoing:
             self.by_cid[cid] = k
             self.stats["connections" if err == 0 else "failed"] += 1
             r.result.set_result((cid, err, host, port, (lhost, lport)))
+            self._announce(k, host, port)   # a backup generates the primary's XOPEN for it
             return
         k = self.by_cid.get(cid)
         if k is None or kind not in (payload.DATA, payload.EOF):
@@ -120,6 +123,19 @@ class MemberOutgoing:
         else:
             r.eof = True
             self._to_sink(r, lambda w: w.can_write_eof() and w.write_eof())
+
+    def _announce(self, k: int | None = None, host: str = "", port: int = 0):
+        """XOPENs go on the control connection in the order of k, each once:
+        the primary's as its replica asks, a backup's as the results come,
+        so that every member generates the very same messages (messaging's
+        flow control waits for the backups to have generated what the
+        primary sent, and a new primary's numbering follows theirs)."""
+        if k is not None and k >= self.next_open:
+            self.to_open.setdefault(k, (host, port))
+        while self.control is not None and self.next_open in self.to_open:
+            h, p = self.to_open.pop(self.next_open)
+            self.outbox.put(self.control, payload.xopen_reply(self.next_open, h, p))
+            self.next_open += 1
 
     @staticmethod
     def _to_sink(r: _Remote, op):
@@ -143,15 +159,16 @@ class MemberOutgoing:
             self._drop(f"bad request ({e})")
             writer.close()
             return
+        log.info("replica's connect %d to %s port %d%s", k, host, port, " (asks)" if flags & CONNECT_ASK else "")
         r = self._remote(k)
-        if flags & CONNECT_ASK and not r.result.done() and not r.asked:
+        if flags & CONNECT_ASK and not r.result.done():
             if self.control is None:
                 self._drop(f"connection {k} to {host} port {port}: no gateway serves outgoing connections")
                 writer.write(connect_reply(k, errno.ECONNREFUSED))   # nobody to connect through
                 writer.close()
                 return
-            r.asked = True   # a failed primary's request the gateway already had is matched by k there
-            self.outbox.put(self.control, payload.xopen_reply(k, host, port))
+            # A failed primary's request the gateway already had is matched by k there.
+            self._announce(k, host, port)
         # A backup waits too: the primary's record can come before the result.
         cid, err, rhost, rport, local = await r.result
         if (rhost, rport) != (host, port):
