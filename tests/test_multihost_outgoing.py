@@ -189,3 +189,30 @@ def test_a_malformed_request_is_dropped_and_counted_across_hosts(cluster, exampl
     cluster.wait(lambda: cluster.status(first)["replicas"][0]["outgoing"]["dropped"] == 1, "the drop to be counted")
     assert "bad request" in cluster.status(first)["replicas"][0]["outgoing"]["errors"][0]
     assert backend_conns(log_path) == [["still works"]]
+
+
+def test_killed_primary_rejoins_and_replays_the_remote_bytes(cluster, examples, tmp_path):
+    """The killed primary's member rejoins with a fresh replica (state
+    transfer by log): its program replays every outgoing connection from
+    the transferred results and remote bytes, sends the backend nothing,
+    and ends with the same output as the others."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--fault-timeout", "300"])
+    nclients, nlines = 3, 20
+    before = run_clients(cluster, nclients, nlines)
+    old = cluster.status(first)
+    os.kill(old["replicas"][0]["pid"], signal.SIGKILL)
+
+    def whole_again():
+        sts = [cluster.status(d) for _, d in cluster.members]
+        return all(s["view"]["pvn"] > old["view"]["pvn"] and len(s["members"]) == 3 and s["replicas"]
+                   for s in sts) and len({s["view"]["pvn"] for s in sts}) == 1
+    cluster.wait(whole_again, "the killed member to rejoin", timeout=60)
+    # New connections after the rejoin: the clients' lines count on from
+    # where the first ones stopped, each line reaches the backend once.
+    c = cluster.client()
+    assert c.lines(["after"])[0] == [f"{nclients * nlines + 1} after"]
+    c.close()
+    assert backend_conns(log_path) == sorted([*(client_lines(i, nlines) for i in range(nclients)), ["after"]])
+    assert sorted(int(r.split()[0]) for got in before.values() for r in got) == list(range(1, nclients * nlines + 1))
+    shutdown_and_compare(cluster, cluster.members)
+    gateway_counted(cluster, nclients + 1)
