@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from netns import in_ns
 from serving import concurrently
 from test_multihost import PROGRAM_PORT, cluster, cluster_of, outputs_of  # noqa: F401 (fixtures)
@@ -146,13 +148,16 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
     gateway_counted(cluster, 4)
 
 
-def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path):
+@pytest.mark.parametrize("kill_at", [20, 0], ids=["mid-workload", "while-connecting"])
+def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path, kill_at):
+    """kill_at 0: the primary fails as the clients' first lines arrive, while
+    the program's connects are under way (asked, answered, not recorded)."""
     first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"])
     replica_pid = cluster.status(first)["replicas"][0]["pid"]
     nclients, nlines = 3, 60
 
     def kill_midway(i, j):
-        if i == 0 and j == nlines // 3:
+        if i == 0 and j == kill_at:
             os.kill(replica_pid, signal.SIGKILL)   # the primary fails mid-stream
     results = run_clients(cluster, nclients, nlines, at=kill_midway)
     check_each_line_once(log_path, results, nclients, nlines)

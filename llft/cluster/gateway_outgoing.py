@@ -41,9 +41,6 @@ class GatewayOutgoing:
     def handles(self, cid: ConnId) -> bool:
         return cid == self.control
 
-    def writable(self, cid: ConnId):
-        pass   # one request on the control connection, sent at start
-
     def reply(self, cid: ConnId, body: bytes):
         try:
             k, host, port = payload.parse_xopen_reply(body)
