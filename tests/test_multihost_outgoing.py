@@ -21,9 +21,11 @@ BACKEND_PORT = 7100
 
 # A line server: answers each line with "<n> <line>" (n: lines served so far)
 # and logs "<connection>\t<line>" to a file, so that a request that reached
-# it once per replica, or twice after a failover, would show.
+# it once per replica, or twice after a failover, would show.  Given a pid, it
+# SIGKILLs it as it accepts its first connection: the primary's replica dies
+# while its connect is answered but not yet recorded.
 BACKEND = """
-import socket, sys, threading
+import os, signal, socket, sys, threading
 log = open(sys.argv[2], 'a', buffering=1)
 lock = threading.Lock()
 served = [0]
@@ -41,6 +43,8 @@ s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
 print('ready', flush=True)
 while True:
     c, _ = s.accept()
+    if len(sys.argv) > 3 and conns[0] == 0:
+        os.kill(int(sys.argv[3]), signal.SIGKILL)
     with lock:
         conns[0] += 1
         k = conns[0]
@@ -48,8 +52,9 @@ while True:
 """
 
 
-def start_backend(cluster, host: int, log_path):
-    p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path),
+def start_backend(cluster, host: int, log_path, kill_pid=None):
+    p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path,
+                               *([kill_pid] if kill_pid else [])),
                          stdout=subprocess.PIPE, text=True)
     cluster.procs.append(p)
     assert p.stdout.readline().strip() == "ready"
@@ -64,7 +69,7 @@ def backend_conns(log_path) -> list[list[str]]:
     return sorted(conns.values())
 
 
-def proxy_cluster(cluster, examples, tmp_path, extra=()):
+def proxy_cluster(cluster, examples, tmp_path, extra=(), kill_at_first_connect=False):
     program = [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT]
     first = cluster.start_member(0, program, extra=extra)
     cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
@@ -73,7 +78,8 @@ def proxy_cluster(cluster, examples, tmp_path, extra=()):
     cluster.wait_members(3)
     cluster.start_gateway(3, extra=["--outgoing", "--log-level", "info"])
     log_path = tmp_path / "backend.log"
-    start_backend(cluster, 3, log_path)
+    start_backend(cluster, 3, log_path,
+                  cluster.status(first)["replicas"][0]["pid"] if kill_at_first_connect else None)
     return first, log_path
 
 
@@ -148,11 +154,14 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
     gateway_counted(cluster, 4)
 
 
-@pytest.mark.parametrize("kill_at", [20, 0], ids=["mid-workload", "while-connecting"])
+@pytest.mark.parametrize("kill_at", [20, 0, None], ids=["mid-workload", "while-connecting", "at-first-connect"])
 def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path, kill_at):
     """kill_at 0: the primary fails as the clients' first lines arrive, while
-    the program's connects are under way (asked, answered, not recorded)."""
-    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"])
+    the program's connects are under way; None: the backend kills it as it
+    accepts the first connection, which the gateway has made but the primary
+    not recorded: the new primary asks for it again and gets the same one."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"],
+                                    kill_at_first_connect=kill_at is None)
     replica_pid = cluster.status(first)["replicas"][0]["pid"]
     nclients, nlines = 3, 60
 
