@@ -99,3 +99,39 @@ def concurrently(client, n: int, meanwhile=None, timeout: float | None = None):
         meanwhile()
     for t in threads:
         t.join(timeout)
+
+
+def kill_primary(run_dir: Path):
+    """llft-kill --primary on the group in run_dir."""
+    p = subprocess.run([tool("llft-kill"), "--run-dir", str(run_dir), "--primary"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "sent SIGKILL" in p.stdout
+
+
+def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: float = 0.0) -> dict:
+    """n clients, each on its own connection, send lines_of(i) one at a time
+    and read each reply (meanwhile() runs alongside, e.g. fault injection);
+    returns each client's replies.  A connection that drops fails the test."""
+    results, errors = {}, []
+
+    def client(i):
+        try:
+            with group.connect() as s:
+                f = s.makefile("rwb")
+                got = []
+                for line in lines_of(i):
+                    f.write(line.encode() + b"\n")
+                    f.flush()
+                    reply = f.readline().decode()
+                    if not reply:
+                        errors.append(f"client {i}: connection closed after {len(got)} replies")
+                        return
+                    got.append(reply.rstrip("\n"))
+                    time.sleep(pause)
+                results[i] = got
+        except OSError as e:
+            errors.append(f"client {i}: {e}")
+    concurrently(client, n, meanwhile)
+    assert not errors, errors
+    return results

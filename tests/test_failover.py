@@ -13,46 +13,22 @@ import time
 import pytest
 
 from conftest import tool
-from serving import ServingGroup, concurrently, line_client
+import serving
+from serving import ServingGroup, concurrently, line_client, line_clients
 from test_serving import read_resp, resp
 
 
 def kill_primary(group: ServingGroup):
-    p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary"], capture_output=True,
-                       text=True, timeout=30)
-    assert p.returncode == 0, p.stderr
-    assert "sent SIGKILL" in p.stdout
+    serving.kill_primary(group.run_dir)
 
 
 def run_clients(group, nclients, nlines, kills, kill_after=0.3):
     """Clients send numbered lines; the primary is killed `kills` times meanwhile."""
-    results, errors = {}, []
-
-    def client(i):
-        try:
-            with group.connect() as s:
-                f = s.makefile("rwb")
-                got = []
-                for j in range(nlines):
-                    f.write(f"c{i}-{j}\n".encode())
-                    f.flush()
-                    line = f.readline().decode()
-                    if not line:
-                        errors.append(f"client {i}: connection closed after {j} replies")
-                        return
-                    got.append(line.rstrip("\n"))
-                    time.sleep(0.001)
-                results[i] = got
-        except OSError as e:
-            errors.append(f"client {i}: {e}")
-
     def kill_some():
         for _ in range(kills):
             time.sleep(kill_after)
             kill_primary(group)
-    concurrently(client, nclients, kill_some)
-    assert not errors, errors
-    return results
+    return line_clients(group, nclients, lambda i: [f"c{i}-{j}" for j in range(nlines)], kill_some, pause=0.001)
 
 
 def check_exactly_once(results, nclients, nlines):

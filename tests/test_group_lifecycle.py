@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from conftest import tool
-from serving import ServingGroup, line_client
+from serving import ServingGroup, kill_primary, line_client
 
 
 def status(run_dir: Path) -> dict:
@@ -31,12 +31,6 @@ def wait_for(predicate, what: str, timeout: float = 30.0):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def kill_primary(run_dir: Path):
-    p = subprocess.run([tool("llft-kill"), "--run-dir", str(run_dir), "--primary"], capture_output=True,
-                       text=True, timeout=30)
-    assert p.returncode == 0, p.stderr
 
 
 def test_status_shows_view_precedence_and_rank_across_a_failover(examples, tmp_path):

@@ -42,6 +42,16 @@ class Cluster:
         self.members.append((p, run_dir))
         return run_dir
 
+    def start_members(self, n: int, program: list, extra=()) -> Path:
+        """Members on hosts 0..n-1: the first founds the group, the others
+        join it; returns the first's run dir."""
+        first = self.start_member(0, program, extra=extra)
+        self.wait(lambda: (s := self.status(first)) and s["members"], "the first member")
+        for host in range(1, n):
+            self.start_member(host, program, extra=extra)
+        self.wait_members(n)
+        return first
+
     def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=()):
         self.gateway_dir = self.tmp / "gateway"
         self.gateway = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
@@ -273,12 +283,7 @@ def kill_primary_mid_workload(cluster, examples, members: int, extra=(), clients
     connection drops, that the survivors agree on one new view and one
     primary, and that they produce the same output.  Returns the survivors'
     states."""
-    program = [examples / "kv_server", PROGRAM_PORT]
-    first = cluster.start_member(0, program, extra=extra)
-    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    for host in range(1, members):
-        cluster.start_member(host, program, extra=extra)
-    cluster.wait_members(members)
+    first = cluster.start_members(members, [examples / "kv_server", PROGRAM_PORT], extra)
     cluster.start_gateway(members)
     old = cluster.status(first)
     old_primary = old["members"][0]["member"]
@@ -481,13 +486,7 @@ UDP_MEMBER_OPTIONS = ["--no-rejoin", "--fault-timeout", "1000"]
 
 def start_udp_members(cluster, examples, n: int) -> Path:
     """udp_server members on hosts 0..n-1 (the first founds the group)."""
-    program = [examples / "udp_server", PROGRAM_PORT]
-    first = cluster.start_member(0, program, extra=UDP_MEMBER_OPTIONS)
-    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    for host in range(1, n):
-        cluster.start_member(host, program, extra=UDP_MEMBER_OPTIONS)
-    cluster.wait_members(n)
-    return first
+    return cluster.start_members(n, [examples / "udp_server", PROGRAM_PORT], UDP_MEMBER_OPTIONS)
 
 
 def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None) -> list[int]:

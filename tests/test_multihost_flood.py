@@ -27,13 +27,7 @@ print(sent, flush=True)
 
 
 def test_a_flooding_client_is_pushed_back_across_hosts(cluster, examples):
-    program = [examples / "echo_server", PROGRAM_PORT]
-    for host in range(3):
-        cluster.start_member(host, program)
-        if host == 0:
-            cluster.wait(lambda: (s := cluster.status(cluster.members[0][1])) and s["members"],
-                         "the first member to found the group")
-    cluster.wait_members(3)
+    cluster.start_members(3, [examples / "echo_server", PROGRAM_PORT])
     cluster.start_gateway(3)
     gateway = psutil.Process(cluster.gateway.pid)
     c = cluster.client()

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import PROGRAMS_DIR, tool
-from serving import ServingGroup, concurrently, free_port, line_client
+from serving import ServingGroup, concurrently, free_port, line_client, line_clients
 from test_failover import kill_primary
 from test_rejoin import full_and_caught_up, wait_for
 
@@ -115,28 +115,7 @@ def check_backend_got_each_line_once(backend: RecordingBackend, results: dict, n
 
 
 def run_clients(group, nclients, nlines, meanwhile=None, pause=0.0) -> dict:
-    results, errors = {}, []
-
-    def client(i):
-        try:
-            with group.connect() as s:
-                f = s.makefile("rwb")
-                got = []
-                for line in client_lines(i, nlines):
-                    f.write(line.encode() + b"\n")
-                    f.flush()
-                    reply = f.readline().decode()
-                    if not reply:
-                        errors.append(f"client {i}: connection closed after {len(got)} replies")
-                        return
-                    got.append(reply.rstrip("\n"))
-                    time.sleep(pause)
-                results[i] = got
-        except OSError as e:
-            errors.append(f"client {i}: {e}")
-    concurrently(client, nclients, meanwhile)
-    assert not errors, errors
-    return results
+    return line_clients(group, nclients, lambda i: client_lines(i, nlines), meanwhile, pause)
 
 
 def test_backend_sees_each_request_once_and_replicas_agree(examples, tmp_path, backend):
