@@ -70,12 +70,7 @@ def backend_conns(log_path) -> list[list[str]]:
 
 
 def proxy_cluster(cluster, examples, tmp_path, extra=(), kill_at_first_connect=False):
-    program = [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT]
-    first = cluster.start_member(0, program, extra=extra)
-    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    for host in (1, 2):
-        cluster.start_member(host, program, extra=extra)
-    cluster.wait_members(3)
+    first = cluster.start_members(3, [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT], extra=extra)
     cluster.start_gateway(3, extra=["--outgoing", "--log-level", "info"])
     log_path = tmp_path / "backend.log"
     start_backend(cluster, 3, log_path,
