@@ -17,6 +17,7 @@ from llft.cli.cluster_options import add_network_options, network_settings, run_
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
 from llft.cluster.datagrams import GatewayDatagrams, parse_port_map
 from llft.cluster.gateway import ClusterGateway
+from llft.cluster.gateway_outgoing import GatewayOutgoing
 from llft.cluster.naming import DerivedDirectory, gateway_group_name, group_id
 from llft.messaging.clock import LoopClock
 from llft.messaging.endpoint import GroupEndpoint
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--udp-port", action="append", default=[], metavar="[PROG:]PUBLIC",
                    help="also serve UDP clients on PUBLIC for the program's UDP port PROG (default PUBLIC); "
                         "repeatable")
+    p.add_argument("--outgoing", action="store_true",
+                   help="make the program's outgoing connections (its connect()s) on the group's behalf; "
+                        "one gateway per group")
     p.add_argument("--host", default="0.0.0.0", metavar="ADDR", help="address to listen on (default all)")
     p.add_argument("--run-dir", type=Path, metavar="DIR",
                    help="where the log and state go (default ./llft-runs/gateway-NAME-TIME-PID)")
@@ -103,6 +107,9 @@ class GatewayProcess:
             except OSError as e:
                 server.close()
                 raise UsageError(e.strerror) from None
+        if a.outgoing:
+            self.gateway.outgoing = GatewayOutgoing(self.gateway)
+            await self.gateway.outgoing.start()
         log.warning("serving clients of group %s (id %d) on %s port %d", a.group, server_gid, a.host, a.port)
         try:
             while not self.stop.is_set():
@@ -115,6 +122,8 @@ class GatewayProcess:
             server.close()
             if self.gateway.udp is not None:
                 self.gateway.udp.close()
+            if self.gateway.outgoing is not None:
+                self.gateway.outgoing.close()
             await self.gateway.close()
             self.write_state("finished")
             ep.close()
@@ -126,7 +135,8 @@ class GatewayProcess:
         rundir.write_state(self.run_dir, {
             "group": self.args.group, "phase": phase, "controller_pid": os.getpid(),
             "argv": sys.argv, "members": [], "replicas": [], "updated": time.time(),
-            "gateway": dict(g.stats, failovers=0, errors=[], udp=g.udp.stats if g.udp else {}),
+            "gateway": dict(g.stats, failovers=0, errors=[], udp=g.udp.stats if g.udp else {},
+                            outgoing=g.outgoing.stats if g.outgoing else {}),
             "messaging": g.ep.stats(),
         })
 

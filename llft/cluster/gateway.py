@@ -42,6 +42,7 @@ class ClusterGateway:
         self.clients: dict[ConnId, _Client] = {}
         self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0}
         self.udp = None   # GatewayDatagrams (llft/cluster/datagrams.py): the program's UDP ports, if served
+        self.outgoing = None   # GatewayOutgoing (llft/cluster/gateway_outgoing.py): the program's connect()s
         ep.on_deliver = self._reply
         ep.on_writable = self._writable
         ep.on_event = self._event
@@ -71,16 +72,22 @@ class ClusterGateway:
         self.ep.send(cid, body)
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        cid = self.ep.connect(self.server_group, next(self.seqs))
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        await self.pump(self.ep.connect(self.server_group, next(self.seqs)), reader, writer,
+                        payload.open_request(self.program_port, peer[0], peer[1]))
+
+    async def pump(self, cid: ConnId, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, first: bytes):
+        """A TCP connection's bytes to the group as Requests on cid, after
+        `first`; the group's Replies on cid go back to it, each byte once
+        (a client's, or a remote server's of an outgoing connection)."""
         c = self.clients[cid] = _Client(writer)
         self.stats["connections"] += 1
         self.stats["open"] += 1
-        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await self._send(cid, c, payload.open_request(self.program_port, peer[0], peer[1]))
+            await self._send(cid, c, first)
             while True:
                 await writer.drain()   # a client that does not read its replies is not read either
                 chunk = await reader.read(READ_CHUNK)
@@ -96,6 +103,8 @@ class ClusterGateway:
     def _reply(self, cid: ConnId, body: bytes):
         if self.udp is not None and self.udp.handles(cid):
             return self.udp.reply(cid, body)
+        if self.outgoing is not None and self.outgoing.handles(cid):
+            return self.outgoing.reply(cid, body)
         c = self.clients.get(cid)
         try:
             kind, offset, *rest = payload.parse_reply(body)

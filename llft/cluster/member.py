@@ -33,6 +33,7 @@ from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
+from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.removal import BackupRemoval, follow_removal
 from llft.determinizer.streams import PrimarySource, stream_path
@@ -211,6 +212,7 @@ class HostMember:
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox)
+        self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
         self.silence = Silence(self.ep, self.udp.unread)
         self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
@@ -447,6 +449,8 @@ class HostMember:
     def _to_relay(self, cid: ConnId, req: tuple):
         if req[0] == payload.DGRAM:
             return self.datagrams.request(cid, req)
+        if self.outgoing.handles(cid):
+            return self.outgoing.request(cid, req)
         num = self._conn_num(cid)
         if req[0] == payload.OPEN:
             self.relay.open(num, req[1], req[2], req[3])
@@ -491,7 +495,7 @@ class HostMember:
                     self.ep.drops.count("bad-payload")
         self.pending_inputs = []
         tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready)),
-                 asyncio.create_task(self.datagrams.run())]
+                 asyncio.create_task(self.datagrams.run()), asyncio.create_task(self.outgoing.run())]
         self._ready_shipping(loop)
         if self.ep.is_primary:
             self._start_shipping()
@@ -548,6 +552,7 @@ class HostMember:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.datagrams.close()
+            self.outgoing.close()
             self.write_state("finished")
             self._log_drops()
 
@@ -722,7 +727,8 @@ class HostMember:
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
-                          "datagrams": self.datagrams.summary()}] if r else [],
+                          "datagrams": self.datagrams.summary(),
+                          "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
             "messaging": self.ep.stats(), "group_port": self.opts.group_port, "addresses": host_addresses(),
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),

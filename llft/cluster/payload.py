@@ -9,11 +9,19 @@ Requests (gateway -> server group), one msgpack array each:
                              a client datagram to the program's UDP port, the
                              gateway's number-th on it (one virtual connection
                              per UDP port carries them all, in one order)
+    [XCTL]                   the gateway serves outgoing connections: this
+                             virtual connection carries the primary's XOPENs
+    [XRESULT, k, errno, host, port, local_host, local_port]
+                             the outcome of the program's k-th outgoing
+                             connect, first on that connection's own virtual
+                             connection (then DATA, EOF: the remote's bytes)
 Replies (primary -> gateway):
     [DATA, offset, bytes]    the server's bytes at this offset of the connection's output
     [CLOSE, offset]          the server closed the connection after `offset` bytes
     [DGRAM, k, host, port, bytes]   the program's k-th datagram (from 0) sent
                              from its UDP port, to host:port
+    [XOPEN, k, host, port]   the program's k-th outgoing connection: the gateway
+                             connects (once per k) and answers with XRESULT
 Offsets (and k) let a gateway drop what it already sent when a new primary
 repeats output after a failover.
 
@@ -32,6 +40,7 @@ from __future__ import annotations
 import msgpack
 
 OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
+XCTL, XOPEN, XRESULT = 5, 6, 7   # outgoing connections (llft/cluster/outgoing.py)
 MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
 TAG_RECORDS, TAG_BOUNDARY, TAG_END, TAG_VIEW = b"R", b"B", b"E", b"V"
 
@@ -95,7 +104,20 @@ def parse_request(raw: bytes) -> tuple:
     if kind == DGRAM and len(v) == 6 and _port(v[1]) and v[1] and isinstance(v[2], int) and 0 < v[2] < 1 << 63 \
             and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], bytes) and len(v[5]) <= MAX_UDP_PAYLOAD:
         return DGRAM, v[1], v[2], v[3], v[4], v[5]
+    if kind == XCTL and len(v) == 1:
+        return (XCTL,)
+    if kind == XRESULT and len(v) == 7 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], int) \
+            and v[2] >= 0 and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], str) and _port(v[6]):
+        return tuple(v)
     raise BadPayload(f"not a request: {v[:1]}")
+
+
+def xctl_request() -> bytes:
+    return _pack(XCTL)
+
+
+def xresult_request(k: int, err: int, host: str, port: int, local: tuple[str, int]) -> bytes:
+    return _pack(XRESULT, k, err, host, port, local[0], local[1])
 
 
 # -- replies -------------------------------------------------------------------
@@ -118,6 +140,19 @@ def parse_datagram_reply(raw: bytes) -> tuple[int, str, int, bytes]:
             and _port(v[3]) and isinstance(v[4], bytes):
         return v[1], v[2], v[3], v[4]
     raise BadPayload(f"not a datagram reply: {v[:1]}")
+
+
+def xopen_reply(k: int, host: str, port: int) -> bytes:
+    return _pack(XOPEN, k, host, port)
+
+
+def parse_xopen_reply(raw: bytes) -> tuple[int, str, int]:
+    """(k, host, port) of a reply on a gateway's outgoing control connection."""
+    v = _unpack(raw)
+    if v[0] == XOPEN and len(v) == 4 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], str) \
+            and _port(v[3]) and v[3]:
+        return v[1], v[2], v[3]
+    raise BadPayload(f"not an outgoing open: {v[:1]}")
 
 
 def parse_reply(raw: bytes) -> tuple:

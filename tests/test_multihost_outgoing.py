@@ -1,0 +1,234 @@
+"""Outgoing connections across hosts: a replicated program's connect() made
+by the gateway on the group's behalf (examples/proxy_server on three hosts,
+a recording backend in the gateway's namespace, outside the group).  The
+backend sees one connection per client and each request once; every
+replica's output is the same; when the primary's host fails mid-workload
+the backend connections survive and nothing is duplicated or lost."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from netns import in_ns
+from serving import concurrently
+from test_multihost import PROGRAM_PORT, cluster, cluster_of, outputs_of  # noqa: F401 (fixtures)
+
+BACKEND_PORT = 7100
+
+# A line server: answers each line with "<n> <line>" (n: lines served so far)
+# and logs "<connection>\t<line>" to a file, so that a request that reached
+# it once per replica, or twice after a failover, would show.  Given a pid, it
+# SIGKILLs it as it accepts its first connection: the primary's replica dies
+# while its connect is answered but not yet recorded.
+BACKEND = """
+import os, signal, socket, sys, threading
+log = open(sys.argv[2], 'a', buffering=1)
+lock = threading.Lock()
+served = [0]
+conns = [0]
+def serve(k, c):
+    f = c.makefile('rwb')
+    for raw in f:
+        line = raw.decode().rstrip('\\n')
+        with lock:
+            served[0] += 1
+            n = served[0]
+            log.write(f'{k}\\t{line}\\n')
+        f.write(f'{n} {line}\\n'.encode()); f.flush()
+s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
+print('ready', flush=True)
+while True:
+    c, _ = s.accept()
+    if len(sys.argv) > 3 and conns[0] == 0:
+        os.kill(int(sys.argv[3]), signal.SIGKILL)
+    with lock:
+        conns[0] += 1
+        k = conns[0]
+    threading.Thread(target=serve, args=(k, c), daemon=True).start()
+"""
+
+
+def start_backend(cluster, host: int, log_path, kill_pid=None):
+    p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path,
+                               *([kill_pid] if kill_pid else [])),
+                         stdout=subprocess.PIPE, text=True)
+    cluster.procs.append(p)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def backend_conns(log_path) -> list[list[str]]:
+    conns: dict[str, list[str]] = {}
+    for row in log_path.read_text().splitlines():
+        k, line = row.split("\t", 1)
+        conns.setdefault(k, []).append(line)
+    return sorted(conns.values())
+
+
+def proxy_cluster(cluster, examples, tmp_path, extra=(), kill_at_first_connect=False):
+    first = cluster.start_members(3, [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT], extra=extra)
+    cluster.start_gateway(3, extra=["--outgoing", "--log-level", "info"])
+    log_path = tmp_path / "backend.log"
+    start_backend(cluster, 3, log_path,
+                  cluster.status(first)["replicas"][0]["pid"] if kill_at_first_connect else None)
+    return first, log_path
+
+
+def client_lines(i: int, n: int) -> list[str]:
+    return [f"c{i}-{j}" for j in range(n)]
+
+
+def run_clients(cluster, nclients: int, nlines: int, at=None) -> dict:
+    """Each client sends its lines one by one; at(i, j) runs before line j."""
+    results = {}
+
+    def client(i):
+        c = cluster.client()
+        got = []
+        for j, line in enumerate(client_lines(i, nlines)):
+            if at is not None:
+                at(i, j)
+            got.append(c.lines([line])[0][0])
+        c.close()
+        results[i] = got
+    concurrently(client, nclients)
+    return results
+
+
+def check_each_line_once(log_path, results: dict, nclients: int, nlines: int):
+    """One backend connection per client, each with exactly that client's
+    lines in order; the clients' replies number every line served, 1..n."""
+    assert backend_conns(log_path) == sorted(client_lines(i, nlines) for i in range(nclients))
+    numbers = sorted(int(r.split()[0]) for got in results.values() for r in got)
+    assert numbers == list(range(1, nclients * nlines + 1))
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == client_lines(i, nlines)
+
+
+def shutdown_and_compare(cluster, members: list):
+    """SHUTDOWN; every member ends with status 0 and the replicas sent the
+    clients the same bytes."""
+    c = cluster.client()
+    assert c.lines(["SHUTDOWN"])[0] == ["BYE"]
+    c.close()
+    for p, _ in members:
+        assert p.wait(timeout=60) == 0, p.stderr.read()[-3000:]
+    states = [cluster.status(d) for _, d in members]
+    outs = [outputs_of(s) for s in states]
+    assert all(o == outs[0] for o in outs), "replicas sent the clients different bytes"
+    for s in states:
+        assert s["replicas"][0]["outgoing"]["dropped"] == 0, s["replicas"][0]["outgoing"]
+    return states
+
+
+def gateway_counted(cluster, n: int):
+    """The gateway (its state file, written every second) made n remote
+    connections and dropped nothing."""
+    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["outgoing"]["connections"] == n,
+                 f"the gateway to count {n} outgoing connections", watch=False)
+    assert cluster.status(cluster.gateway_dir)["gateway"]["outgoing"]["dropped"] == 0
+
+
+def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_path):
+    _, log_path = proxy_cluster(cluster, examples, tmp_path)
+    results = run_clients(cluster, nclients=3, nlines=40)
+    check_each_line_once(log_path, results, 3, 40)
+    # Refused connects, blocking and non-blocking, replay as refused; a
+    # non-blocking connect reports the backend as its peer.
+    c = cluster.client()
+    assert c.lines(["CONNECT 7199", "PROBE 7199", f"PROBE {BACKEND_PORT}"])[0] == [
+        "CONNECT Connection refused", "PROBE Connection refused", f"PROBE connected {BACKEND_PORT}"]
+    c.close()
+    states = shutdown_and_compare(cluster, cluster.members)
+    assert all(s["replicas"][0]["outgoing"]["connections"] == 4 for s in states)
+    assert all(s["replicas"][0]["outgoing"]["failed"] == 2 for s in states)
+    gateway_counted(cluster, 4)
+
+
+@pytest.mark.parametrize("kill_at", [
+    pytest.param(20, id="mid-workload"),
+    pytest.param(0, id="while-connecting"),
+    pytest.param(None, id="at-first-connect", marks=pytest.mark.skip(
+        reason="known bug (docs/cluster.md, 'Not there yet'): in about 1 run in 7 the surviving backup stops as "
+               "diverged after the takeover: the new primary's records for a connection thread start again at "
+               "call #1")),
+])
+def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path, kill_at):
+    """kill_at 0: the primary fails as the clients' first lines arrive, while
+    the program's connects are under way; None: the backend kills it as it
+    accepts the first connection, which the gateway has made but the primary
+    not recorded: the new primary asks for it again and gets the same one."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"],
+                                    kill_at_first_connect=kill_at is None)
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    nclients, nlines = 3, 60
+
+    def kill_midway(i, j):
+        if i == 0 and j == kill_at:
+            os.kill(replica_pid, signal.SIGKILL)   # the primary fails mid-stream
+    results = run_clients(cluster, nclients, nlines, at=kill_midway)
+    check_each_line_once(log_path, results, nclients, nlines)
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    # The new primary's own connect (the next k) gets a connection of its own.
+    c = cluster.client()
+    assert c.lines(["after"])[0] == [f"{nclients * nlines + 1} after"]
+    c.close()
+    assert len(backend_conns(log_path)) == nclients + 1
+    shutdown_and_compare(cluster, cluster.members[1:])
+    gateway_counted(cluster, nclients + 1)
+
+
+MALFORMED = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect('\\0' + sys.argv[1])
+s.sendall(b'\\xff' * 32)   # address family 0xffff
+print(repr(s.recv(64)))
+"""
+
+
+def test_a_malformed_request_is_dropped_and_counted_across_hosts(cluster, examples, tmp_path):
+    """Anyone on a member's host can connect to its replica's outgoing name:
+    what is not a request from the shim is dropped, counted, and harms nothing."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path)
+    name = os.path.basename(cluster.status(first)["replicas"][0]["stream"]) + "-out"
+    r = subprocess.run(in_ns(cluster.hosts[0][0], sys.executable, "-c", MALFORMED, name), capture_output=True,
+                       text=True, timeout=30)
+    assert r.stdout.strip() == "b''", r.stderr   # closed without an answer
+    c = cluster.client()
+    assert c.lines(["still works"])[0] == ["1 still works"]
+    c.close()
+    cluster.wait(lambda: cluster.status(first)["replicas"][0]["outgoing"]["dropped"] == 1, "the drop to be counted")
+    assert "bad request" in cluster.status(first)["replicas"][0]["outgoing"]["errors"][0]
+    assert backend_conns(log_path) == [["still works"]]
+
+
+def test_killed_primary_rejoins_and_replays_the_remote_bytes(cluster, examples, tmp_path):
+    """The killed primary's member rejoins with a fresh replica (state
+    transfer by log): its program replays every outgoing connection from
+    the transferred results and remote bytes, sends the backend nothing,
+    and ends with the same output as the others."""
+    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--fault-timeout", "300"])
+    nclients, nlines = 3, 20
+    before = run_clients(cluster, nclients, nlines)
+    old = cluster.status(first)
+    os.kill(old["replicas"][0]["pid"], signal.SIGKILL)
+
+    def whole_again():
+        sts = [cluster.status(d) for _, d in cluster.members]
+        return all(s["view"]["pvn"] > old["view"]["pvn"] and len(s["members"]) == 3 and s["replicas"]
+                   for s in sts) and len({s["view"]["pvn"] for s in sts}) == 1
+    cluster.wait(whole_again, "the killed member to rejoin", timeout=60)
+    # New connections after the rejoin: the clients' lines count on from
+    # where the first ones stopped, each line reaches the backend once.
+    c = cluster.client()
+    assert c.lines(["after"])[0] == [f"{nclients * nlines + 1} after"]
+    c.close()
+    assert backend_conns(log_path) == sorted([*(client_lines(i, nlines) for i in range(nclients)), ["after"]])
+    assert sorted(int(r.split()[0]) for got in before.values() for r in got) == list(range(1, nclients * nlines + 1))
+    shutdown_and_compare(cluster, cluster.members)
+    gateway_counted(cluster, nclients + 1)
