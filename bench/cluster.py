@@ -44,13 +44,14 @@ sys.path.insert(0, str(REPO / "tests"))      # the netns hosts and the Cluster h
 from netns import bridged_hosts, in_ns  # noqa: E402
 from test_multihost import Cluster  # noqa: E402
 
+from llft.cluster.member import FAULT_TIMEOUT_S  # noqa: E402
 from llft.rundir import STATE_FILE  # noqa: E402
 
 GATEWAY_HOST = 5          # hosts 0..4 hold members, 5 the gateway and the clients
 PORT = 7000               # the gateway's port (and the program's)
 PLAIN_PORT = 7100         # the unreplicated server's
 STARTUP_GRACE_S = 1.3     # a member suspects nobody in its first second (llft/cluster/detector.py)
-DEFAULT_TIMEOUT_MS = 30.0  # the members' default fault timeout, as root (llft/cluster/member.py)
+DEFAULT_TIMEOUT_MS = FAULT_TIMEOUT_S * 1000  # the members' default fault timeout, as root
 
 
 def git_rev() -> str:
