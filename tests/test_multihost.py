@@ -437,6 +437,17 @@ def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
 KILLS_IN_A_ROW = 4
 
 
+def write_until(cluster, i: int, stop, acked: dict):
+    """Writer i sets keys w{i}-0, w{i}-1, ... until stop is set; acked[i]
+    gets how many were acknowledged (every one must be)."""
+    c, n = cluster.client(), 0
+    while not stop.is_set():
+        assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
+        n += 1
+    acked[i] = n
+    c.close()
+
+
 def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     """The primary is killed KILLS_IN_A_ROW times in a row; each time the
     killed member resets and rejoins with a fresh replica (state transfer by
@@ -449,12 +460,7 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     stop, acked = threading.Event(), {}
 
     def writer(i):
-        c, n = cluster.client(), 0
-        while not stop.is_set():
-            assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
-            n += 1
-        acked[i] = n
-        c.close()
+        write_until(cluster, i, stop, acked)
 
     def kill_primaries():
         pvn = 1
@@ -605,12 +611,7 @@ def test_killed_backup_is_removed_and_the_group_serves_on(cluster, examples):
     stop, acked, removed = threading.Event(), {}, {}
 
     def writer(i):
-        c, n = cluster.client(), 0
-        while not stop.is_set():
-            assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
-            n += 1
-        acked[i] = n
-        c.close()
+        write_until(cluster, i, stop, acked)
 
     def kill_backup():
         time.sleep(0.5)

@@ -57,7 +57,9 @@ class Gateway:
             self.out += data[max(skip, 0):]
 
 
-def test_new_primary_resends_output_that_waited_for_the_window():
+def group_with_a_connection():
+    """Three members (send window 8, so backups' windows fill) and a
+    gateway with one open connection; each member's outbox and reply stream."""
     clock = SimClock()
     net = SimNetwork(clock)
     cfg = Config(send_window=8)
@@ -66,10 +68,13 @@ def test_new_primary_resends_output_that_waited_for_the_window():
     cid = gateway.ep.connect(SRV, 1)
     gateway.ep.send(cid, payload.open_request(7000, "10.0.0.1", 4000))
     assert clock.run_until(1.0, lambda: all(cid in ep.conns for ep in servers))
-    cid = ConnId(*cid)
-
     outboxes = [Outbox(ep) for ep in servers]
     streams = [ReplyStream(ob, primary=ep.is_primary) for ep, ob in zip(servers, outboxes)]
+    return clock, net, servers, gateway, ConnId(*cid), outboxes, streams
+
+
+def test_new_primary_resends_output_that_waited_for_the_window():
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
     for ep, ob, st in zip(servers, outboxes, streams):
         ep.on_writable = ob.writable
         if not ep.is_primary:
@@ -140,18 +145,7 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
     own window is full, then takes over in turn.  Its waiting output must
     follow the new view's numbering, or at the second failover it resends
     the wrong messages and the gateway lacks bytes."""
-    clock = SimClock()
-    net = SimNetwork(clock)
-    cfg = Config(send_window=8)
-    servers = make_group(net, SRV, 3, KEY, cfg)
-    gateway = Gateway(make_group(net, GW, 1, KEY, cfg)[0])
-    cid = gateway.ep.connect(SRV, 1)
-    gateway.ep.send(cid, payload.open_request(7000, "10.0.0.1", 4000))
-    assert clock.run_until(1.0, lambda: all(cid in ep.conns for ep in servers))
-    cid = ConnId(*cid)
-
-    outboxes = [Outbox(ep) for ep in servers]
-    streams = [ReplyStream(ob, primary=ep.is_primary) for ep, ob in zip(servers, outboxes)]
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
     logs = [{} for _ in servers]    # what each member released, by oseq (member.py keeps it too)
 
     def follower(k):

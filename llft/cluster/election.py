@@ -75,8 +75,8 @@ class Election:
         """Rank 2 suspects the primary first; each later rank waits `step` longer.
         A primary that just took over gets the longer settling timeout: new
         primaries paused 30-150 ms within seconds of taking over under load
-        (not yet explained), and a short timeout made their backups replace
-        them."""
+        (real-time controllers round-robin on two cores, member.py), and a
+        short timeout made their backups replace them."""
         base = self.fault_base
         if self.ep.clock.now() < self.settling_until:
             base = max(base, self.settling_timeout)
