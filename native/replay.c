@@ -117,7 +117,7 @@ static uint32_t epoch_waiters;
 static uint32_t stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
-static uint32_t max_tid;          /* highest thread id the primary used */
+static uint32_t max_tid;          /* highest thread id the primary used or created */
 static uint64_t stream_ended_ms;
 static int64_t primary_status = -1; /* END's: the primary program's exit status, -1 if unknown */
 static uint32_t live_threads;     /* threads replaying here: started and not ended */
@@ -220,6 +220,14 @@ static long drain(void)
         }
         if (h->tid > max_tid)
             max_tid = h->tid;
+        /* A thread the primary created counts as used even if the primary
+         * failed before that thread recorded anything: it runs here too,
+         * under that id, and once promoted records under it.  Without this
+         * the new primary's next pthread_create would hand the same id out
+         * again (llft_next_tid = max_tid + 1), and the backups would get two
+         * threads' calls, each numbered from #1, in one thread's queue. */
+        if (h->op == LLFT_OP_THREAD_CREATE && h->ret == 0 && h->val > (int64_t)max_tid && h->val < MAX_TIDS)
+            max_tid = (uint32_t)h->val;
         uint32_t n = h->nslots, i;
         for (i = 1; i < n; i++) {
             const llft_rec_t *d = llft_ring_slot(r, tail + i);

@@ -152,10 +152,7 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
 @pytest.mark.parametrize("kill_at", [
     pytest.param(20, id="mid-workload"),
     pytest.param(0, id="while-connecting"),
-    pytest.param(None, id="at-first-connect", marks=pytest.mark.skip(
-        reason="known bug (docs/cluster.md, 'Not there yet'): in about 1 run in 7 the surviving backup stops as "
-               "diverged after the takeover: the new primary's records for a connection thread start again at "
-               "call #1")),
+    pytest.param(None, id="at-first-connect"),
 ])
 def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path, kill_at):
     """kill_at 0: the primary fails as the clients' first lines arrive, while
