@@ -222,6 +222,8 @@ class Election:
             # withdraws when it hears our proposal (above), so its proposal,
             # sent before, is stale.
             return
+        log.info("excluded by %d (%s): view %d primary %d, proposed %d, elected %d, precedence %d", sender, body,
+                 ep.view.pvn, ep.view.primary, self.proposed_pvn, self.elected_pvn, self._my_precedence())
         raise Excluded(f"member {sender} took over as primary of view {new_pvn} without this member")
 
     def _ack(self, proposer: int, pvn: int, upto: int) -> None:
