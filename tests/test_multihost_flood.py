@@ -27,7 +27,11 @@ print(sent, flush=True)
 
 
 def test_a_flooding_client_is_pushed_back_across_hosts(cluster, examples):
-    cluster.start_members(3, [examples / "echo_server", PROGRAM_PORT])
+    # A fault timeout well above the default: under this flood a live primary
+    # still goes unheard for 60 ms now and then on 2 shared cores, and what
+    # follows such a false failover under a flood is a known bug
+    # (docs/cluster.md, 'Not there yet'), not what this test is about.
+    cluster.start_members(3, [examples / "echo_server", PROGRAM_PORT], ["--fault-timeout", "300"])
     cluster.start_gateway(3)
     gateway = psutil.Process(cluster.gateway.pid)
     c = cluster.client()
