@@ -379,14 +379,14 @@ def new_view_at(cluster, indices, old_primary):
     cluster.wait(agreed, "a new view", watch=False)
 
 
-def rejoined(cluster, k: int, old_member: int):
+def rejoined(cluster, k: int, old_member: int, why: str = "which replaces ours", who: str = "the old primary"):
     """Member k reset (it logged why) and joined again as a backup under a new identity."""
     cluster.wait(lambda: (st := cluster.status(cluster.members[k][1])) and st["member"] != old_member
                  and st["replicas"] and st["replicas"][0]["role"] == "backup" and len(st["members"]) == 3,
-                 "the old primary to reset and rejoin", timeout=60)
+                 f"{who} to reset and rejoin", timeout=60)
     cluster.wait_members(3)
     text = (cluster.members[k][1] / "llft.log").read_text()
-    assert "which replaces ours" in text and "resetting and rejoining" in text
+    assert why in text and "resetting and rejoining" in text
 
 
 def writes_then_reads(cluster, tag: str, n: int) -> None:
@@ -657,11 +657,6 @@ def test_frozen_backup_is_removed_then_resets_and_rejoins(cluster, examples):
             except ProcessLookupError:
                 pass
     # Woken, it learns it is no longer a member: it resets and applies again.
-    cluster.wait(lambda: (st := cluster.status(cluster.members[host][1])) and st["member"] != frozen
-                 and st["replicas"] and st["replicas"][0]["role"] == "backup" and len(st["members"]) == 3,
-                 "the removed backup to reset and rejoin", timeout=60)
-    cluster.wait_members(3)
-    text = (cluster.members[host][1] / "llft.log").read_text()
-    assert "removed this member" in text and "resetting and rejoining" in text
+    rejoined(cluster, host, frozen, why="removed this member", who="the removed backup")
     writes_then_reads(cluster, "after", 30)
     survivors_agree_and_end(cluster, [0, 1, 2], 90)

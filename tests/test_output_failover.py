@@ -57,6 +57,27 @@ class Gateway:
             self.out += data[max(skip, 0):]
 
 
+def run_program(clock, streams, cid, total: int, start: bool = True) -> dict:
+    """The replicated program: every EVERY seconds each live replica (those
+    in produced["by"]) writes the next of `total` chunks, the same output
+    everywhere.  produced["n"] counts chunks written; produced["step"]
+    writes the next (scheduled at once unless start is False)."""
+    produced = {"n": 0, "by": [0, 1, 2]}
+
+    def step():
+        i = produced["n"]
+        if i >= total:
+            return
+        produced["n"] += 1
+        for k in produced["by"]:
+            streams[k].data(cid, chunk(i), 0)
+        clock.call_later(EVERY, step)
+    produced["step"] = step
+    if start:
+        clock.call_later(0, step)
+    return produced
+
+
 def group_with_a_connection():
     """Three members (send window 8, so backups' windows fill) and a
     gateway with one open connection; each member's outbox and reply stream."""
@@ -84,18 +105,7 @@ def test_new_primary_resends_output_that_waited_for_the_window():
                     st.boundary(ConnId(*rest[0]), rest[1], rest[2])
             ep.on_order = order
 
-    produced = {"n": 0, "by": [0, 1, 2]}   # every replica writes the same output
-
-    def program():
-        i = produced["n"]
-        if i >= CHUNKS:
-            return
-        produced["n"] += 1
-        for k in produced["by"]:
-            streams[k].data(cid, chunk(i), 0)
-        clock.call_later(EVERY, program)
-
-    clock.call_later(0, program)
+    produced = run_program(clock, streams, cid, CHUNKS)
     new = servers[1]
     # Until the backup has messages waiting for its window while the gateway
     # lacks some of what it logged.
@@ -164,17 +174,8 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
         if not ep.is_primary:
             ep.on_order = follower(k)
 
-    produced = {"n": 0, "by": [0, 1, 2]}
     total = 2 * CHUNKS
-
-    def program():
-        i = produced["n"]
-        if i >= total:
-            return
-        produced["n"] += 1
-        for k in produced["by"]:
-            streams[k].data(cid, chunk(i), 0)
-        clock.call_later(EVERY, program)
+    produced = run_program(clock, streams, cid, total, start=False)
 
     def fail(k):
         net.members[SRV].remove(servers[k].datagram_received)
@@ -212,7 +213,7 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
         rebase_connection(new, outboxes[k], streams[k], cid, recv_upto)
         streams[k].promote()
 
-    clock.call_later(0, program)
+    clock.call_later(0, produced["step"])
     assert clock.run_until(5.0, lambda: outboxes[1].queued() >= 4 and outboxes[2].queued() >= 4), \
         "the backups' windows never filled: the test no longer exercises the failover it is about"
     fail(0)
