@@ -396,7 +396,24 @@ def writes_then_reads(cluster, tag: str, n: int) -> None:
     c.close()
 
 
+def numbering_agrees(cluster, indices):
+    """Every member generates the very messages its primary does, under the
+    same msgSeqNums (a member that joined late, too: it cuts its replica's
+    output where the primary cut it before the join)."""
+    def generated():
+        return [cluster.status(cluster.members[k][1])["generated"] for k in indices]
+
+    def same():
+        gs = generated()
+        return all(g == gs[0] for g in gs)
+    try:
+        cluster.wait(same, "the same msgSeqCounts everywhere", timeout=20, watch=False)
+    except AssertionError:
+        raise AssertionError(f"messages generated per connection, by member: {generated()}") from None
+
+
 def survivors_agree_and_end(cluster, indices, expected_keys: int):
+    numbering_agrees(cluster, indices)
     c = cluster.client()
     digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
     c.close()

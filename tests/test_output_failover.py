@@ -15,6 +15,7 @@ from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.messaging.clock import SimClock
 from llft.messaging.config import Config
 from llft.messaging.ids import ConnId, View
+from llft.messaging.lossy import message_matches
 from llft.messaging.simnet import SimNetwork, make_group
 from llft.messaging.viewchange import (answer_new_primary_view, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, take_over)
@@ -94,8 +95,8 @@ def group_with_a_connection():
     return clock, net, servers, gateway, ConnId(*cid), outboxes, streams
 
 
-def test_new_primary_resends_output_that_waited_for_the_window():
-    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+def backups_cut_where_the_primary_did(servers, outboxes, streams):
+    """Each backup cuts its output at the primary's boundaries (member.py _order)."""
     for ep, ob, st in zip(servers, outboxes, streams):
         ep.on_writable = ob.writable
         if not ep.is_primary:
@@ -105,6 +106,45 @@ def test_new_primary_resends_output_that_waited_for_the_window():
                     st.boundary(ConnId(*rest[0]), rest[1], rest[2])
             ep.on_order = order
 
+
+def gateway_has(clock, new, view) -> int:
+    """Phase 2 (llft/cluster/member.py _take_over), asked before the new
+    primary takes over: the gateway's receivedUpTo of the connection."""
+    acks = []
+
+    def event(name, info):
+        msg = info.get("msg")
+        if name == "membership-message" and msg is not None and msg.TYPE == MsgType.NEW_PRIMARY_VIEW_ACK \
+                and msg.src_group == GW:
+            acks.append(parse_new_primary_view_ack(msg.body))
+    new.on_event = event
+    new_primary_view(new, GW, view)
+    assert clock.run_until(clock.now() + 1.0, lambda: acks)
+    [(_cid, recv_upto, _sent)] = acks[0][0]
+    return recv_upto
+
+
+def goes_on_as_primary(new, view, outbox, stream, cid, recv_upto):
+    """The new primary goes on from the gateway's receivedUpTo."""
+    take_over(new, view, order_base(view.pvn, new.sequencer.upto))
+    new.on_order = None
+    stream.primary = True
+    rebase_connection(new, outbox, stream, cid, recv_upto)
+    stream.promote()
+
+
+def gateway_got_exactly(clock, gateway, chunks: int):
+    expected = b"".join(chunk(i) for i in range(chunks))
+    clock.run_until(clock.now() + 30.0, lambda: len(gateway.out) >= len(expected) or gateway.missing)
+    assert not gateway.missing, f"(offset, bytes missing) at the gateway: {gateway.missing[:5]}"
+    assert len(gateway.out) == len(expected), \
+        f"the gateway got {len(gateway.out)} of {len(expected)} bytes (the rest stuck at the new primary)"
+    assert bytes(gateway.out) == expected
+
+
+def test_new_primary_resends_output_that_waited_for_the_window():
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+    backups_cut_where_the_primary_did(servers, outboxes, streams)
     produced = run_program(clock, streams, cid, CHUNKS)
     new = servers[1]
     # Until the backup has messages waiting for its window while the gateway
@@ -119,34 +159,9 @@ def test_new_primary_resends_output_that_waited_for_the_window():
     net.members[SRV].remove(servers[2].datagram_received)   # (a view of the new primary alone)
     servers[2].close()
 
-    # Phase 2 (llft/cluster/member.py _take_over): the gateway's state of
-    # the connection, then the new primary goes on from its receivedUpTo.
-    acks = []
-
-    def event(name, info):
-        msg = info.get("msg")
-        if name == "membership-message" and msg is not None and msg.TYPE == MsgType.NEW_PRIMARY_VIEW_ACK \
-                and msg.src_group == GW:
-            acks.append(parse_new_primary_view_ack(msg.body))
-    new.on_event = event
     view = View(SRV, primary=new.me, precedences={new.me: 2}, pvn=2)
-    new.view = view
-    new_primary_view(new, GW)
-    assert clock.run_until(clock.now() + 1.0, lambda: acks)
-    rows, _first, _blobs = acks[0]
-    [(_cid, recv_upto, _sent)] = rows
-    take_over(new, view, order_base(view.pvn, new.sequencer.upto))
-    new.on_order = None
-    streams[1].primary = True
-    rebase_connection(new, outboxes[1], streams[1], cid, recv_upto)
-    streams[1].promote()
-
-    expected = b"".join(chunk(i) for i in range(CHUNKS))
-    clock.run_until(clock.now() + 30.0, lambda: len(gateway.out) >= len(expected) or gateway.missing)
-    assert not gateway.missing, f"(offset, bytes missing) at the gateway: {gateway.missing[:5]}"
-    assert len(gateway.out) == len(expected), \
-        f"the gateway got {len(gateway.out)} of {len(expected)} bytes (the rest stuck at the new primary)"
-    assert bytes(gateway.out) == expected
+    goes_on_as_primary(new, view, outboxes[1], streams[1], cid, gateway_has(clock, new, view))
+    gateway_got_exactly(clock, gateway, CHUNKS)
 
 
 def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
@@ -184,20 +199,10 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
 
     def take_over_as(k, view, followers):
         """member.py _take_over, reduced to one gateway and one connection."""
-        new, acks = servers[k], []
-
-        def event(name, info):
-            msg = info.get("msg")
-            if name == "membership-message" and msg is not None \
-                    and msg.TYPE == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group == GW:
-                acks.append(parse_new_primary_view_ack(msg.body))
-        new.on_event = event
+        new = servers[k]
         for j in followers:
             servers[j].sequencer.hold(True)   # they acknowledged the new primary
-        new.view = view
-        new_primary_view(new, GW)
-        assert clock.run_until(clock.now() + 1.0, lambda: acks)
-        [(_cid, recv_upto, _sent)] = acks[0][0]
+        recv_upto = gateway_has(clock, new, view)
         sync = new.sequencer.upto
         base = order_base(view.pvn, sync)
         take_over(new, view, base)
@@ -223,8 +228,31 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
     fail(1)
     take_over_as(2, View(SRV, primary=servers[2].me, precedences={servers[2].me: 3}, pvn=3), [])
 
-    expected = b"".join(chunk(i) for i in range(total))
-    clock.run_until(clock.now() + 30.0, lambda: len(gateway.out) >= len(expected) or gateway.missing)
-    assert not gateway.missing, f"(offset, bytes missing) at the gateway: {gateway.missing[:5]}"
-    assert len(gateway.out) == len(expected), f"the gateway got {len(gateway.out)} of {len(expected)} bytes"
-    assert bytes(gateway.out) == expected
+    gateway_got_exactly(clock, gateway, total)
+
+
+def test_a_live_old_primary_is_not_heard_once_the_gateway_knows_the_new_view():
+    """A false suspicion: the old primary lives on, writing, after a backup
+    took over.  Once the gateway has told the new primary how far it got
+    (NewPrimaryView, which names the new view), nothing of the old view may
+    reach the client, or the old primary's later messages take the msns the
+    new primary numbers from there on (bytes lost, or the connection stuck)."""
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+    backups_cut_where_the_primary_did(servers, outboxes, streams)
+    produced = run_program(clock, streams, cid, CHUNKS)
+    assert clock.run_until(5.0, lambda: outboxes[1].queued() >= 4), \
+        "the backup's window never filled: the test no longer exercises the failover it is about"
+    new, old = servers[1], servers[0]
+    # The group no longer hears the old primary (so the new primary's view
+    # leaves it out); it still hears them, and reaches the gateway, and its
+    # program goes on writing.
+    from_old = message_matches(lambda m: m.src_group == SRV and m.sender == old.me)
+    net.policy.targets.append(lambda d, group: group == SRV and from_old(d, group))
+    produced["by"] = [0, 1]
+    view = View(SRV, primary=new.me, precedences={new.me: 2}, pvn=2)
+    recv_upto = gateway_has(clock, new, view)             # as member.py asks: before it takes over
+    clock.run_until(clock.now() + 0.05, lambda: False)    # the old primary writes on meanwhile
+    goes_on_as_primary(new, view, outboxes[1], streams[1], cid, recv_upto)
+    gateway_got_exactly(clock, gateway, CHUNKS)
+    assert gateway.ep.drops["stale-view"] > 0, \
+        "the old primary sent nothing after the view change: the test no longer exercises it"

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
                       members=state.get("members", []), messaging=messaging,
-                      drops=messaging.get("drops", {}))
+                      drops=messaging.get("drops", {}), generated=state.get("generated", {}))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

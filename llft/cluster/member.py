@@ -172,6 +172,10 @@ class HostMember:
         o = self.opts
         self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
                                 self.udp, Keyring(o.key), o.config)
+        # As primary, every entry it orders (records, where it cut its output,
+        # view changes, the end) goes to the log a newcomer replays; a
+        # newcomer without the cuts would number its messages differently.
+        self.ep.on_order_added = lambda oseq, blob: self.log.__setitem__(oseq, blob)
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
         self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
@@ -281,12 +285,7 @@ class HostMember:
 
     def _ship(self, blobs: list[bytes]):
         for b in blobs:
-            self._add_order(b)
-
-    def _add_order(self, blob: bytes) -> int:
-        oseq = self.ep.add_order_info(blob)
-        self.log[oseq] = blob
-        return oseq
+            self.ep.add_order_info(b)
 
     def _ready_shipping(self, loop):
         self.shipper = RecordShipper(PrimarySource(self.replica.stream), loop, self._ship, self.shipped.set)
@@ -581,7 +580,7 @@ class HostMember:
         deadline = start + 0.5
         while remotes - self.view_acks.keys() and loop.time() < deadline:
             for g in remotes - self.view_acks.keys():
-                new_primary_view(ep, g)
+                new_primary_view(ep, g, view)
             self.view_answered.clear()
             try:
                 await asyncio.wait_for(self.view_answered.wait(), 0.03)
@@ -622,7 +621,7 @@ class HostMember:
         self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
                                       "members": sorted(view.precedences)})
         ep.on_order = None
-        self._add_order(payload.view_blob(view.pvn, sorted(bases.items())))
+        self.ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():
             self._rebase(cid, base)
@@ -734,7 +733,8 @@ class HostMember:
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
                           "datagrams": self.datagrams.summary(),
                           "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
-            "messaging": self.ep.stats(), "group_port": self.opts.group_port, "addresses": host_addresses(),
+            "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
+            "group_port": self.opts.group_port, "addresses": host_addresses(),
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
                             "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),

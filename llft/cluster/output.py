@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from itertools import islice
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
@@ -45,6 +46,13 @@ class Outbox:
 
     def queued(self) -> int:
         return sum(len(q) for q in self.waiting.values())
+
+    def generated(self, limit: int = 256) -> dict[str, int]:
+        """Messages generated per connection (the first `limit`), numbered by
+        messaging or still waiting here: once quiet, the same at every member
+        (semi-active replication: a backup cuts its output where the primary did)."""
+        return {"%d:%d:%d" % cid: c.tx.msg_seq_count + len(self.waiting.get(cid, ()))
+                for cid, c in islice(self.ep.conns.items(), limit)}
 
     def take(self, cid: ConnId) -> list[bytes]:
         """The bodies still waiting on a connection, which no longer go out

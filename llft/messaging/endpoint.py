@@ -68,6 +68,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.events: deque[tuple[str, dict]] = deque(maxlen=1000)
         self.on_deliver: Callable[[ConnId, bytes], None] | None = None
         self.on_order: Callable[[int, bytes], None] | None = None   # (oseq, blob)
+        self.on_order_added: Callable[[int, bytes], None] | None = None   # primary: (oseq, blob) of each entry
         self.on_event: Callable[[str, dict], None] | None = None
         self.on_writable: Callable[[ConnId], None] | None = None
         self.on_ready: Callable[[], None] | None = None       # recv() has something
@@ -146,8 +147,12 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
 
     def add_order_info(self, blob: bytes) -> int:
         """Primary: queue ordering information not tied to a message (it
-        rides on the next message, KeepAlive or Heartbeat)."""
-        return self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
+        rides on the next message, KeepAlive or Heartbeat).  Every entry,
+        this one or one that `send` adds, goes to on_order_added too."""
+        oseq = self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
+        if self.on_order_added is not None:
+            self.on_order_added(oseq, blob)
+        return oseq
 
     def send_membership(self, mtype: MsgType, body: Any) -> bytes:
         """A Fig. 7 message on the intra-group connection (unreliable: the

@@ -106,11 +106,14 @@ def rebase(ep, cid: ConnId, base: int) -> list[bytes]:
     return later
 
 
-def new_primary_view(ep, remote_group: int) -> None:
-    """New primary: ask a remote group for its state of our connections."""
+def new_primary_view(ep, remote_group: int, view: View) -> None:
+    """New primary of `view`, before it takes over: ask a remote group for
+    its state of our connections.  The message names the new view, so that
+    from then on the remote group drops whatever the old primary (alive
+    after a false suspicion) still sends in the old one."""
     ep._transmit(wire.make(MsgType.NEW_PRIMARY_VIEW, src_group=ep.group, dst_group=remote_group,
-                           role=int(Role.SERVER), sender=ep.me, pvn=ep.view.pvn,
-                           precedence=ep.view.primary_precedence, timestamp=ep._stamp(),
+                           role=int(Role.SERVER), sender=ep.me, pvn=view.pvn,
+                           precedence=view.primary_precedence, timestamp=ep._stamp(),
                            body={"oupto": ep.sequencer.upto}))
 
 
