@@ -59,6 +59,22 @@ def test_slow_receiver_memory_bounded(seed, drop, reply, consume):
         assert m.peak["ready"] <= cfg.recv_window, (m.name, m.peak)
 
 
+@settings(max_examples=max(3, EXAMPLES // 6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), drop=st.sampled_from([0.0, 0.1]))
+def test_bytes_in_flight_bounded_for_large_messages(seed, drop):
+    """30 kB messages against a window of 256 messages: the byte window
+    holds the sender to 64 KiB in flight (plus the message that crossed
+    it), not 7.5 MB, which would overflow the receivers' socket buffers."""
+    cfg = Config(send_window_bytes=64 << 10)
+    work = Workload([30000] * 60, reply_size=None, consume_per_tick=1)
+    cluster = SimCluster(seed, LossPolicy(seed=seed, drop=drop, delay=0.0005), work, config=cfg)
+    cluster.run(limit=60)
+    cluster.check()
+    sender = cluster.clients[0]
+    assert sender.peak["sent"] > 1, "nothing was ever in flight: the test no longer exercises the window"
+    assert sender.peak["sent_bytes"] <= cfg.send_window_bytes + 30000, sender.peak
+
+
 def test_slow_backup_invokes_intra_group_flow_control():
     """Backups of the sending group run behind: the server primary's
     FirstAcks go unanswered by SecondAcks, the client primary counts more

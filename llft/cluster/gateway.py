@@ -40,7 +40,8 @@ class ClusterGateway:
         self.program_port = program_port
         self.seqs = itertools.count(1)
         self.clients: dict[ConnId, _Client] = {}
-        self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0}
+        self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0,
+                      "missing_bytes": 0}   # gaps in a server's output: never, if llft works
         self.udp = None   # GatewayDatagrams (llft/cluster/datagrams.py): the program's UDP ports, if served
         self.outgoing = None   # GatewayOutgoing (llft/cluster/gateway_outgoing.py): the program's connect()s
         ep.on_deliver = self._reply
@@ -123,6 +124,7 @@ class ClusterGateway:
         chunk = rest[0]
         skip = c.sent - offset      # a new primary repeats what the old one sent
         if skip < 0:
+            self.stats["missing_bytes"] -= skip
             log.error("connection %s: %d bytes of the server's output are missing", cid, -skip)
         if skip >= len(chunk):
             return

@@ -20,6 +20,10 @@ class Config:
     liveness: float = 0.0          # a bodiless Heartbeat when nothing went to the group for this long (fault detectors); 0: none
     max_ack: int = 4               # MAX_ACK: FirstAcks for one message before flow control (line 65)
     send_window: int = 256         # messages held in a connection's sent list (flow control)
+    # and bytes: 256 messages of 64 KiB would be 16 MiB in flight, more than
+    # the receivers' socket buffers (transport.SOCKET_BUFFER); the datagrams
+    # beyond are dropped, Heartbeats among them (a false failover under a flood)
+    send_window_bytes: int = 1 << 20
     recv_window: int = 512         # received-but-unconsumed messages accepted per connection
     nack_batch: int = 64           # missing msns named in one Nack
     order_budget: int = 8192       # bytes of ordering info piggybacked on one message

@@ -114,7 +114,9 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         """May send() be called now?  If not, `on_writable(conn)` follows
         once flow control lets it."""
         c = self.conns[cid]
-        ok = len(c.tx.sent) < self.config.send_window and not c.throttle_msn
+        cfg = self.config
+        ok = len(c.tx.sent) < cfg.send_window and not c.throttle_msn \
+            and (not c.tx.sent or c.tx.sent_bytes < cfg.send_window_bytes)
         if not ok:
             c.blocked = True
         return ok
@@ -291,6 +293,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         cs = self.conns.values()
         return {
             "sent": sum(len(c.tx.sent) for c in cs),
+            "sent_bytes": sum(c.tx.sent_bytes for c in cs),
             "received": sum(len(c.rx.received) for c in cs),
             "delivered": sum(len(c.rx.delivered) for c in cs),
             "nack": sum(len(c.rx.nacks) for c in cs),

@@ -33,6 +33,7 @@ class SendSide:
         self.rttvar = 0.0
         self.msg_seq_count = 0
         self.sent: OrderedDict[int, SentEntry] = OrderedDict()  # the sent list
+        self.sent_bytes = 0    # of the entries in the sent list
         self.remote_ack = 0    # remote primary has received all msns <= this
         self.remote_back = 0   # remote group watermark for this connection
         self._bounded_upto = 0  # backups: entries <= this have a bound
@@ -43,6 +44,11 @@ class SendSide:
 
     def append(self, entry: SentEntry) -> None:
         self.sent[entry.msn] = entry
+        self.sent_bytes += len(entry.data)
+
+    def clear(self) -> None:
+        self.sent.clear()
+        self.sent_bytes = 0
 
     def on_ack(self, ack: int, ts: int, now: float) -> None:
         if ack > self.remote_ack:
@@ -84,6 +90,7 @@ class SendSide:
             if not ts or ts > wm:
                 break
             sent.popitem(last=False)
+            self.sent_bytes -= len(e.data)
             freed += 1
         return freed
 

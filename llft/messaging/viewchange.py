@@ -100,7 +100,7 @@ def rebase(ep, cid: ConnId, base: int) -> list[bytes]:
     caller sends again as new messages."""
     c = ep.conns[cid]
     later = [e.data for m, e in c.tx.sent.items() if m > base and e.ts == 0]
-    c.tx.sent.clear()
+    c.tx.clear()
     c.tx.msg_seq_count = c.tx.remote_ack = c.tx._bounded_upto = base
     c.throttle_msn = c.acked_msn = c.acked_count = 0
     return later
