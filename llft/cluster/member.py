@@ -59,7 +59,7 @@ STATE_EVERY_S = 1.0
 # target, but a client flooding the group made a live primary go silent
 # for 31 ms, and the group thrashed through false failovers
 # (tests/test_multihost_flood.py); 60 ms held there in most runs.
-FAULT_TIMEOUT_S = 0.06
+FAULT_TIMEOUT_S = 0.03
 FAULT_TIMEOUT_ORDINARY_S = 0.15
 # A new primary's first seconds (election.SETTLING_S): its members wait this
 # long.  Real-time controllers share two cores under SCHED_RR (100 ms
