@@ -79,10 +79,11 @@ ffibuilder.cdef("""
     uint64_t llft_ring_tail(const llft_ring_t *r);
 
     int llft_disable_aslr(void);
+    int llft_die_with_parent(int parent);
 """)
 ffibuilder.set_source(
     "llft._native",
-    '#include "ring.h"\nint llft_disable_aslr(void);\n',
+    '#include "ring.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n',
     sources=["native/ring.c", "native/spawn.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],

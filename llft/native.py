@@ -383,6 +383,12 @@ def disable_aslr():
     lib.llft_disable_aslr()
 
 
+def die_with_parent(parent: int):
+    """Called between fork and exec of a replica (preexec_fn): SIGKILL when
+    the controller (parent, whose thread forked it) ends."""
+    lib.llft_die_with_parent(parent)
+
+
 _NSLOTS_AT = ffi.offsetof("llft_rec_t", "nslots")
 
 

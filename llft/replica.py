@@ -1,6 +1,7 @@
 """Starting one replica of the user's program under the preload library."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -9,15 +10,18 @@ from pathlib import Path
 
 from llft import PRELOAD_LIBRARY
 from llft.members import start_time
-from llft.native import ROLE_NAMES, StreamFile, disable_aslr
+from llft.native import ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
 
 
-def _child_setup():
-    """Between fork and exec: no address randomisation, and ordinary
-    scheduling whatever the controller's (a member's runs at real-time
-    priority: llft/cluster/priority.py)."""
+def _child_setup(parent: int):
+    """Between fork and exec: no address randomisation, ordinary scheduling
+    whatever the controller's (a member's runs at real-time priority:
+    llft/cluster/priority.py), and death with the controller.  (PDEATHSIG
+    follows the forking thread: replicas are started from the event loop,
+    which lives as long as the controller.)"""
     disable_aslr()
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    die_with_parent(parent)
 
 
 @dataclass
@@ -51,7 +55,8 @@ class Replica:
         env["LLFT_REPLICA"] = f"{self.index:03d}"   # one length for all: the same stack layout
         with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         preexec_fn=_child_setup, start_new_session=True, close_fds=True)
+                                         preexec_fn=functools.partial(_child_setup, os.getpid()),
+                                         start_new_session=True, close_fds=True)
         self.started = start_time(self.proc.pid)
 
     def poll(self) -> int | None:

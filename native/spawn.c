@@ -1,5 +1,8 @@
 /* Helpers the controller calls in a replica between fork and exec. */
+#include <signal.h>
 #include <sys/personality.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 /* Same address layout in every replica (as setarch -R and rr do): programs
  * that let pointer values steer behaviour then behave alike.  OrderInfo
@@ -8,4 +11,16 @@ int llft_disable_aslr(void)
 {
     int cur = personality(0xffffffff);
     return cur < 0 ? cur : personality((unsigned long)cur | ADDR_NO_RANDOMIZE);
+}
+
+/* A replica does not outlive its controller: SIGKILLed with it (a replica
+ * left running would hold the program's ports and files).  The parent may
+ * have died between fork and this call: then exit at once. */
+int llft_die_with_parent(int parent)
+{
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        return -1;
+    if (getppid() != parent)
+        _exit(1);
+    return 0;
 }

@@ -88,6 +88,24 @@ def test_sigterm_stops_the_whole_group(examples, tmp_path):
     assert status(group.run_dir)["phase"] in ("finished", "stopped")
 
 
+def test_replicas_die_with_a_killed_controller(examples, tmp_path):
+    """llft-run SIGKILLed (it cannot clean up): its replicas go too, rather
+    than run on unreplicated, holding the program's ports."""
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    pids = [m["pid"] for m in status(group.run_dir)["members"]]
+    assert all(psutil.pid_exists(p) for p in pids)
+    group.proc.kill()
+    group.proc.wait(timeout=30)
+
+    def alive():
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    try:
+        wait_for(lambda: not alive(), "the replicas to end with their controller", timeout=10)
+    finally:
+        for p in alive():     # (ours: the replicas this test started)
+            psutil.Process(p).kill()
+
+
 def test_a_flooding_client_does_not_grow_memory_nor_starve_others(examples, tmp_path):
     """A client that sends without ever reading its replies: llft-run pushes
     back (the client's writes block) instead of buffering it all, and the

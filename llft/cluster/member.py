@@ -55,10 +55,11 @@ log = logging.getLogger("llft.member")
 
 STATE_EVERY_S = 1.0
 # The default fault timeout of rank 2, with the controller at real-time
-# priority (priority.py) and without (not root).  30 ms met the stall
-# target, but a client flooding the group made a live primary go silent
-# for 31 ms, and the group thrashed through false failovers
-# (tests/test_multihost_flood.py); 60 ms held there in most runs.
+# priority (priority.py) and without (not root).  A client flooding the
+# group once made 30 ms thrash through false failovers: the flood's
+# datagrams overflowed the members' socket buffers and took Heartbeats with
+# them; messaging's byte window (Config.send_window_bytes) now bounds what
+# is in flight, and tests/test_multihost_flood.py holds at 30 ms.
 FAULT_TIMEOUT_S = 0.03
 FAULT_TIMEOUT_ORDINARY_S = 0.15
 # A new primary's first seconds (election.SETTLING_S): its members wait this
