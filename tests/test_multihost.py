@@ -451,7 +451,7 @@ def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
-KILLS_IN_A_ROW = 4
+KILLS_IN_A_ROW = 20
 
 
 def write_until(cluster, i: int, stop, acked: dict):
@@ -470,9 +470,7 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     killed member resets and rejoins with a fresh replica (state transfer by
     log) before the next kill; writers never stop; nothing acknowledged is
     lost and no writer's connection drops."""
-    # A fault timeout above this shared 2-core host's scheduling stalls: at the
-    # default 150 ms a live but descheduled primary was suspected now and then.
-    start_three(cluster, examples, extra=["--fault-timeout", "300"])
+    start_three(cluster, examples)
     import threading
     stop, acked = threading.Event(), {}
 
@@ -494,7 +492,7 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
             pvn = cluster.status(cluster.members[0][1])["view"]["pvn"]
         stop.set()
 
-    concurrently(writer, 3, kill_primaries, timeout=120)
+    concurrently(writer, 3, kill_primaries, timeout=600)
     assert len(acked) == 3 and all(n > 0 for n in acked.values()), acked
     c = cluster.client()
     for i, n in acked.items():
@@ -503,10 +501,7 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], sum(acked.values()))
 
 
-# A fault timeout well above the default: on a loaded 2-core machine a live
-# primary's Heartbeats can be late by 150 ms, and a false suspicion is not
-# what the UDP tests are about.
-UDP_MEMBER_OPTIONS = ["--no-rejoin", "--fault-timeout", "1000"]
+UDP_MEMBER_OPTIONS = ["--no-rejoin"]
 
 
 def start_udp_members(cluster, examples, n: int) -> Path:

@@ -212,7 +212,7 @@ def test_killed_primary_rejoins_and_replays_the_remote_bytes(cluster, examples, 
     transfer by log): its program replays every outgoing connection from
     the transferred results and remote bytes, sends the backend nothing,
     and ends with the same output as the others."""
-    first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--fault-timeout", "300"])
+    first, log_path = proxy_cluster(cluster, examples, tmp_path)
     nclients, nlines = 3, 20
     before = run_clients(cluster, nclients, nlines)
     old = cluster.status(first)
