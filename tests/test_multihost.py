@@ -451,6 +451,22 @@ def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
+def test_primary_whose_replica_alone_is_frozen_steps_down(cluster, examples):
+    """SIGSTOP to the primary's replica only: its controller would go on
+    heartbeating for a program that serves nobody.  It steps down once the
+    replica has been stopped longer than the fault timeout, a backup takes
+    over, and it resets and rejoins (its stopped replica killed)."""
+    state = start_three(cluster, examples)
+    old = state["members"][0]["member"]
+    writes_then_reads(cluster, "before", 30)
+    os.kill(state["replicas"][0]["pid"], signal.SIGSTOP)    # the replica this test's member started
+    new_view_at(cluster, [1, 2], old)
+    writes_then_reads(cluster, "during", 30)
+    rejoined(cluster, 0, old, why="its replica has been stopped for")
+    writes_then_reads(cluster, "after", 30)
+    survivors_agree_and_end(cluster, [0, 1, 2], 90)
+
+
 KILLS_IN_A_ROW = 20
 
 

@@ -131,6 +131,7 @@ class HostMember:
         self.shipped = asyncio.Event()
         self.taking_over = False
         self.stepped_down: str | None = None
+        self.replica_frozen_since: float | None = None  # its replica stopped (SIGSTOP) since then
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
         self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
@@ -514,6 +515,7 @@ class HostMember:
                     self.view_notice.tick()
                 try:
                     self.election.tick()
+                    self._check_replica_frozen()
                     if self.stepped_down:
                         raise Excluded(self.stepped_down)
                 except Excluded as e:
@@ -562,6 +564,19 @@ class HostMember:
             self._log_drops()
 
     # -- taking over (phase 2) ----------------------------------------------------
+    def _check_replica_frozen(self):
+        """A replica stopped (SIGSTOP, a debugger) longer than the fault
+        timeout is a timing fault of this member, though its controller
+        still heartbeats: it steps down, so that as primary it is replaced,
+        and resets (its replica is killed, even stopped) and rejoins."""
+        if not self.replica.frozen():
+            self.replica_frozen_since = None
+            return
+        now = time.monotonic()
+        since = self.replica_frozen_since = self.replica_frozen_since or now
+        if now - since > self.opts.fault_timeout and not self.stepped_down:
+            self.stepped_down = f"its replica has been stopped for {(now - since) * 1000:.0f} ms"
+
     def _elected(self, view: View, acks: dict):
         self.elected_at = time.monotonic()     # measurement (bench/cluster.py)
         self.taking_over = True
