@@ -467,7 +467,7 @@ def test_primary_whose_replica_alone_is_frozen_steps_down(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
-KILLS_IN_A_ROW = 20
+KILLS_IN_A_ROW = 4
 
 
 def write_until(cluster, i: int, stop, acked: dict):
