@@ -17,6 +17,7 @@ from llft.cluster import payload
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId
 from llft.messaging.viewchange import answer_new_primary_view
+from llft.serving.relay import write_once
 from llft.wire import MsgType
 
 log = logging.getLogger("llft.gateway")
@@ -121,18 +122,10 @@ class ClusterGateway:
             self.stats["open"] -= 1
             c.writer.close()
             return
-        chunk = rest[0]
-        skip = c.sent - offset      # a new primary repeats what the old one sent
-        if skip < 0:
-            self.stats["missing_bytes"] -= skip
-            log.error("connection %s: %d bytes of the server's output are missing", cid, -skip)
-        if skip >= len(chunk):
-            return
-        part = chunk[max(skip, 0):]
-        c.sent = offset + len(chunk)
-        if not c.writer.is_closing():
-            self.stats["bytes_out"] += len(part)
-            c.writer.write(part)
+        if offset > c.sent:
+            self.stats["missing_bytes"] += offset - c.sent
+            log.error("connection %s: %d bytes of the server's output are missing", cid, offset - c.sent)
+        self.stats["bytes_out"] += write_once(c, rest[0], offset)
 
     async def close(self, timeout: float = 2.0):
         writers = [c.writer for c in self.clients.values()]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
 from llft.serving.datagrams import DatagramService
-from llft.serving.relay import OutputLog
+from llft.serving.relay import OutputLog, write_once
 
 log = logging.getLogger("llft.outgoing")
 
@@ -299,14 +299,7 @@ class OutgoingService:
             self._close_write(rc)
 
     def _send(self, rc: RemoteConnection, chunk: bytes, offset: int):
-        skip = rc.sent - offset
-        if skip >= len(chunk):
-            return
-        part = chunk[max(skip, 0):]
-        rc.sent = offset + len(chunk)
-        if not rc.writer.is_closing():
-            self.stats["bytes_out"] += len(part)
-            rc.writer.write(part)
+        self.stats["bytes_out"] += write_once(rc, chunk, offset)
 
     @staticmethod
     def _keep_unsent(rc: RemoteConnection, out: OutputLog, chunk: bytes):

@@ -40,6 +40,22 @@ class OutputLog:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest(), "closed": self.closed}
 
 
+def write_once(peer, chunk: bytes, offset: int) -> int:
+    """Writes to peer.writer what of chunk (at stream offset `offset`) lies
+    beyond the peer.sent bytes it already has, and advances peer.sent: a new
+    primary repeats what the old one sent, and each byte goes out once.
+    Returns how many bytes were written."""
+    skip = peer.sent - offset
+    if skip >= len(chunk):
+        return 0
+    part = chunk[max(skip, 0):]
+    peer.sent = offset + len(chunk)
+    if peer.writer.is_closing():
+        return 0
+    peer.writer.write(part)
+    return len(part)
+
+
 class ReplicaRelay:
     def __init__(self, replica, on_output: Callable[[int, bytes, int], None] | None = None,
                  on_close: Callable[[int], None] | None = None, log_dir: Path | None = None,
