@@ -563,7 +563,6 @@ class HostMember:
             self.write_state("finished")
             self._log_drops()
 
-    # -- taking over (phase 2) ----------------------------------------------------
     def _check_replica_frozen(self):
         """A replica stopped (SIGSTOP, a debugger) longer than the fault
         timeout is a timing fault of this member, though its controller
@@ -577,6 +576,7 @@ class HostMember:
         if now - since > self.opts.fault_timeout and not self.stepped_down:
             self.stepped_down = f"its replica has been stopped for {(now - since) * 1000:.0f} ms"
 
+    # -- taking over (phase 2) ----------------------------------------------------
     def _elected(self, view: View, acks: dict):
         self.elected_at = time.monotonic()     # measurement (bench/cluster.py)
         self.taking_over = True
