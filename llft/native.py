@@ -249,6 +249,16 @@ class StreamFile:
         return self.ring.capacity
 
     @property
+    def head(self) -> int:
+        """Ring position after the last slot reserved (by any thread)."""
+        return lib.llft_ring_head(self.ring)
+
+    @property
+    def tail(self) -> int:
+        """Ring position after the last slot consumed."""
+        return lib.llft_ring_tail(self.ring)
+
+    @property
     def pending(self) -> int:
         """Slots reserved or written but not yet consumed."""
         return lib.llft_ring_head(self.ring) - lib.llft_ring_tail(self.ring)

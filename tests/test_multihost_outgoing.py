@@ -21,9 +21,10 @@ BACKEND_PORT = 7100
 
 # A line server: answers each line with "<n> <line>" (n: lines served so far)
 # and logs "<connection>\t<line>" to a file, so that a request that reached
-# it once per replica, or twice after a failover, would show.  Given a pid, it
-# SIGKILLs it as it accepts its first connection: the primary's replica dies
-# while its connect is answered but not yet recorded.
+# it once per replica, or twice after a failover, would show.  Given a pid and
+# "accept", it SIGKILLs it as it accepts its first connection: the primary's
+# replica dies while its connect is answered but not yet recorded; given
+# "line", as the first line arrives: it dies right after its first write.
 BACKEND = """
 import os, signal, socket, sys, threading
 log = open(sys.argv[2], 'a', buffering=1)
@@ -34,6 +35,8 @@ def serve(k, c):
     f = c.makefile('rwb')
     for raw in f:
         line = raw.decode().rstrip('\\n')
+        if sys.argv[4:] == ['line'] and served[0] == 0:
+            os.kill(int(sys.argv[3]), signal.SIGKILL)
         with lock:
             served[0] += 1
             n = served[0]
@@ -43,7 +46,7 @@ s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
 print('ready', flush=True)
 while True:
     c, _ = s.accept()
-    if len(sys.argv) > 3 and conns[0] == 0:
+    if sys.argv[4:] == ['accept'] and conns[0] == 0:
         os.kill(int(sys.argv[3]), signal.SIGKILL)
     with lock:
         conns[0] += 1
@@ -52,9 +55,9 @@ while True:
 """
 
 
-def start_backend(cluster, host: int, log_path, kill_pid=None):
+def start_backend(cluster, host: int, log_path, kill_pid=None, kill_on=None):
     p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path,
-                               *([kill_pid] if kill_pid else [])),
+                               *([kill_pid, kill_on] if kill_pid else [])),
                          stdout=subprocess.PIPE, text=True)
     cluster.procs.append(p)
     assert p.stdout.readline().strip() == "ready"
@@ -69,12 +72,11 @@ def backend_conns(log_path) -> list[list[str]]:
     return sorted(conns.values())
 
 
-def proxy_cluster(cluster, examples, tmp_path, extra=(), kill_at_first_connect=False):
+def proxy_cluster(cluster, examples, tmp_path, extra=(), kill_on=None):
     first = cluster.start_members(3, [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT], extra=extra)
     cluster.start_gateway(3, extra=["--outgoing", "--log-level", "info"])
     log_path = tmp_path / "backend.log"
-    start_backend(cluster, 3, log_path,
-                  cluster.status(first)["replicas"][0]["pid"] if kill_at_first_connect else None)
+    start_backend(cluster, 3, log_path, cluster.status(first)["replicas"][0]["pid"] if kill_on else None, kill_on)
     return first, log_path
 
 
@@ -152,18 +154,20 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
 @pytest.mark.parametrize("kill_at", [
     pytest.param(20, id="mid-workload"),
     pytest.param(0, id="while-connecting"),
-    pytest.param(None, id="at-first-connect", marks=pytest.mark.skip(
-        reason="known bug (docs/cluster.md, 'Not there yet'): now and then the old primary's first write on "
-               "outgoing connection k reaches the backend before the kill, and the new primary's connect k is made "
-               "by another client's thread: the backend sees two clients' lines on one connection")),
+    pytest.param("accept", id="at-first-connect"),
+    pytest.param("line", id="at-first-write"),
 ])
 def test_primary_host_fails_and_the_backend_connections_survive(cluster, examples, tmp_path, kill_at):
     """kill_at 0: the primary fails as the clients' first lines arrive, while
-    the program's connects are under way; None: the backend kills it as it
-    accepts the first connection, which the gateway has made but the primary
-    not recorded: the new primary asks for it again and gets the same one."""
+    the program's connects are under way; "accept": the backend kills it as
+    it accepts the first connection, which the gateway has made but the
+    primary not recorded: the new primary asks for it again and gets the same
+    one; "line": the primary's first write on connection k reached the
+    backend: the new primary makes connect k in the same thread (it has the
+    record, which went to the gateway with the write), so that thread's
+    client's lines go on on that connection."""
     first, log_path = proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"],
-                                    kill_at_first_connect=kill_at is None)
+                                    kill_on=kill_at if isinstance(kill_at, str) else None)
     replica_pid = cluster.status(first)["replicas"][0]["pid"]
     nclients, nlines = 3, 60
 

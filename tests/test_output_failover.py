@@ -256,3 +256,39 @@ def test_a_live_old_primary_is_not_heard_once_the_gateway_knows_the_new_view():
     gateway_got_exactly(clock, gateway, CHUNKS)
     assert gateway.ep.drops["stale-view"] > 0, \
         "the old primary sent nothing after the view change: the test no longer exercises it"
+
+
+def test_a_reply_reaches_the_gateway_only_with_the_records_made_before_it():
+    """Output commit (Outbox.after_records): the primary's program made a
+    record (which thread's connect became connection k, a lock's order, the
+    time), then wrote.  The reply must not leave before that record is in
+    the ordering information, so that it rides on the reply and the gateway
+    holds it for a new primary; else, if the primary failed in between, a
+    new primary would re-create that output differently (the ring here is a
+    position: member.py hands the outbox the replica ring's head, and the
+    record shipper's position)."""
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+    primary, outbox, stream = servers[0], outboxes[0], streams[0]
+    ring = {"head": 0}
+    outbox.after_records(lambda: ring["head"])
+    outbox.shipped(0)
+    held_at_reply = []   # what the gateway holds for reflection as each reply arrives
+    take = gateway.reply
+
+    def reply(c, body):
+        held_at_reply.append(set(gateway.ep.conns[c].reflector.entries.values()))
+        take(c, body)
+    gateway.ep.on_deliver = reply
+
+    ring["head"] = 1                  # the program's record, still in its ring
+    stream.data(cid, chunk(0), 0)     # then its write
+    clock.run_until(clock.now() + 0.5, lambda: False)
+    assert gateway.out == b"", "a reply left before the record made before it"
+    record = b"the record of the connect"
+    primary.add_order_info(record)    # the shipper hands the record to messaging
+    outbox.shipped(1)
+    assert clock.run_until(clock.now() + 1.0, lambda: gateway.out == chunk(0))
+    assert record in held_at_reply[0], "the reply came without the record it depends on"
+    # Output after records already shipped leaves at once.
+    stream.data(cid, chunk(1), 0)
+    assert clock.run_until(clock.now() + 1.0, lambda: gateway.out == chunk(0) + chunk(1))

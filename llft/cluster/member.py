@@ -285,9 +285,10 @@ class HostMember:
             return "a primary change is under way"
         return None
 
-    def _ship(self, blobs: list[bytes]):
+    def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:
             self.ep.add_order_info(b)
+        self.outbox.shipped(position)
 
     def _ready_shipping(self, loop):
         self.shipper = RecordShipper(PrimarySource(self.replica.stream), loop, self._ship, self.shipped.set)
@@ -295,6 +296,8 @@ class HostMember:
 
     def _start_shipping(self):
         self.source = self.shipper.source
+        stream = self.replica.stream
+        self.outbox.after_records(lambda: stream.head)
         self.shipper.go()
 
     async def _stop_shipping(self):

@@ -22,13 +22,44 @@ log = logging.getLogger("llft.output")
 
 class Outbox:
     """Messages waiting for messaging's flow-control window, per connection,
-    in order."""
+    in order; at the primary, first for the records made before them.
+
+    Output commit: what the primary's program wrote may depend on any record
+    it made before (a lock's order, the time, which thread's connect became
+    outgoing connection k).  A message leaves only once those records are in
+    messaging's ordering information, so it carries them (or an earlier
+    message did) to the gateway, which holds and reflects them: a new
+    primary then replays them, and re-creates the very output the
+    gateway already passed on."""
 
     def __init__(self, ep):
         self.ep = ep
         self.waiting: dict[ConnId, deque] = {}
+        self.ring_head = None              # primary: the replica ring's head (a callable)
+        self.records_shipped = -1          # the ring position handed to messaging so far
+        self.unshipped: deque = deque()    # (ring position, cid, body, order_info), in order
+
+    def after_records(self, ring_head):
+        """Primary from now on: hold each message until the records its
+        replica had made when it arrived (up to ring_head()) are shipped."""
+        self.ring_head = ring_head
+
+    def shipped(self, position: int):
+        """The records up to ring position `position` are in the ordering information."""
+        self.records_shipped = position
+        q = self.unshipped
+        while q and q[0][0] <= position:
+            self._put(*q.popleft()[1:])
 
     def put(self, cid: ConnId, body: bytes, order_info: bytes = b""):
+        if self.ring_head is not None:
+            mark = self.ring_head()
+            if self.unshipped or mark > self.records_shipped:
+                self.unshipped.append((mark, cid, body, order_info))
+                return
+        self._put(cid, body, order_info)
+
+    def _put(self, cid: ConnId, body: bytes, order_info: bytes):
         q = self.waiting.get(cid)
         if q is None and self.ep.writable(cid):
             self.ep.send(cid, body, order_info)
@@ -45,7 +76,7 @@ class Outbox:
             del self.waiting[cid]
 
     def queued(self) -> int:
-        return sum(len(q) for q in self.waiting.values())
+        return sum(len(q) for q in self.waiting.values()) + len(self.unshipped)
 
     def generated(self, limit: int = 256) -> dict[str, int]:
         """Messages generated per connection (the first `limit`), numbered by

@@ -1,6 +1,7 @@
 """The OrderInfo stream between hosts.  At the primary, RecordShipper reads
 its replica's ring and hands the records, cut into ordering-information
-blobs, to the event loop (which gives them to messaging).  At a backup,
+blobs, to the event loop (which gives them to messaging), with the ring
+position they reach, so that output can wait for the records made before it.  At a backup,
 RecordFeeder writes what messaging delivered into its replica's replay
 ring, on a thread of its own because a full ring blocks."""
 from __future__ import annotations
@@ -30,6 +31,7 @@ class RecordShipper(threading.Thread):
         super().__init__(name="llft-shipper", daemon=True)
         self.source, self.loop, self.ship, self.done = source, loop, ship, done
         self.records_bytes = 0
+        self.reported: int | None = None   # the ring position last handed to the loop
         self.error: str | None = None
         self._go = threading.Event()
         self._cancelled = False
@@ -61,6 +63,7 @@ class RecordShipper(threading.Thread):
                     # before it is primary, so wait() would return at once (a spin).
                     time.sleep(PROMOTION_POLL_S)
                 else:
+                    self._report(self.source.stream.tail, [])   # idle: once, where it starts as primary
                     self.source.wait(20)
         except StreamError as e:
             self.error = str(e)
@@ -69,8 +72,12 @@ class RecordShipper(threading.Thread):
 
     def _hand(self, chunk: bytes):
         self.records_bytes += len(chunk)
-        blobs = [records_blob(b) for b in split_groups(chunk, BLOB_BYTES)]
-        self.loop.call_soon_threadsafe(self.ship, blobs)
+        self._report(self.source.stream.tail, [records_blob(b) for b in split_groups(chunk, BLOB_BYTES)])
+
+    def _report(self, position: int, blobs: list[bytes]):
+        if blobs or position != self.reported:
+            self.reported = position
+            self.loop.call_soon_threadsafe(self.ship, blobs, position)
 
 
 class RecordFeeder(threading.Thread):
