@@ -467,7 +467,38 @@ def test_primary_whose_replica_alone_is_frozen_steps_down(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
-KILLS_IN_A_ROW = 4
+def primary_index(cluster) -> int:
+    states = [cluster.status(d) for _, d in cluster.members]
+    return next(k for k, s in enumerate(states) if s["replicas"] and s["replicas"][0]["role"] == "primary")
+
+
+def test_a_member_that_joined_after_a_takeover_settles_like_the_others(cluster, examples):
+    """The primary dies; a backup takes over; the killed member rejoins (now
+    of rank 3); the young primary dies too.  The older backup (rank 2) must
+    take over, and the newcomer follow: for the first seconds after a
+    takeover every backup waits the longer settling timeout, the newcomer
+    too (AcceptBackup says how long), or with its rank's short timeout it
+    would propose itself first and leave the rank-2 backup out."""
+    start_three(cluster, examples)
+    writes_then_reads(cluster, "before", 20)
+    first = primary_index(cluster)
+    old = cluster.status(cluster.members[first][1])["member"]
+    os.kill(cluster.status(cluster.members[first][1])["replicas"][0]["pid"], signal.SIGKILL)
+    rejoined(cluster, first, old, why="was killed")
+    young = primary_index(cluster)
+    older = next(k for k in range(3) if k not in (first, young))
+    ids = {k: cluster.status(cluster.members[k][1])["member"] for k in range(3)}
+    os.kill(cluster.status(cluster.members[young][1])["replicas"][0]["pid"], signal.SIGKILL)
+    cluster.wait(lambda: (st := cluster.status(cluster.members[older][1]))["replicas"]
+                 and st["replicas"][0]["role"] == "primary", "the older backup to take over")
+    for k in (first, older):   # neither left the group: the same identities
+        assert cluster.status(cluster.members[k][1])["member"] == ids[k], f"member {k} was left out"
+    rejoined(cluster, young, ids[young], why="was killed", who="the young primary")
+    writes_then_reads(cluster, "after", 20)
+    survivors_agree_and_end(cluster, [0, 1, 2], 40)
+
+
+KILLS_IN_A_ROW = 20
 
 
 def write_until(cluster, i: int, stop, acked: dict):

@@ -82,6 +82,11 @@ class Election:
             base = max(base, self.settling_timeout)
         return base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
 
+    def settle_for(self, seconds: float) -> None:
+        """The current primary took over recently: its first seconds count
+        as settling here too (a member that joined after the takeover)."""
+        self.settling_until = max(self.settling_until, self.ep.clock.now() + seconds)
+
     def _watching(self) -> bool:
         ep = self.ep
         return self.proposal is None and not ep.is_primary and self.elected_pvn <= ep.view.pvn \

@@ -239,6 +239,7 @@ class HostMember:
                 self.pending_inputs.append((cid, reqs))
             for _oseq, blob in joined.history:
                 self._order(blob)
+            self.election.settle_for(min(joined.settling_s, SETTLING_S))
         self.replica.start(self.argv, dict(os.environ))
         log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
         if joined is not None:
@@ -275,8 +276,12 @@ class HostMember:
         msgSeqNum it reached; its program replays them from the start."""
         conns = [[*cid, self.ep.conns[cid].rx.consumed, [list(r) for r in reqs]]
                  for cid, reqs in self.inputs.items() if cid in self.ep.conns]
+        # A newcomer's fault detector settles as long as the older backups'
+        # do: with its rank's shorter timeout, a newcomer of rank 3 would
+        # propose itself before the rank-2 backup and leave it out.
+        settling = getattr(self, "took_over_at", 0.0) + SETTLING_S - time.monotonic()
         return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.log.items()],
-                "conns": conns}
+                "conns": conns, "settling_ms": max(0, int(settling * 1000))}
 
     def _why_no_joining(self) -> str | None:
         if self.primary_status is not None:

@@ -53,6 +53,7 @@ class Joined:
     oseq: int               # ordering information up to this oseq is in history
     history: list           # [[oseq, blob], ...]
     conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
+    settling_s: float = 0.0  # how long the primary still settles after its takeover (election.SETTLING_S)
 
 
 def view_body(view: View) -> dict:
@@ -140,7 +141,8 @@ class Joiner:
                     isinstance(c, list) and len(c) == 5 and all(isinstance(x, int) for x in c[:4])
                     and isinstance(c[4], list) for c in conns):
                 raise TypeError("conns")
-            return Joined(view, int(body["index"]), int(body["oseq"]), history, conns)
+            settling_s = max(int(body.get("settling_ms", 0)), 0) / 1000
+            return Joined(view, int(body["index"]), int(body["oseq"]), history, conns, settling_s)
         except (KeyError, TypeError, ValueError, wire.DropError) as e:
             raise JoinRefused(f"the primary's AcceptBackup is malformed: {e}") from None
 
