@@ -468,8 +468,24 @@ def test_primary_whose_replica_alone_is_frozen_steps_down(cluster, examples):
 
 
 def primary_index(cluster) -> int:
-    states = [cluster.status(d) for _, d in cluster.members]
-    return next(k for k, s in enumerate(states) if s["replicas"] and s["replicas"][0]["role"] == "primary")
+    """The member whose replica is the primary, once exactly one state file
+    says so of a live replica (they are rewritten every second)."""
+    found = []
+
+    def one():
+        states = [cluster.status(d) for _, d in cluster.members]
+        found[:] = [k for k, s in enumerate(states) if s and s["replicas"] and s["replicas"][0]["role"] == "primary"
+                    and os.path.exists(f"/proc/{s['replicas'][0]['pid']}")]
+        return len(found) == 1
+    cluster.wait(one, "one live primary", watch=False)
+    return found[0]
+
+
+def kill_primary_replica(cluster) -> int:
+    """SIGKILLs the primary's replica (its member lives on); returns the member's index."""
+    k = primary_index(cluster)
+    os.kill(cluster.status(cluster.members[k][1])["replicas"][0]["pid"], signal.SIGKILL)
+    return k
 
 
 def test_a_member_that_joined_after_a_takeover_settles_like_the_others(cluster, examples):
@@ -481,14 +497,13 @@ def test_a_member_that_joined_after_a_takeover_settles_like_the_others(cluster, 
     would propose itself first and leave the rank-2 backup out."""
     start_three(cluster, examples)
     writes_then_reads(cluster, "before", 20)
-    first = primary_index(cluster)
-    old = cluster.status(cluster.members[first][1])["member"]
-    os.kill(cluster.status(cluster.members[first][1])["replicas"][0]["pid"], signal.SIGKILL)
-    rejoined(cluster, first, old, why="was killed")
+    before = {k: cluster.status(d)["member"] for k, (_, d) in enumerate(cluster.members)}
+    first = kill_primary_replica(cluster)
+    rejoined(cluster, first, before[first], why="was killed")
     young = primary_index(cluster)
     older = next(k for k in range(3) if k not in (first, young))
     ids = {k: cluster.status(cluster.members[k][1])["member"] for k in range(3)}
-    os.kill(cluster.status(cluster.members[young][1])["replicas"][0]["pid"], signal.SIGKILL)
+    assert kill_primary_replica(cluster) == young
     cluster.wait(lambda: (st := cluster.status(cluster.members[older][1]))["replicas"]
                  and st["replicas"][0]["role"] == "primary", "the older backup to take over")
     for k in (first, older):   # neither left the group: the same identities
@@ -527,9 +542,7 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     def kill_primaries():
         pvn = 1
         for _ in range(KILLS_IN_A_ROW):
-            states = [cluster.status(d) for _, d in cluster.members]
-            primary = next(s for s in states if s["replicas"] and s["replicas"][0]["role"] == "primary")
-            os.kill(primary["replicas"][0]["pid"], signal.SIGKILL)
+            kill_primary_replica(cluster)
 
             def whole_again():
                 sts = [cluster.status(d) for _, d in cluster.members]
