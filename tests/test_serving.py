@@ -78,6 +78,43 @@ def test_threading_http_server(real_python, tmp_path):
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0], "Date, uuid4, set order or time differ"
 
 
+def test_connections_wait_while_the_programs_accept_queue_is_full(real_python, tmp_path):
+    """The program listens with a backlog of 1 and accepts nothing for a
+    while: the clients that connect meanwhile wait (every replica's relay
+    retries its connect while the accept queue is full), and each is then
+    served, in order, by every replica.  Before, the event loop's connect
+    took the full queue's EAGAIN for success and the replica never saw the
+    connection (a backup diverged at its next accept: python -m http.server,
+    whose backlog is 5, under concurrent clients)."""
+    import threading
+    import time
+    clients = 8
+    group = ServingGroup(tmp_path / "rd", [real_python, PROGRAMS_DIR / "backlog_server.py", 7000, clients + 1])
+    first = group.connect()
+    replies = {}
+
+    def client(i):
+        with group.connect() as s:
+            replies[i] = line_client(s, [f"client{i}"])[0]
+    threads = []
+    for i in range(clients):      # one by one: they queue in connection order
+        threads.append(threading.Thread(target=client, args=(i,)))
+        threads[-1].start()
+        time.sleep(0.05)
+    time.sleep(0.5)               # long past the connects, while the program accepts nothing
+    assert line_client(first, ["GO"])[0] == ["GOING"]
+    for t in threads:
+        t.join(timeout=30)
+    first.close()
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert sorted(replies) == list(range(clients))
+    assert sorted(int(r[0].split()[0]) for r in replies.values()) == list(range(1, clients + 1))
+    assert all(r[0].split()[1] == f"client{i}" for i, r in replies.items())
+    outputs = [r["outputs"] for r in state["replicas"]]
+    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+
+
 def test_garbage_and_vanishing_clients_do_not_disturb_others(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "epoll_server", 7000])
     with group.connect() as bad:

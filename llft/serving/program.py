@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 CONNECT_RETRY_S = 0.005
+BACKLOG_RETRY_S = 0.001   # the program accepts: its queue has room again soon
 
 
 async def listener_name(replica, port: int) -> str | None:
@@ -22,8 +23,8 @@ async def listener_name(replica, port: int) -> str | None:
 
 async def connect_to_program(replica, port: int) -> socket.socket | None:
     """A non-blocking AF_UNIX stream socket connected to replica's listener
-    for port (waiting until the program listens), or None if the replica is
-    gone first."""
+    for port (waiting until the program listens, and while its accept queue
+    is full), or None if the replica is gone first."""
     while True:
         name = await listener_name(replica, port)
         if name is None:
@@ -31,10 +32,18 @@ async def connect_to_program(replica, port: int) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
-            # Connected here, not by open_unix_connection: uvloop takes a
-            # path as a C string, which cuts an abstract name short.
-            await asyncio.get_running_loop().sock_connect(sock, "\0" + name)
+            # A stream AF_UNIX connect completes at once or fails with
+            # EAGAIN: the program's accept queue is full (its listen
+            # backlog; socketserver's is 5), as at a backup that lags.
+            # Not the event loop's sock_connect: both asyncio's and
+            # uvloop's take that EAGAIN for "in progress" and hand back a
+            # socket that never connected, and the replica then missed the
+            # connection and diverged at its next accept.
+            sock.connect("\0" + name)
             return sock
+        except BlockingIOError:
+            sock.close()
+            await asyncio.sleep(BACKLOG_RETRY_S)
         except (ConnectionRefusedError, FileNotFoundError):
             sock.close()
             await asyncio.sleep(CONNECT_RETRY_S)  # not listening yet at this replica
