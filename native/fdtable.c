@@ -58,6 +58,38 @@ static int park_fd(int fd)
     return parked;
 }
 
+/* Backup: a file the program opened, moved to the top quarter of the fd
+ * numbers.  Threads open files without an order, and the kernel gives the
+ * lowest free number: at a backup, whose threads replay at their own pace,
+ * a file could take the number the primary gave a connection this backup's
+ * accept has yet to replay, and the accepting thread would wait for the
+ * file's thread, which may wait for its turn after the accept (python -m
+ * http.server under concurrent clients).  A file's number is not
+ * replicated: nothing the shim replays refers to it (a random device's or
+ * /proc file's is, and stays where the kernel put it).  Sockets, pipes and
+ * eventfds keep theirs. */
+int llft_out_of_the_way(int fd, int cloexec)
+{
+    static int base;
+    if (!base) {
+        struct rlimit lim;
+        int b = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur >= 256 ? (int)(lim.rlim_cur - lim.rlim_cur / 4)
+                                                                            : -1;
+        __atomic_store_n(&base, b, __ATOMIC_RELAXED);
+    }
+    int b = __atomic_load_n(&base, __ATOMIC_RELAXED);
+    if (b < 0 || fd >= b)
+        return fd;
+    int err = errno;
+    int moved = REAL(fcntl)(fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, b);
+    if (moved >= 0) {
+        REAL(close)(fd);
+        fd = moved;
+    }
+    errno = err;
+    return fd;
+}
+
 /* EBUSY from dup3: another thread's call holds the number it is about to return. */
 void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
 {

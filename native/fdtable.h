@@ -71,6 +71,8 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
  * number it will return: another thread's new fd gets the next one at the
  * primary, the lowest one at a backup, whose accept is replayed later. */
 int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec);
+/* Backup: a file's fd, moved above the numbers connections get (fdtable.c). */
+int llft_out_of_the_way(int fd, int cloexec);
 
 /* Addresses of virtual sockets (wrap_socket.c). */
 int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a);

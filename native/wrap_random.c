@@ -192,14 +192,15 @@ EXPORT uint32_t arc4random_uniform(uint32_t bound)
 
 /* ---- /dev/urandom through file descriptors -------------------------- */
 
-static int track_open(const char *path, int fd)
+static int track_open(const char *path, int flags, int fd)
 {
     int kind = fd >= 0 ? recorded_path(path) : FD_LOCAL;
-    if (kind != FD_LOCAL) {
-        struct llft_thread *t;
-        if (llft_mode(&t) != LLFT_ROLE_OFF)
-            llft_fd_set(fd, kind);
-    }
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (kind != FD_LOCAL && role != LLFT_ROLE_OFF)
+        llft_fd_set(fd, kind);
+    else if (fd > 2 && role == LLFT_ROLE_BACKUP)
+        fd = llft_out_of_the_way(fd, flags & O_CLOEXEC);
     return fd;
 }
 
@@ -222,7 +223,7 @@ static inline mode_t open_mode(int flags, va_list ap)
         va_start(ap, flags);                                                        \
         mode_t mode = open_mode(flags, ap);                                         \
         va_end(ap);                                                                 \
-        return track_open(path, REAL(name)(path, flags, mode));                     \
+        return track_open(path, flags, REAL(name)(path, flags, mode));                     \
     }
 #define OPENAT_WRAPPER(name)                                                        \
     EXPORT int name(int dirfd, const char *path, int flags, ...)                    \
@@ -231,7 +232,7 @@ static inline mode_t open_mode(int flags, va_list ap)
         va_start(ap, flags);                                                        \
         mode_t mode = open_mode(flags, ap);                                         \
         va_end(ap);                                                                 \
-        return track_open(path, REAL(name)(dirfd, path, flags, mode));              \
+        return track_open(path, flags, REAL(name)(dirfd, path, flags, mode));              \
     }
 
 OPEN_WRAPPER(open)
@@ -240,12 +241,18 @@ OPENAT_WRAPPER(openat)
 OPENAT_WRAPPER(openat64)
 
 /* Fortified variants (-D_FORTIFY_SOURCE) of open without a mode. */
-EXPORT int __open_2(const char *path, int flags) { return track_open(path, REAL(__open_2)(path, flags)); }
-EXPORT int __open64_2(const char *path, int flags) { return track_open(path, REAL(__open64_2)(path, flags)); }
-EXPORT int __openat_2(int d, const char *path, int flags) { return track_open(path, REAL(__openat_2)(d, path, flags)); }
+EXPORT int __open_2(const char *path, int flags) { return track_open(path, flags, REAL(__open_2)(path, flags)); }
+EXPORT int __open64_2(const char *path, int flags)
+{
+    return track_open(path, flags, REAL(__open64_2)(path, flags));
+}
+EXPORT int __openat_2(int d, const char *path, int flags)
+{
+    return track_open(path, flags, REAL(__openat_2)(d, path, flags));
+}
 EXPORT int __openat64_2(int d, const char *path, int flags)
 {
-    return track_open(path, REAL(__openat64_2)(d, path, flags));
+    return track_open(path, flags, REAL(__openat64_2)(d, path, flags));
 }
 
 /* ---- the same through stdio ----------------------------------------- */

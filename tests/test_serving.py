@@ -115,6 +115,57 @@ def test_connections_wait_while_the_programs_accept_queue_is_full(real_python, t
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
 
 
+def test_python_http_server_serving_files(real_python, tmp_path):
+    """The stock `python -m http.server` (ThreadingHTTPServer and
+    SimpleHTTPRequestHandler, a thread per request, each opening the file
+    it sends) under 8 clients that each open a new connection per request:
+    each gets its file, and every backup sends, byte for byte, what the
+    primary sent.  Before, a backup's handler thread opened its file under
+    the number the primary had given a connection the backup's main thread
+    had yet to accept, which then waited for that file's thread, which
+    waited for its turn after the accept: both backups stalled and diverged."""
+    import http.client
+    import json
+    import time
+    www = tmp_path / "www"
+    www.mkdir()
+    files = {f"f{i}.bin": bytes((i * 7 + k) % 251 for k in range(1000 * i)) for i in range(1, 21)}
+    for name, body in files.items():
+        (www / name).write_bytes(body)
+    group = ServingGroup(tmp_path / "rd", [real_python, "-m", "http.server", "--directory", www, 8000])
+    got = {}
+
+    def client(i):
+        for j in range(15):
+            name = f"f{(i * 7 + j) % 20 + 1}.bin"
+            c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+            c.request("GET", "/" + name)
+            r = c.getresponse()
+            got[(i, j)] = (name, r.status, r.read())
+            c.close()
+    try:
+        concurrently(client, 8)
+        assert len(got) == 120 and all(status == 200 and body == files[name] for name, status, body in got.values())
+
+        def outputs():
+            r = subprocess.run([tool("llft-status"), "--run-dir", group.run_dir, "--json"], capture_output=True,
+                               text=True, timeout=30)
+            members = json.loads(r.stdout)["members"]
+            return [m["outputs"] for m in members], [m["divergence"] for m in members if m["divergence"]]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            outs, problems = outputs()
+            assert not problems, problems
+            if len(outs[0]) == 121 and outs[1] == outs[0] and outs[2] == outs[0]:   # (and the port probe)
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the backups did not send what the primary sent: {len(outs[0])} connections, "
+                                 f"{sum(o == outs[0] for o in outs[1:])} backups agree")
+    finally:
+        group.stop()
+
+
 def test_garbage_and_vanishing_clients_do_not_disturb_others(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "epoll_server", 7000])
     with group.connect() as bad:
