@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -99,8 +100,14 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
     fd = park_fd(fd);
     uint64_t since = llft_now_ms();
     while (REAL(fcntl)(want, F_GETFD) != -1 || REAL(dup3)(fd, want, cloexec ? O_CLOEXEC : 0) != want) {
-        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms)
-            llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "the primary's fd %d stayed in use here", want);
+        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms) {
+            char link[32], what[96] = "?";
+            snprintf(link, sizeof link, "/proc/self/fd/%d", want);
+            ssize_t n = readlink(link, what, sizeof what - 1);
+            what[n > 0 ? n : 1] = 0;
+            llft_diverge(t, op, e, LLFT_EXIT_DIVERGED, "the primary's fd %d stayed in use here (by %s, kind %d)",
+                         want, what, llft_fd_kind(want));
+        }
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }

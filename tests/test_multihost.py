@@ -513,6 +513,35 @@ def test_a_member_that_joined_after_a_takeover_settles_like_the_others(cluster, 
     survivors_agree_and_end(cluster, [0, 1, 2], 40)
 
 
+def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(cluster, examples):
+    """State transfer replays the group's whole history, which every member
+    keeps in memory: past --history-limit a member keeps no more of it
+    (bounded memory under any traffic), a newcomer is refused with a clear
+    reason, and the group serves on."""
+    extra = ["--history-limit", "0.05"]          # 52 KB
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_members(2, program, extra=extra)
+    cluster.start_gateway(3)
+    value = "v" * 500
+    c = cluster.client()
+    assert c.lines([f"SET big{j} {value}" for j in range(200)])[0] == ["OK"] * 200   # 100 KB of requests
+    c.close()
+    for _, d in cluster.members:
+        cluster.wait(lambda d=d: not cluster.status(d)["history"]["complete"], "the history to pass its limit")
+        assert cluster.status(d)["history"]["bytes"] <= 52429
+    late = cluster.start_member(2, program, extra=extra)
+    p, _ = cluster.members[-1]
+    assert p.wait(timeout=60) == 1
+    err = p.stderr.read()
+    assert "could not join group kv" in err and "history passed the limit of" in err, err
+    assert "no new member can join" in subprocess.run([tool("llft-status"), "--run-dir", first], capture_output=True,
+                                                      text=True).stdout
+    cluster.members.remove((p, late))
+    cluster.procs.remove(p)
+    writes_then_reads(cluster, "after", 20)
+    survivors_agree_and_end(cluster, [0, 1], 220)
+
+
 KILLS_IN_A_ROW = 20
 
 

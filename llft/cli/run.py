@@ -12,6 +12,7 @@ from pathlib import Path
 from llft import PRELOAD_LIBRARY, rundir
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
 from llft.cluster.member import HostMember, MemberOptions
 from llft.cluster.membership import JoinRefused
 from llft.local_group import GroupOptions, LocalGroup
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rejoin", action="store_true",
                    help="with --join: when this member is left out of the group, or its replica fails, exit "
                         "(status 3, or the replica's) instead of resetting and joining again with a fresh replica")
+    p.add_argument("--history-limit", type=float, default=DEFAULT_HISTORY_LIMIT / (1 << 20), metavar="MIB",
+                   help="with --join: a member keeps the group's history (every ordering entry and client "
+                        "request since the start) for members that join later, in memory, up to this many MiB "
+                        "(default %(default)g); past it, it keeps none, and no new member can join (state "
+                        "transfer replays the whole history; there are no checkpoints yet)")
     p.add_argument("--respawn", action="store_true",
                    help="when a replica fails (killed, crashed, or fenced after a freeze), start a new backup in "
                         "its place, with a new index, ranked last; it catches up by replaying the group's whole "
@@ -137,7 +143,7 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
     if args.fault_timeout is None and not args.join:
         args.fault_timeout = 30.0              # with --join the member chooses (llft/cluster/member.py)
-    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout"):
+    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout", "history_limit"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.respawn and (args.replay_from is not None or args.join):
@@ -167,7 +173,8 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          # Liveness Heartbeats come every 5 ms: suspect a member only after a few are missing.
                          fault_timeout=args.fault_timeout and max(args.fault_timeout, MIN_FAULT_TIMEOUT_MS) / 1000,
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
-                         rejoin=not args.no_rejoin, realtime=not args.no_realtime)
+                         rejoin=not args.no_rejoin, realtime=not args.no_realtime,
+                         history_limit=int(args.history_limit * (1 << 20)))
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
                       members=state.get("members", []), messaging=messaging,
-                      drops=messaging.get("drops", {}), generated=state.get("generated", {}))
+                      drops=messaging.get("drops", {}), generated=state.get("generated", {}),
+                      history=state.get("history"))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -99,6 +100,10 @@ def print_cluster(report: dict):
     print(f"messages: {c.get('app_sent', 0)} sent, {c.get('delivered', 0)} delivered, "
           f"{report['messaging'].get('connections', 0)} connections; dropped: {sum(drops.values())}"
           + (f" ({', '.join(f'{k} {v}' for k, v in sorted(drops.items()))})" if drops else ""))
+    h = report.get("history")
+    if h:
+        print(f"history for newcomers: {h['bytes'] / (1 << 20):.1f} of {h['limit'] >> 20} MiB"
+              + ("" if h["complete"] else "  (passed the limit: no new member can join)"))
 
 
 if __name__ == "__main__":

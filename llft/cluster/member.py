@@ -29,6 +29,7 @@ from llft.cluster import payload
 from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.detector import Silence
 from llft.cluster.election import SETTLING_S, Election, Excluded
+from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT, GroupHistory
 from llft.cluster.membership import Admission, Joiner, follow, ranks
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream, rebase_connection
@@ -88,6 +89,7 @@ class MemberOptions:
     fault_timeout: float | None = None  # rank 2 suspects a silent primary after this long (None: by priority)
     fault_step: float | None = None     # and each later rank this much later (None: the fault timeout)
     rejoin: bool = True             # a member left out of the group resets and applies again
+    history_limit: int = DEFAULT_HISTORY_LIMIT   # bytes of history kept for newcomers (history.py)
     realtime: bool = True           # controller at real-time priority where permitted (priority.py)
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
@@ -116,11 +118,10 @@ class HostMember:
         """What one membership of this process holds (a member that resets
         and rejoins starts over with a new identity)."""
         self.me = secrets.randbelow(1 << 30) + 1
-        # Every ordering blob since the group began, by oseq, in order: what a
-        # member joining later replays, and what a new primary gives a backup
-        # that lacks some.
-        self.log: dict[int, bytes] = {}
-        self.inputs: dict[ConnId, list] = {}           # every request handed on, per connection
+        # Every ordering blob since the group began, by oseq, in order, and
+        # every request handed on, per connection: what a member joining later
+        # replays; and what a new primary gives a backup that lacks some.
+        self.history = GroupHistory(self.opts.history_limit)
         self.cids: dict[int, ConnId] = {}
         self.next_open: dict[int, int] = {}            # client group -> connSeqNum of its next connection
         self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
@@ -177,7 +178,7 @@ class HostMember:
         # As primary, every entry it orders (records, where it cut its output,
         # view changes, the end) goes to the log a newcomer replays; a
         # newcomer without the cuts would number its messages differently.
-        self.ep.on_order_added = lambda oseq, blob: self.log.__setitem__(oseq, blob)
+        self.ep.on_order_added = self.history.add_entry
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
         self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
@@ -195,7 +196,7 @@ class HostMember:
         else:
             self.ep.view = joined.view
             self.ep.sequencer.skip_to(joined.oseq)
-            self.log = dict(joined.history)
+            self.history.start_from(joined.history)
             index = joined.index
             log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)%s",
                         o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn,
@@ -275,12 +276,12 @@ class HostMember:
         every request each connection has handed on so far, with the
         msgSeqNum it reached; its program replays them from the start."""
         conns = [[*cid, self.ep.conns[cid].rx.consumed, [list(r) for r in reqs]]
-                 for cid, reqs in self.inputs.items() if cid in self.ep.conns]
+                 for cid, reqs in self.history.inputs.items() if cid in self.ep.conns]
         # A newcomer's fault detector settles as long as the older backups'
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.
         settling = getattr(self, "took_over_at", 0.0) + SETTLING_S - time.monotonic()
-        return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.log.items()],
+        return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
                 "conns": conns, "settling_ms": max(0, int(settling * 1000))}
 
     def _why_no_joining(self) -> str | None:
@@ -288,7 +289,7 @@ class HostMember:
             return "the primary's program has exited"
         if self.taking_over:
             return "a primary change is under way"
-        return None
+        return self.history.why_incomplete()
 
     def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:
@@ -318,7 +319,7 @@ class HostMember:
         where the new view's numbering jumps to pvn << 40, so later
         acknowledgments and view notices looked for entries under the wrong
         numbers.)"""
-        self.log[oseq] = blob
+        self.history.add_entry(oseq, blob)
         self._order(blob)
 
     def _follow_new_view(self, body: dict) -> None:
@@ -334,9 +335,9 @@ class HostMember:
 
     def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
         """The released entries after oseq (up to upto), as one consecutive run."""
-        blobs, k = [], oseq + 1
-        while k in self.log and (upto is None or k <= upto):
-            blobs.append(self.log[k])
+        blobs, k, entries = [], oseq + 1, self.history.entries
+        while k in entries and (upto is None or k <= upto):
+            blobs.append(entries[k])
             k += 1
         return (oseq + 1 if blobs else 0), blobs
 
@@ -436,7 +437,7 @@ class HostMember:
                 log.debug("connection %s: %s", cid, e)
                 return
         if log_it:
-            self.inputs.setdefault(cid, []).append(req)
+            self.history.add_input(cid, req)
         held = self.unopened.get(cid)
         if held is not None:
             held.append(req)
@@ -758,7 +759,7 @@ class HostMember:
                           "datagrams": self.datagrams.summary(),
                           "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
-            "group_port": self.opts.group_port, "addresses": host_addresses(),
+            "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
                             "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),

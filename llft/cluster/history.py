@@ -1,0 +1,82 @@
+"""What a member keeps of the group's past, in memory, bounded.
+
+State transfer is by log (docs/cluster.md, "Membership"): a newcomer's
+program replays every ordering entry since the group began and every
+request each connection handed on.  That history grows with every request,
+at every member.  Past `limit` bytes a member stops keeping it: the
+requests go, and the ordering entries are kept only as far back as a view
+change needs them (a new primary hands a lagging backup the entries it
+lacks, member._held_after).  From then on nobody can join: the member says
+so when asked (checkpoints would lift this)."""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("llft.history")
+
+DEFAULT_LIMIT = 32 << 20   # below messaging's 64 MiB reassembly bound, which an AcceptBackup must fit
+REQUEST_OVERHEAD = 64      # a kept request's tuple and list slot, roughly
+
+
+class GroupHistory:
+    def __init__(self, limit: int = DEFAULT_LIMIT):
+        self.limit = limit
+        self.entries: dict[int, bytes] = {}   # oseq -> ordering blob, in order
+        self.inputs: dict = {}                # ConnId -> [request, ...], every one handed on
+        self.entry_bytes = 0
+        self.input_bytes = 0
+        self.complete_since: float | None = None   # None while complete; when it stopped being so
+
+    @property
+    def complete(self) -> bool:
+        return self.complete_since is None
+
+    def start_from(self, history: list) -> None:
+        """A newcomer: the history it joined with."""
+        for oseq, blob in history:
+            self.add_entry(oseq, blob)
+
+    def add_entry(self, oseq: int, blob: bytes) -> None:
+        self.entries[oseq] = blob
+        self.entry_bytes += len(blob)
+        if self.complete:
+            self._check()
+        else:
+            self._trim(self.limit // 4)
+
+    def add_input(self, cid, req: tuple) -> None:
+        if not self.complete:
+            return
+        self.inputs.setdefault(cid, []).append(req)
+        self.input_bytes += REQUEST_OVERHEAD + sum(len(x) for x in req if isinstance(x, (bytes, str)))
+        self._check()
+
+    def _check(self) -> None:
+        if self.entry_bytes + self.input_bytes <= self.limit:
+            return
+        self.complete_since = time.time()
+        log.warning("the group's history passed %d MiB: this member keeps no more of it (the clients' requests "
+                    "are dropped, the ordering information trimmed to the last %d MiB); a new member can no "
+                    "longer be brought up to date, so none can join (--history-limit)", self.limit >> 20,
+                    self.limit >> 22)
+        self.inputs.clear()
+        self.input_bytes = 0
+        self._trim(self.limit // 4)
+
+    def _trim(self, keep: int) -> None:
+        entries = self.entries
+        while self.entry_bytes > keep and len(entries) > 1:
+            oseq = next(iter(entries))
+            self.entry_bytes -= len(entries.pop(oseq))
+
+    def why_incomplete(self) -> str | None:
+        if self.complete:
+            return None
+        return (f"its history passed the limit of {self.limit >> 20} MiB at "
+                f"{time.strftime('%H:%M:%S', time.localtime(self.complete_since))}, so a new member cannot be "
+                f"brought up to date (state transfer replays the whole history; there are no checkpoints yet)")
+
+    def summary(self) -> dict:
+        return {"complete": self.complete, "bytes": self.entry_bytes + self.input_bytes, "limit": self.limit,
+                "entries": len(self.entries)}
