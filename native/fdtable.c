@@ -47,7 +47,7 @@ void llft_fd_copy(int from, int to)
 /* fd moved out of the way, to one of the highest numbers allowed: while
  * it waits for its number, it must not hold one another thread waits for
  * (two threads would wait for each other's). */
-static int park_fd(int fd)
+int llft_park_fd(int fd)
 {
     struct rlimit lim;
     if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < 256)
@@ -97,7 +97,7 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
     int want = (int)e->ret;
     if (fd == want)
         return;
-    fd = park_fd(fd);
+    fd = llft_park_fd(fd);
     uint64_t since = llft_now_ms();
     while (REAL(fcntl)(want, F_GETFD) != -1 || REAL(dup3)(fd, want, cloexec ? O_CLOEXEC : 0) != want) {
         if (llft_now_ms() - since > llft_ctl->stall_timeout_ms) {

@@ -62,6 +62,9 @@ int llft_sendfile_exact(int out, int in, off_t *off, size_t n);
  * the result in *res (and errno), or LLFT_PROMOTED. */
 int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res);
 
+/* fd moved to one of the highest numbers allowed (out of the way of the
+ * numbers the primary's fds had); returns it, or fd if it cannot. */
+int llft_park_fd(int fd);
 /* Backup: moves fd to the primary's number e->ret once that is free here
  * (closes are not replayed in order with other threads' calls). */
 void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec);

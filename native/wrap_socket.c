@@ -268,6 +268,63 @@ static int accept_blocking(int lfd, int flags)
 static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags,
                          int *res);
 
+/* Backup: connections that reached a listener here before the one the
+ * primary accepted next.  Every replica gets the same connections, but not
+ * always in one order: those of two gateways interleave as messaging
+ * delivered them to each member.  Kept (parked above the numbers the
+ * primary's fds have) until the accept the primary made of each. */
+#define EARLY_MAX 256
+static struct early_conn {
+    int lfd, fd;
+    llft_conn_header_t h;
+} early[EARLY_MAX];
+static int nearly;
+static uint32_t early_lock;
+
+static void early_lock_take(void)
+{
+    while (__atomic_exchange_n(&early_lock, 1, __ATOMIC_ACQUIRE))
+        __builtin_ia32_pause();
+}
+
+/* The kept connection conn_id of listener lfd (any, the first kept, if
+ * conn_id is 0), or -1. */
+static int take_early(int lfd, uint64_t conn_id, llft_conn_header_t *h)
+{
+    int fd = -1;
+    if (!__atomic_load_n(&nearly, __ATOMIC_RELAXED))
+        return -1;
+    early_lock_take();
+    for (int i = 0; i < nearly; i++)
+        if (early[i].lfd == lfd && (!conn_id || early[i].h.conn_id == conn_id)) {
+            fd = early[i].fd;
+            *h = early[i].h;
+            memmove(&early[i], &early[i + 1], (size_t)(nearly - i - 1) * sizeof early[0]);
+            nearly--;
+            break;
+        }
+    __atomic_store_n(&early_lock, 0, __ATOMIC_RELEASE);
+    return fd;
+}
+
+static int keep_early(int lfd, int fd, const llft_conn_header_t *h)
+{
+    early_lock_take();
+    int ok = nearly < EARLY_MAX;
+    if (ok)
+        early[nearly++] = (struct early_conn){.lfd = lfd, .fd = llft_park_fd(fd), .h = *h};
+    __atomic_store_n(&early_lock, 0, __ATOMIC_RELEASE);
+    return ok;
+}
+
+/* A kept connection gets the blocking mode this accept asks for. */
+static void accept_mode(int fd, int flags)
+{
+    int fl = REAL(fcntl)(fd, F_GETFL);
+    if (fl >= 0)
+        REAL(fcntl)(fd, F_SETFL, (flags & SOCK_NONBLOCK) ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
 static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     struct llft_thread *t;
@@ -279,9 +336,21 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         role = LLFT_ROLE_PRIMARY;
     }
     if (role == LLFT_ROLE_PRIMARY) {
-        int fd = REAL(accept4)(lfd, NULL, NULL, flags);
-        llft_conn_header_t h;
-        if (fd >= 0 && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
+        llft_conn_header_t h = {0}; /* conn_id 0: not read yet (ids start at 1) */
+        /* A backup that has just taken over may hold connections kept
+         * while it replayed: they came first. */
+        int fd = take_early(lfd, 0, &h);
+        if (fd >= 0) {
+            accept_mode(fd, flags);
+            int moved = REAL(fcntl)(fd, (flags & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+            if (moved >= 0) { /* the lowest free number, as the kernel's accept gives */
+                REAL(close)(fd);
+                fd = moved;
+            }
+        } else {
+            fd = REAL(accept4)(lfd, NULL, NULL, flags);
+        }
+        if (fd >= 0 && !h.conn_id && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
             REAL(close)(fd); /* the controller gave up on it before saying who it is */
             fd = -1;
             errno = ECONNABORTED;
@@ -317,13 +386,22 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
         llft_conn_header_t want, h;
         llft_replay_data(t, &want, sizeof want);
         struct turnstile *ts = llft_turn_wait(t, &e);
-        int fd = accept_blocking(lfd, flags);
-        if (fd < 0 || llft_read_exact(fd, &h, sizeof h, 0) != 0)
-            llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED, "no connection to accept here (error %d)", errno);
-        if (h.conn_id != want.conn_id)
-            llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
-                         "accepted connection %llu where the primary accepted %llu",
-                         (unsigned long long)h.conn_id, (unsigned long long)want.conn_id);
+        int fd = take_early(lfd, want.conn_id, &h);
+        if (fd >= 0)
+            accept_mode(fd, flags);
+        while (fd < 0) {
+            fd = accept_blocking(lfd, flags);
+            if (fd < 0 || llft_read_exact(fd, &h, sizeof h, 0) != 0)
+                llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED, "no connection to accept here (error %d)",
+                             errno);
+            if (h.conn_id == want.conn_id)
+                break;
+            if (!keep_early(lfd, fd, &h))
+                llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
+                             "%d connections came here before connection %llu, which the primary accepted",
+                             EARLY_MAX, (unsigned long long)want.conn_id);
+            fd = -1;
+        }
         llft_move_fd(t, LLFT_OP_ACCEPT, &e, fd, flags & SOCK_CLOEXEC);
         fd = (int)e.ret;
         llft_turn_done(t, ts, llft_fd_object(lfd), e.turn);

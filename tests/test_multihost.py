@@ -244,6 +244,38 @@ for i in range(50):
 """
 
 
+def test_two_gateways_serve_one_group_at_once(cluster, examples):
+    """Clients through two gateways at once, each opening connection after
+    connection: the two gateways' connections reach each member in the
+    order messaging delivered them there, which differs between members; a
+    backup's program accepts the very connections the primary's accepted,
+    in the primary's order (the shim keeps a connection that came early
+    until the accept the primary made of it), and every replica agrees.
+    A quarter of what one backup's host receives is lost, so that it gets
+    the two gateways' connections in another order than the primary."""
+    start_three(cluster, examples, extra=["--fault-timeout", "300"])
+    drop_randomly(cluster.hosts[2][0], [17400], 25)
+    cluster.procs.append(subprocess.Popen(
+        in_ns(cluster.hosts[3][0], tool("llft-gateway"), "--group", "kv", "--port", PROGRAM_PORT + 1,
+              "--program-port", PROGRAM_PORT,
+              "--key-file", cluster.key, "--run-dir", cluster.tmp / "gateway2"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    cluster.wait(lambda: cluster.status(cluster.tmp / "gateway2") is not None, "the second gateway to start")
+    results = {}
+
+    def client(i):
+        got = []
+        for n in range(8):
+            c = ClientConn(cluster.hosts[3][0], PROGRAM_PORT + i % 2)
+            got += c.lines([f"SET g{i}-{n} v{n}", f"GET g{i}-{n}"])[0]
+            c.close()
+        results[i] = got
+
+    concurrently(client, 6)
+    assert all(got == [r for n in range(8) for r in ("OK", f"VALUE v{n}")] for got in results.values()), results
+    survivors_agree_and_end(cluster, [0, 1, 2], 48)
+
+
 def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, examples):
     program = [examples / "kv_server", PROGRAM_PORT]
     first = cluster.start_member(0, program)

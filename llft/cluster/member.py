@@ -141,7 +141,7 @@ class HostMember:
     def _datagram(self, data: bytes, addr) -> None:
         if self.joiner is not None:
             self.joiner.datagram(data)
-        else:
+        elif self.ep is not None:   # (not before the first membership begins)
             self.ep.datagram_received(data, addr)
 
     async def run(self) -> int:

@@ -4,19 +4,30 @@ program listens on."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
+
+log = logging.getLogger("llft.program")
 
 CONNECT_RETRY_S = 0.005
+WRONG_PORT_NOTICE_S = 3.0
 BACKLOG_RETRY_S = 0.001   # the program accepts: its queue has room again soon
 
 
 async def listener_name(replica, port: int) -> str | None:
     """The name replica's program listens on for port, once it does; None
     if the replica is gone first."""
+    since, told = time.monotonic(), False
     while replica.alive():
-        for p, _family, name in replica.stream.listeners():
+        ports = replica.stream.listeners()
+        for p, _family, name in ports:
             if p == port:
                 return name
+        if ports and not told and time.monotonic() - since > WRONG_PORT_NOTICE_S:
+            told = True   # (a gateway's --program-port, most likely)
+            log.warning("a client connection for port %d waits: the program listens on %s, not on %d",
+                        port, ", ".join(str(p) for p, _f, _n in ports), port)
         await asyncio.sleep(CONNECT_RETRY_S)
     return None
 
