@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="NAME", help="the group to serve (as given to llft-run --group)")
     p.add_argument("--port", type=int, metavar="PORT", help="TCP port for clients")
     p.add_argument("--program-port", type=int, metavar="PORT",
-                   help="the port the program listens on, if not PORT")
+                   help="the port the program listens on, if not PORT (several gateways may serve one group's "
+                        "TCP port at once, each on a port of its own)")
     p.add_argument("--udp-port", action="append", default=[], metavar="[PROG:]PUBLIC",
                    help="also serve UDP clients on PUBLIC for the program's UDP port PROG (default PUBLIC); "
                         "repeatable")
