@@ -9,4 +9,25 @@
 #define RLX __ATOMIC_RELAXED
 #define SEQ __ATOMIC_SEQ_CST
 
+#include <sched.h>
+#include <stdint.h>
+
+/* Spinlocks for short sections of the shim (no system call inside). */
+static inline int spin_try(uint32_t *l)
+{
+    return LOAD(l, RLX) == 0 && __atomic_exchange_n(l, 1, ACQ) == 0;
+}
+
+static inline void spin_lock(uint32_t *l)
+{
+    for (unsigned n = 0; !spin_try(l); n++) {
+        if (n < 64)
+            __builtin_ia32_pause();
+        else
+            sched_yield();
+    }
+}
+
+static inline void spin_unlock(uint32_t *l) { STORE(l, 0, REL); }
+
 #endif

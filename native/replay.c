@@ -30,25 +30,6 @@ static void *map_anon(size_t bytes, const char *what)
     return m;
 }
 
-/* ---- spinlocks ------------------------------------------------------ */
-
-static inline int spin_try(uint32_t *l)
-{
-    return LOAD(l, RLX) == 0 && __atomic_exchange_n(l, 1, ACQ) == 0;
-}
-
-static inline void spin_lock(uint32_t *l)
-{
-    for (unsigned n = 0; !spin_try(l); n++) {
-        if (n < 64)
-            __builtin_ia32_pause();
-        else
-            sched_yield();
-    }
-}
-
-static inline void spin_unlock(uint32_t *l) { STORE(l, 0, REL); }
-
 /* ---- chunk pool ----------------------------------------------------- */
 
 #define CHUNK_RECS 255

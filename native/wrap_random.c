@@ -223,7 +223,7 @@ static inline mode_t open_mode(int flags, va_list ap)
         va_start(ap, flags);                                                        \
         mode_t mode = open_mode(flags, ap);                                         \
         va_end(ap);                                                                 \
-        return track_open(path, flags, REAL(name)(path, flags, mode));                     \
+        return track_open(path, flags, REAL(name)(path, flags, mode));              \
     }
 #define OPENAT_WRAPPER(name)                                                        \
     EXPORT int name(int dirfd, const char *path, int flags, ...)                    \
@@ -232,7 +232,7 @@ static inline mode_t open_mode(int flags, va_list ap)
         va_start(ap, flags);                                                        \
         mode_t mode = open_mode(flags, ap);                                         \
         va_end(ap);                                                                 \
-        return track_open(path, flags, REAL(name)(dirfd, path, flags, mode));              \
+        return track_open(path, flags, REAL(name)(dirfd, path, flags, mode));       \
     }
 
 OPEN_WRAPPER(open)

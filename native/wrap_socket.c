@@ -9,6 +9,7 @@
  * primary the kernel decides readiness and ordering; the accept is recorded
  * with the connection id, and a backup accepts the same connection, checks
  * its id, and gives it the primary's fd number. */
+#include "atomics.h"
 #include "fdtable.h"
 
 #include <arpa/inet.h>
@@ -281,12 +282,6 @@ static struct early_conn {
 static int nearly;
 static uint32_t early_lock;
 
-static void early_lock_take(void)
-{
-    while (__atomic_exchange_n(&early_lock, 1, __ATOMIC_ACQUIRE))
-        __builtin_ia32_pause();
-}
-
 /* The kept connection conn_id of listener lfd (any, the first kept, if
  * conn_id is 0), or -1. */
 static int take_early(int lfd, uint64_t conn_id, llft_conn_header_t *h)
@@ -294,7 +289,7 @@ static int take_early(int lfd, uint64_t conn_id, llft_conn_header_t *h)
     int fd = -1;
     if (!__atomic_load_n(&nearly, __ATOMIC_RELAXED))
         return -1;
-    early_lock_take();
+    spin_lock(&early_lock);
     for (int i = 0; i < nearly; i++)
         if (early[i].lfd == lfd && (!conn_id || early[i].h.conn_id == conn_id)) {
             fd = early[i].fd;
@@ -303,17 +298,18 @@ static int take_early(int lfd, uint64_t conn_id, llft_conn_header_t *h)
             nearly--;
             break;
         }
-    __atomic_store_n(&early_lock, 0, __ATOMIC_RELEASE);
+    spin_unlock(&early_lock);
     return fd;
 }
 
 static int keep_early(int lfd, int fd, const llft_conn_header_t *h)
 {
-    early_lock_take();
+    fd = llft_park_fd(fd); /* (system calls: not under the lock) */
+    spin_lock(&early_lock);
     int ok = nearly < EARLY_MAX;
     if (ok)
-        early[nearly++] = (struct early_conn){.lfd = lfd, .fd = llft_park_fd(fd), .h = *h};
-    __atomic_store_n(&early_lock, 0, __ATOMIC_RELEASE);
+        early[nearly++] = (struct early_conn){.lfd = lfd, .fd = fd, .h = *h};
+    spin_unlock(&early_lock);
     return ok;
 }
 

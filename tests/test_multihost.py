@@ -52,12 +52,14 @@ class Cluster:
         self.wait_members(n)
         return first
 
-    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=()):
-        self.gateway_dir = self.tmp / "gateway"
-        self.gateway = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
-                                          "--key-file", self.key, "--run-dir", self.gateway_dir, *extra])
-        self.gateway_host = host
-        self.wait(lambda: self.status(self.gateway_dir) is not None, "the gateway to start")
+    def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=(), name="gateway"):
+        """A gateway; the first (name "gateway") is the one clients use by default."""
+        run_dir = self.tmp / name
+        p = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
+                               "--key-file", self.key, "--run-dir", run_dir, *extra])
+        if name == "gateway":
+            self.gateway, self.gateway_dir, self.gateway_host = p, run_dir, host
+        self.wait(lambda: self.status(run_dir) is not None, f"the {name} to start")
 
     def status(self, run_dir: Path) -> dict | None:
         r = subprocess.run([tool("llft-status"), "--run-dir", str(run_dir), "--json"], capture_output=True,
@@ -255,12 +257,7 @@ def test_two_gateways_serve_one_group_at_once(cluster, examples):
     the two gateways' connections in another order than the primary."""
     start_three(cluster, examples, extra=["--fault-timeout", "300"])
     drop_randomly(cluster.hosts[2][0], [17400], 25)
-    cluster.procs.append(subprocess.Popen(
-        in_ns(cluster.hosts[3][0], tool("llft-gateway"), "--group", "kv", "--port", PROGRAM_PORT + 1,
-              "--program-port", PROGRAM_PORT,
-              "--key-file", cluster.key, "--run-dir", cluster.tmp / "gateway2"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    cluster.wait(lambda: cluster.status(cluster.tmp / "gateway2") is not None, "the second gateway to start")
+    cluster.start_gateway(3, port=PROGRAM_PORT + 1, extra=["--program-port", PROGRAM_PORT], name="gateway2")
     results = {}
 
     def client(i):

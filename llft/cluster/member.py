@@ -259,7 +259,7 @@ class HostMember:
         removes them.  Just after a takeover, longer again (election.SETTLING_S)."""
         o = self.opts
         base = o.fault_timeout
-        if time.monotonic() < getattr(self, "took_over_at", 0.0) + SETTLING_S:
+        if self._settling_left() > 0:
             base = max(base, SETTLING_TIMEOUT_S)
         return base + max(o.fault_step, base) * len(self.ep.view.backups())
 
@@ -280,9 +280,13 @@ class HostMember:
         # A newcomer's fault detector settles as long as the older backups'
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.
-        settling = getattr(self, "took_over_at", 0.0) + SETTLING_S - time.monotonic()
         return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
-                "conns": conns, "settling_ms": max(0, int(settling * 1000))}
+                "conns": conns, "settling_ms": max(0, int(self._settling_left() * 1000))}
+
+    def _settling_left(self) -> float:
+        """Seconds left of this primary's first SETTLING_S after its takeover
+        (negative once past, or if it founded the group)."""
+        return getattr(self, "took_over_at", 0.0) + SETTLING_S - time.monotonic()
 
     def _why_no_joining(self) -> str | None:
         if self.primary_status is not None:

@@ -1,9 +1,9 @@
 """The OrderInfo stream between hosts.  At the primary, RecordShipper reads
 its replica's ring and hands the records, cut into ordering-information
 blobs, to the event loop (which gives them to messaging), with the ring
-position they reach, so that output can wait for the records made before it.  At a backup,
-RecordFeeder writes what messaging delivered into its replica's replay
-ring, on a thread of its own because a full ring blocks."""
+position they reach, so that output can wait for the records made before
+it.  At a backup, RecordFeeder writes what messaging delivered into its
+replica's replay ring, on a thread of its own because a full ring blocks."""
 from __future__ import annotations
 
 import logging
