@@ -253,10 +253,10 @@ def test_two_gateways_serve_one_group_at_once(cluster, examples):
     backup's program accepts the very connections the primary's accepted,
     in the primary's order (the shim keeps a connection that came early
     until the accept the primary made of it), and every replica agrees.
-    A quarter of what one backup's host receives is lost, so that it gets
+    A tenth of what one backup's host receives is lost, so that it gets
     the two gateways' connections in another order than the primary."""
     start_three(cluster, examples, extra=["--fault-timeout", "300"])
-    drop_randomly(cluster.hosts[2][0], [17400], 25)
+    drop_randomly(cluster.hosts[2][0], [17400], 10)
     cluster.start_gateway(3, port=PROGRAM_PORT + 1, extra=["--program-port", PROGRAM_PORT], name="gateway2")
     results = {}
 
