@@ -264,7 +264,11 @@ int llft_ring_write_control(llft_ring_t *r, int op, int ret, int timeout_ms)
     end.nslots = 1;
     llft_rec_seal(&end);
     long w = llft_ring_write(r, &end, 1, timeout_ms);
-    STORE(&r->closed, 1, REL);
+    /* After PROMOTE the replica writes this ring and the controller reads
+     * it again: it is not closed (a closed ring never lets the reader sleep
+     * in llft_ring_wait_data, so the new primary's shipper would spin). */
+    if (op == LLFT_OP_END)
+        STORE(&r->closed, 1, REL);
     __atomic_fetch_add(&r->data_futex, 1, SEQ);
     llft_futex_wake(&r->data_futex);
     return w == 1 ? 0 : -ETIMEDOUT;

@@ -101,6 +101,16 @@ def concurrently(client, n: int, meanwhile=None, timeout: float | None = None):
         t.join(timeout)
 
 
+def cpu_share(pid: int, secs: float = 1.0) -> float:
+    """The share of one CPU that process pid (all its threads) used over
+    the next secs seconds."""
+    import psutil
+    p = psutil.Process(pid)
+    before = sum(p.cpu_times()[:2])
+    time.sleep(secs)
+    return (sum(p.cpu_times()[:2]) - before) / secs
+
+
 def kill_primary(run_dir: Path):
     """llft-kill --primary on the group in run_dir."""
     p = subprocess.run([tool("llft-kill"), "--run-dir", str(run_dir), "--primary"], capture_output=True,

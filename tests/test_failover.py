@@ -79,6 +79,8 @@ def test_two_replicas_and_status_shows_the_new_primary(examples, tmp_path):
     with group.connect() as s:
         replies, _ = line_client(s, [f"GET k{i}" for i in range(50)])
     assert replies == [f"VALUE v{i}" for i in range(50)], "acknowledged writes survive the failover"
+    # The new primary's ring, handed over by PROMOTE, must let its reader sleep.
+    assert serving.cpu_share(group.proc.pid) < 0.5, "the controller is busy with an idle group after a failover"
     status = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir), "--json"], capture_output=True,
                             text=True, timeout=30)
     report = json.loads(status.stdout)

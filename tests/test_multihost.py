@@ -14,7 +14,7 @@ import pytest
 
 from conftest import tool
 from netns import bridged_hosts, drop_randomly, in_ns
-from serving import concurrently, sha
+from serving import concurrently, cpu_share, sha
 
 PROGRAM_PORT = 7000
 
@@ -351,6 +351,10 @@ def kill_primary_mid_workload(cluster, examples, members: int, extra=(), clients
     for v in views:
         assert [m["member"] for m in v["members"]][0] == view["primary"]
         assert old_primary not in [m["member"] for m in v["members"]]
+    # Idle now.  The new primary's controller, at real-time priority, once
+    # spun on its ring (left closed by PROMOTE) and starved the host.
+    new_primary = next(v for v in views if v["replicas"][0]["role"] == "primary")
+    assert cpu_share(new_primary["controller_pid"]) < 0.5, "the new primary's controller is busy while idle"
     c = cluster.client()
     digest = c.lines(["DIGEST", "SHUTDOWN"])[0]
     c.close()

@@ -101,6 +101,18 @@ def test_torn_record_is_never_read(ring):
     assert ring.pending == 2, "the controller sees two slots it can never read: a torn stream"
 
 
+def test_a_promoted_ring_lets_its_new_reader_sleep(ring):
+    """PROMOTE hands the ring over: the replica that read it writes from
+    now on, and the controller reads.  An empty ring must then let the
+    controller wait (a closed one never does: its thread spun on a CPU)."""
+    ring.write_promote()
+    assert decode(ring.read(10))[0].op == op_code("promote")
+    assert not ring.closed
+    assert not ring.wait_data(10)
+    ring.write_end(0)
+    assert ring.closed and ring.wait_data(10), "after END the reader must not wait"
+
+
 def test_corrupt_record_raises_clear_error(ring):
     ring.write(encode([OrderInfo(op=CLOCK, tid=0, n=1, val=5)]))
     slot = ring.raw_slot(0)
