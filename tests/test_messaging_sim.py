@@ -168,3 +168,35 @@ def test_checker_catches_duplicate_delivery():
     cluster.run(limit=5)
     with pytest.raises(CheckFailed):
         cluster.check()
+
+
+def test_primary_knows_when_every_backup_holds_what_it_received():
+    """backups_hold_all_received (a leaving primary waits for it): false
+    while a backup lacks a client message the primary has, true once the
+    backup got it again through its Nack to the primary."""
+    from llft.auth import Keyring
+    from llft.messaging.clock import SimClock
+    from llft.messaging.simnet import SimNetwork, make_group
+
+    copies = {"n": 0}
+
+    def backups_copy_of_second(m) -> bool:       # each copy is planned per receiver: the primary's, then the backup's
+        if m.TYPE == MsgType.REQUEST and m.msn == 2:
+            copies["n"] += 1
+            return copies["n"] == 2
+        return False
+
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(delay=0.0005, targets=[message_matches(backups_copy_of_second)]))
+    key = Keyring(b"k" * 32)
+    primary, backup = make_group(net, SERVER, 2, key)
+    client = make_group(net, CLIENT, 1, key)[0]
+    cid = client.connect(SERVER, 1)
+    client.send(cid, b"first")
+    assert clock.run_until(1.0, lambda: primary.backups_hold_all_received() and backup.conns.get(cid))
+    client.send(cid, b"second")
+    assert clock.run_until(clock.now() + 1.0, lambda: primary.conns[cid].rx.received_upto == 2)
+    assert backup.conns[cid].rx.received_upto == 1
+    assert not primary.backups_hold_all_received()
+    assert clock.run_until(clock.now() + 1.0, lambda: backup.conns[cid].rx.received_upto == 2)
+    assert clock.run_until(clock.now() + 1.0, primary.backups_hold_all_received)

@@ -53,13 +53,14 @@ class Cluster:
         return first
 
     def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=(), name="gateway"):
-        """A gateway; the first (name "gateway") is the one clients use by default."""
+        """A gateway; the first (name "gateway") is the one clients use by default.  Returns its run dir."""
         run_dir = self.tmp / name
         p = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
                                "--key-file", self.key, "--run-dir", run_dir, *extra])
         if name == "gateway":
             self.gateway, self.gateway_dir, self.gateway_host = p, run_dir, host
         self.wait(lambda: self.status(run_dir) is not None, f"the {name} to start")
+        return run_dir
 
     def status(self, run_dir: Path) -> dict | None:
         r = subprocess.run([tool("llft-status"), "--run-dir", str(run_dir), "--json"], capture_output=True,
@@ -578,13 +579,14 @@ def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(clu
 KILLS_IN_A_ROW = 20
 
 
-def write_until(cluster, i: int, stop, acked: dict):
-    """Writer i sets keys w{i}-0, w{i}-1, ... until stop is set; acked[i]
-    gets how many were acknowledged (every one must be)."""
+def write_until(cluster, i: int, stop, acked: dict, pause: float = 0.0):
+    """Writer i sets keys w{i}-0, w{i}-1, ... until stop is set, `pause`
+    seconds apart; acked[i] gets how many were acknowledged (every one must be)."""
     c, n = cluster.client(), 0
     while not stop.is_set():
         assert c.lines([f"SET w{i}-{n} v{n}"])[0] == ["OK"], f"writer {i} request {n}"
         n += 1
+        time.sleep(pause)
     acked[i] = n
     c.close()
 
@@ -599,7 +601,10 @@ def test_killed_primary_rejoins_under_writers_across_hosts(cluster, examples):
     stop, acked = threading.Event(), {}
 
     def writer(i):
-        write_until(cluster, i, stop, acked)
+        # Paced: the group's history (requests and records, replayed by each
+        # member that rejoins) must stay under --history-limit for the whole
+        # test, the final reads included, or the last killed could not rejoin.
+        write_until(cluster, i, stop, acked, pause=0.01)
 
     def kill_primaries():
         pvn = 1
@@ -631,14 +636,15 @@ def start_udp_members(cluster, examples, n: int) -> Path:
     return cluster.start_members(n, [examples / "udp_server", PROGRAM_PORT], UDP_MEMBER_OPTIONS)
 
 
-def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None) -> list[int]:
-    """UDP clients on the gateway's host, concurrently; client 0 SIGKILLs
-    kill_pid a third of the way in.  Checks that each datagram got its own
-    reply; returns the server's counts from the replies."""
+def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None, ports=(PROGRAM_PORT,)) -> list[int]:
+    """UDP clients on the gateway's host, concurrently, client i to port
+    ports[i % len(ports)]; client 0 SIGKILLs kill_pid a third of the way
+    in.  Checks that each datagram got its own reply; returns the server's
+    counts from the replies."""
     results = {}
 
     def client(i):
-        c = DatagramClient(cluster.hosts[cluster.gateway_host][0])
+        c = DatagramClient(cluster.hosts[cluster.gateway_host][0], ports[i % len(ports)])
         got = []
         for j in range(sends):
             if kill_pid is not None and i == 0 and j == sends // 3:
@@ -658,10 +664,10 @@ def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None) 
     return sorted(counts)
 
 
-def udp_survivors_agree(cluster, survivors: list[int], expected: int):
+def udp_survivors_agree(cluster, survivors: list[int], expected: int, gateways=None):
     """DIGEST and SHUTDOWN; the survivors end with status 0, after one
     primary change, having sent the very same datagrams, as many as the
-    gateway sent its clients."""
+    gateways (run dirs; the first by default) sent their clients."""
     c = DatagramClient(cluster.hosts[cluster.gateway_host][0])
     digest, bye = c.lines(["DIGEST", "SHUTDOWN"])[0]
     c.close()
@@ -675,10 +681,12 @@ def udp_survivors_agree(cluster, survivors: list[int], expected: int):
     sent = [s["replicas"][0]["datagrams"] for s in states]
     assert all(x == sent[0] for x in sent), "the survivors did not send the same datagrams"
     assert sent[0][str(PROGRAM_PORT)]["datagrams"] == expected + 2
-    cluster.wait(lambda: cluster.status(cluster.gateway_dir)["gateway"]["udp"]["datagrams_out"]
-                 == expected + 2, "the gateway's state", watch=False)
-    udp = cluster.status(cluster.gateway_dir)["gateway"]["udp"]
-    assert udp["datagrams_in"] == expected + 2 and udp["dropped"] == 0, udp
+    gateways = gateways or [cluster.gateway_dir]
+
+    def udp_total(key):
+        return sum(cluster.status(d)["gateway"]["udp"][key] for d in gateways)
+    cluster.wait(lambda: udp_total("datagrams_out") == expected + 2, "the gateways' state", watch=False)
+    assert udp_total("datagrams_in") == expected + 2 and udp_total("dropped") == 0
 
 
 def test_udp_server_across_hosts_survives_the_primarys_death(cluster, examples):
@@ -695,6 +703,27 @@ def test_udp_server_across_hosts_survives_the_primarys_death(cluster, examples):
         "each datagram served once, none lost"
     assert cluster.members[0][0].wait(timeout=30) == 128 + 9
     udp_survivors_agree(cluster, [1, 2], 180)
+
+
+def test_udp_port_served_by_two_gateways_at_once(cluster, examples):
+    """Two gateways serve the program's UDP port, each with its own virtual
+    connection, and a tenth of what one backup's host receives is lost, so
+    the two streams of datagrams reach the members interleaved differently,
+    while the program reads them from one socket.  Every replica reads them
+    in the primary's order (its ordering information names them), each
+    reply goes back through the gateway its client used, and after the
+    primary's death the survivors agree on every datagram sent."""
+    first = cluster.start_members(3, [examples / "udp_server", PROGRAM_PORT],
+                                  UDP_MEMBER_OPTIONS + ["--fault-timeout", "300"])
+    drop_randomly(cluster.hosts[2][0], [17400], 10)
+    cluster.start_gateway(3, extra=["--udp-port", str(PROGRAM_PORT)])
+    second = cluster.start_gateway(3, port=PROGRAM_PORT + 1, extra=["--udp-port", f"{PROGRAM_PORT}:{PROGRAM_PORT + 1}"],
+                                   name="gateway2")
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    assert udp_clients(cluster, 4, 60, kill_pid=replica_pid, ports=(PROGRAM_PORT, PROGRAM_PORT + 1)) == \
+        list(range(1, 241)), "each datagram served once, none lost"
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    udp_survivors_agree(cluster, [1, 2], 240, gateways=[cluster.gateway_dir, second])
 
 
 def test_udp_member_joining_late_replays_the_ports_datagrams(cluster, examples):

@@ -21,7 +21,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections import deque
+from collections import OrderedDict, deque
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
@@ -151,23 +151,84 @@ class GatewayDatagrams:
 
 
 # -- a member's side --------------------------------------------------------------
-class MemberDatagrams:
-    """A member's replica's UDP ports: client datagrams in, in the group's
-    order; every datagram the replica sends out as one Reply (sent by the
-    primary, logged by a backup: messaging decides)."""
+ROUTES_LIMIT = 65536        # client addresses remembered per member, for routing replies
 
-    def __init__(self, replica, outbox):
-        self.replica, self.outbox = replica, outbox
+
+class _Merge:
+    """One UDP port's datagrams from every gateway, merged into the order
+    the program reads them: at the primary as messaging delivers them, at
+    a backup as the primary's ordering information says it did."""
+
+    __slots__ = ("expected", "arrived")
+
+    def __init__(self):
+        self.expected: deque[tuple] = deque()    # (cid, number), from the primary
+        self.arrived: OrderedDict[tuple, tuple] = OrderedDict()   # (cid, number) -> request, in arrival order
+
+
+class MemberDatagrams:
+    """A member's replica's UDP ports: client datagrams in, in the primary's
+    order; every datagram the replica sends out as one Reply to the gateway
+    its destination's datagrams came through (sent by the primary, logged
+    by a backup: messaging decides).
+
+    Each gateway has its own virtual connection for a port, each delivered
+    in its own order, and a member gets the connections' messages
+    interleaved as they came: so the primary says, in its ordering
+    information, which datagram it handed its program next, and a backup
+    hands its program the same one."""
+
+    def __init__(self, replica, outbox, primary: bool):
+        self.replica, self.outbox, self.primary = replica, outbox, primary
         self.ports: dict[int, ReplicaPort] = {}
-        self.cids: dict[int, ConnId] = {}
+        self.merges: dict[int, _Merge] = {}
+        self.cids: dict[int, ConnId] = {}           # port -> the connection that delivered last
+        self.routes: OrderedDict[tuple, ConnId] = OrderedDict()   # (port, host, client port) -> connection
+        self.numbered: dict[ConnId, int] = {}       # replies numbered per connection
         self.stats = {"replica_lost": 0, "malformed_replies": 0, "kept_dropped": 0}
 
     def handles(self, cid: ConnId) -> bool:
         return cid.seq > SEQ_BASE
 
     def request(self, cid: ConnId, req: tuple):
+        program_port, number = req[1], req[2]
+        merge = self.merges.setdefault(program_port, _Merge())
+        merge.arrived[(cid, number)] = req
+        self._release(program_port, merge)
+
+    def ordered(self, cid: ConnId, number: int):
+        """Backup: the primary handed this datagram to its program next."""
+        program_port = cid.seq - SEQ_BASE
+        merge = self.merges.setdefault(program_port, _Merge())
+        merge.expected.append((cid, number))
+        self._release(program_port, merge)
+
+    def promote(self):
+        """This member's replica is primary from now on: after the datagrams
+        the old primary ordered, it orders the rest as they come."""
+        self.primary = True
+        for program_port, merge in self.merges.items():
+            self._release(program_port, merge)
+
+    def _release(self, program_port: int, merge: _Merge):
+        arrived, expected = merge.arrived, merge.expected
+        while expected and expected[0] in arrived:
+            key = expected.popleft()
+            self._deliver(key[0], arrived.pop(key))
+        if self.primary and not expected:
+            while arrived:
+                (cid, number), req = arrived.popitem(last=False)
+                self.outbox.ep.add_order_info(payload.datagram_blob(tuple(cid), number))
+                self._deliver(cid, req)
+
+    def _deliver(self, cid: ConnId, req: tuple):
         _, program_port, number, host, client_port, data = req
         self.cids[program_port] = cid
+        route = (program_port, host, client_port)
+        self.routes[route] = cid
+        self.routes.move_to_end(route)
+        if len(self.routes) > ROUTES_LIMIT:
+            self.routes.popitem(last=False)
         self._port(program_port).deliver(conn_header(number, host, client_port) + data)
 
     def _port(self, program_port: int) -> ReplicaPort:
@@ -176,9 +237,13 @@ class MemberDatagrams:
             p = self.ports[program_port] = ReplicaPort(self.replica, program_port, self._reply, self.stats)
         return p
 
-    def _reply(self, port: ReplicaPort, k: int, data: bytes, dest):
-        cid = self.cids.get(port.port)
+    def _reply(self, port: ReplicaPort, _k: int, data: bytes, dest):
+        # To the gateway the destination's datagrams came through; numbered
+        # per connection, so each gateway sees its replies' numbers in a row.
+        cid = self.routes.get((port.port, dest[0], dest[1])) or self.cids.get(port.port)
         if cid is not None:
+            k = self.numbered.get(cid, 0)
+            self.numbered[cid] = k + 1
             self.outbox.put(cid, payload.datagram_reply(k, dest[0], dest[1], data))
 
     async def run(self):

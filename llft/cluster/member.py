@@ -223,7 +223,7 @@ class HostMember:
         self.replica = Replica(index, stream, out_dir)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
-        self.datagrams = MemberDatagrams(self.replica, self.outbox)
+        self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
         self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
         self.silence = Silence(self.ep, self.udp.unread)
@@ -266,8 +266,7 @@ class HostMember:
     def _removed(self, members: list[int], why: str):
         for entry in self.admission.pending.values():   # nobody waits for their acknowledgments
             entry[2].difference_update(members)
-        if self.view_notice.pending is not None:
-            self.view_notice.pending[2].difference_update(members)
+        self.view_notice.forget(members)
         self._view_changed()
 
     def _state(self) -> dict:
@@ -356,6 +355,9 @@ class HostMember:
         elif kind == payload.TAG_BOUNDARY:
             cid, end, closed = rest
             self.output.boundary(ConnId(*cid), end, closed)
+        elif kind == payload.TAG_DATAGRAM:
+            cid, number = rest
+            self.datagrams.ordered(ConnId(*cid), number)
         elif kind == payload.TAG_VIEW:
             for cid, base in rest[1]:
                 cid = ConnId(*cid)
@@ -655,6 +657,7 @@ class HostMember:
         for cid, base in bases.items():
             self._rebase(cid, base)
         self.output.promote()
+        self.datagrams.promote()
         self.feeder.promote()
         self.replica.role = "primary"
         self._start_shipping()
@@ -670,19 +673,23 @@ class HostMember:
 
     async def _finish_primary(self, status: int):
         """Tells the backups the program ended, and stays until they have every
-        record and the gateways every reply (bounded)."""
+        record and every client message (a lagging backup's replica needs
+        them to reach the end, and only its primary answers its Nacks) and
+        the gateways every reply (bounded)."""
         self.primary_status = status
         oseq = self.ep.add_order_info(payload.end_blob(status))
         deadline = time.monotonic() + self.opts.end_timeout
         while time.monotonic() < deadline:
-            done = self.ep.order_log.confirmed >= oseq or not self.ep.view.backups()
-            if done and not self.ep.buffers()["sent"] and not self.outbox.queued():
+            backups_done = not self.ep.view.backups() or (self.ep.order_log.confirmed >= oseq
+                                                           and self.ep.backups_hold_all_received())
+            if backups_done and not self.ep.buffers()["sent"] and not self.outbox.queued():
                 return
             await asyncio.sleep(TICK_S)
         log.warning("the program ended, but not every backup or gateway confirmed the end within %g s "
-                    "(ordering information confirmed up to %d of %d, %s messages unacknowledged, %d queued)",
-                    self.opts.end_timeout, self.ep.order_log.confirmed, oseq, self.ep.buffers()["sent"],
-                    self.outbox.queued())
+                    "(ordering information confirmed up to %d of %d, backups %s every client message, %s "
+                    "messages unacknowledged, %d queued)", self.opts.end_timeout, self.ep.order_log.confirmed,
+                    oseq, "hold" if self.ep.backups_hold_all_received() else "do not hold",
+                    self.ep.buffers()["sent"], self.outbox.queued())
 
     def _verdict(self, status: int) -> int:
         r = self.replica

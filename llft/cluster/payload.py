@@ -30,6 +30,10 @@ Ordering information (primary -> its backups), a tag byte then the body:
     b"B" + msgpack [client_group, server_group, conn_seq, end_offset, closed]
                              where the primary cut its output into a message, so
                              a backup generates the very same messages (msns)
+    b"D" + msgpack [client_group, server_group, conn_seq, number]
+                             the primary handed that connection's datagram
+                             `number` to its program's UDP port next (the
+                             datagrams of several gateways share one socket)
     b"E" + msgpack [status]  the primary's program exited with this status
     b"V" + msgpack [pvn, [[client_group, server_group, conn_seq, base], ...]]
                              a new primary's first entry: on each connection the
@@ -42,7 +46,7 @@ import msgpack
 OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
 XCTL, XOPEN, XRESULT = 5, 6, 7   # outgoing connections (llft/cluster/outgoing.py)
 MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
-TAG_RECORDS, TAG_BOUNDARY, TAG_END, TAG_VIEW = b"R", b"B", b"E", b"V"
+TAG_RECORDS, TAG_BOUNDARY, TAG_DATAGRAM, TAG_END, TAG_VIEW = b"R", b"B", b"D", b"E", b"V"
 
 
 class BadPayload(ValueError):
@@ -173,6 +177,10 @@ def boundary_blob(conn: tuple[int, int, int], end: int, closed: bool) -> bytes:
     return TAG_BOUNDARY + _pack(*conn, end, closed)
 
 
+def datagram_blob(conn: tuple[int, int, int], number: int) -> bytes:
+    return TAG_DATAGRAM + _pack(*conn, number)
+
+
 def end_blob(status: int) -> bytes:
     return TAG_END + _pack(status)
 
@@ -189,6 +197,10 @@ def parse_blob(blob: bytes) -> tuple:
         v = _unpack(body)
         if len(v) == 5 and all(isinstance(x, int) and x >= 0 for x in v[:4]) and isinstance(v[4], bool):
             return TAG_BOUNDARY, (v[0], v[1], v[2]), v[3], v[4]
+    if tag == TAG_DATAGRAM:
+        v = _unpack(body)
+        if len(v) == 4 and all(isinstance(x, int) and x >= 0 for x in v):
+            return TAG_DATAGRAM, (v[0], v[1], v[2]), v[3]
     if tag == TAG_END:
         v = _unpack(body)
         if len(v) == 1:

@@ -43,6 +43,10 @@ class IntraGroupMixin:
             # Fig. 7 traffic, e.g. a ProposeBackup from a process that is
             # not a member yet: the membership protocol's business.
             self._event("membership-message", msg=msg)
+            # Its sender repeats it until acknowledged; if our acknowledgment
+            # was lost, the next copy must reach the handler again (one that
+            # came in fragments would be ignored as already reassembled).
+            self.codec.forget(data)
             return
         if msg.sender not in self.view:
             self.drops.count("not-a-member")
@@ -114,6 +118,17 @@ class IntraGroupMixin:
             "oupto": oupto,
         }
         self._backups_progressed()
+
+    def backups_hold_all_received(self) -> bool:
+        """Primary: every backup's last Heartbeat shows, on every connection,
+        all the remote group's messages this primary has received (by
+        timestamp watermark).  A primary that leaves must wait for this too:
+        a backup's Nacks are answered by its primary only."""
+        for b in self.view.backups():
+            rw = self.backup_reports.get(b, {}).get("rw", {})
+            if any(rw.get(cid, 0) < c.rx.rw for cid, c in self.conns.items()):
+                return False
+        return True
 
     def forget_backups(self, members) -> None:
         """Primary: these backups left the view (RemoveBackup); their last
