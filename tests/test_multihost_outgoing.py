@@ -124,6 +124,8 @@ def shutdown_and_compare(cluster, members: list):
     assert all(o == outs[0] for o in outs), "replicas sent the clients different bytes"
     for s in states:
         assert s["replicas"][0]["outgoing"]["dropped"] == 0, s["replicas"][0]["outgoing"]
+        # Once its replica has attached, a member no longer keeps what the remote sent.
+        assert s["replicas"][0]["outgoing"]["kept_bytes"] == 0, s["replicas"][0]["outgoing"]
     return states
 
 

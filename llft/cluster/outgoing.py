@@ -12,8 +12,10 @@ The shim's side and the request format are those of one host
 asks (LLFT_CONNECT_ASK): the primary's controller sends XOPEN once per k and
 answers with the XRESULT every member gets; a backup's replica attaches its
 socket to connection k when it replays the recorded connect.  A member
-keeps every byte the remote sent on k, so that a replica attaching late (a
-backup, a joiner replaying the transferred requests) gets them all."""
+keeps the bytes the remote sent on k until its replica attaches, so that
+a replica attaching late (a backup, a joiner replaying the transferred
+requests) gets them all; after that they go straight to the replica's
+socket (the group's history keeps them for newcomers, bounded)."""
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +45,9 @@ class _Remote:
 
     def __init__(self):
         self.result = asyncio.get_running_loop().create_future()   # (cid, errno, host, port, local)
-        self.received = bytearray()   # what the remote sent, from the first byte
+        self.received = bytearray()   # what the remote sent, from the first byte, until the replica attaches
         self.eof = False
+        self.attached = False         # the replica has its socket: bytes go there, not into received
         self.sink: asyncio.StreamWriter | None = None
 
 
@@ -117,9 +120,11 @@ class MemberOutgoing:
             return self._drop(f"request {kind} on {tuple(cid)} before its result")
         r = self.remotes[k]
         if kind == payload.DATA:
-            r.received += req[1]
             self.stats["bytes_in"] += len(req[1])
-            self._to_sink(r, lambda w: w.write(req[1]))
+            if r.attached:
+                self._to_sink(r, lambda w: w.write(req[1]))
+            else:
+                r.received += req[1]
         else:
             r.eof = True
             self._to_sink(r, lambda w: w.can_write_eof() and w.write_eof())
@@ -182,9 +187,10 @@ class MemberOutgoing:
             return
         if r.received:
             writer.write(bytes(r.received))
+            r.received = bytearray()
         if r.eof and writer.can_write_eof():
             writer.write_eof()
-        r.sink = writer
+        r.sink, r.attached = writer, True
         await self._from_replica(cid, reader)
 
     async def _from_replica(self, cid: ConnId, reader: asyncio.StreamReader):
@@ -203,4 +209,5 @@ class MemberOutgoing:
             self.output.close(cid, offset)
 
     def summary(self) -> dict:
-        return {**self.stats, "errors": self.errors[-5:]}
+        return {**self.stats, "kept_bytes": sum(len(r.received) for r in self.remotes.values()),
+                "errors": self.errors[-5:]}
