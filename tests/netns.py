@@ -36,6 +36,26 @@ def drop_randomly(ns: str, udp_ports: list[int], percent: int) -> None:
 
 
 @contextmanager
+def deaf_to(ns: str, source_ip: str):
+    """While inside, this host's kernel drops every IPv4 datagram from
+    source_ip (a partition in one direction)."""
+    if shutil.which("nft"):
+        nft = ["ip", "netns", "exec", ns, "nft"]
+        sh(*nft, "add", "table", "ip", "llft_deaf")
+        sh(*nft, "add chain ip llft_deaf in { type filter hook input priority 0; }")
+        sh(*nft, f"add rule ip llft_deaf in ip saddr {source_ip} drop")
+        undo = [*nft, "delete", "table", "ip", "llft_deaf"]
+    else:
+        rule = ["-s", source_ip, "-j", "DROP"]
+        sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", *rule)
+        undo = ["ip", "netns", "exec", ns, "iptables", "-D", "INPUT", *rule]
+    try:
+        yield
+    finally:
+        sh(*undo)
+
+
+@contextmanager
 def bridged_hosts(n: int):
     """Yields [(namespace, ip)] for n hosts on one bridge; skips the test
     where namespaces cannot be made."""

@@ -10,10 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from netns import in_ns
+from netns import deaf_to, in_ns
 from serving import concurrently
 from test_multihost import PROGRAM_PORT, cluster, cluster_of, outputs_of  # noqa: F401 (fixtures)
 
@@ -195,6 +196,38 @@ s.connect('\\0' + sys.argv[1])
 s.sendall(b'\\xff' * 32)   # address family 0xffff
 print(repr(s.recv(64)))
 """
+
+
+def test_two_gateways_offer_outgoing_connections_and_the_primary_picks_one(cluster_of, examples, tmp_path):
+    """Two gateways with --outgoing, each with the backend at its own
+    127.0.0.1.  The backup's host hears the second's offer first (it is
+    deaf to the first gateway's host meanwhile), the primary the first's:
+    the backup still uses the gateway the primary picked, so that when the
+    primary fails mid-workload and the backup takes over, the backend
+    there still sees each line once, and the other backend nothing.
+    (Following the first offer it heard, the backup logged its requests on
+    the other gateway's connection, and as primary sent them there.)"""
+    cluster = cluster_of(5)
+    first = cluster.start_members(2, [examples / "proxy_server", PROGRAM_PORT, BACKEND_PORT], extra=["--no-rejoin"])
+    logs = [tmp_path / "backend-3.log", tmp_path / "backend-4.log"]
+    for host, log_path in zip((3, 4), logs):
+        log_path.touch()
+        start_backend(cluster, host, log_path)
+    with deaf_to(cluster.hosts[1][0], cluster.hosts[3][1]):
+        cluster.start_gateway(3, extra=["--outgoing"])
+        cluster.start_gateway(4, extra=["--outgoing"], name="gateway-b")
+        time.sleep(0.5)
+    replica_pid = cluster.status(first)["replicas"][0]["pid"]
+    nclients, nlines = 3, 40
+
+    def kill_midway(i, j):
+        if i == 0 and j == nlines // 2:
+            os.kill(replica_pid, signal.SIGKILL)   # the primary fails mid-stream
+    results = run_clients(cluster, nclients, nlines, at=kill_midway)
+    assert logs[1].read_text() == "", "the gateway the primary did not pick made connections"
+    check_each_line_once(logs[0], results, nclients, nlines)
+    assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    shutdown_and_compare(cluster, cluster.members[1:])
 
 
 def test_a_malformed_request_is_dropped_and_counted_across_hosts(cluster, examples, tmp_path):

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     p.add_argument("--outgoing", action="store_true",
                    help="make the program's outgoing connections (its connect()s) on the group's behalf; "
-                        "one gateway per group")
+                        "where several gateways offer to, the group's primary picks one")
     p.add_argument("--host", default="0.0.0.0", metavar="ADDR", help="address to listen on (default all)")
     p.add_argument("--run-dir", type=Path, metavar="DIR",
                    help="where the log and state go (default ./llft-runs/gateway-NAME-TIME-PID)")

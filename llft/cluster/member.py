@@ -224,7 +224,7 @@ class HostMember:
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
-        self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output)
+        self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output, primary=joined is None)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
         self.silence = Silence(self.ep, self.udp.unread)
         self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
@@ -355,6 +355,8 @@ class HostMember:
         elif kind == payload.TAG_BOUNDARY:
             cid, end, closed = rest
             self.output.boundary(ConnId(*cid), end, closed)
+        elif kind == payload.TAG_CONTROL:
+            self.outgoing.chosen_by_primary(ConnId(*rest[0]))
         elif kind == payload.TAG_DATAGRAM:
             cid, number = rest
             self.datagrams.ordered(ConnId(*cid), number)
@@ -634,7 +636,7 @@ class HostMember:
         # old primary's whose effects no client saw: not followed.
         deadline = loop.time() + 2.0
         while loop.time() < deadline:
-            lacking = sum(nack_remote(ep, cid, n) for cid, n in last_sent.items())
+            lacking = sum(nack_remote(ep, cid, n, view) for cid, n in last_sent.items())
             if not lacking:
                 break
             await asyncio.sleep(0.015)
@@ -658,6 +660,7 @@ class HostMember:
             self._rebase(cid, base)
         self.output.promote()
         self.datagrams.promote()
+        self.outgoing.promote()
         self.feeder.promote()
         self.replica.role = "primary"
         self._start_shipping()
@@ -680,6 +683,7 @@ class HostMember:
         oseq = self.ep.add_order_info(payload.end_blob(status))
         deadline = time.monotonic() + self.opts.end_timeout
         while time.monotonic() < deadline:
+            self.view_notice.tick()    # a lagging backup may still lack part of it
             backups_done = not self.ep.view.backups() or (self.ep.order_log.confirmed >= oseq
                                                            and self.ep.backups_hold_all_received())
             if backups_done and not self.ep.buffers()["sent"] and not self.outbox.queued():

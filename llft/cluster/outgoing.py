@@ -52,9 +52,18 @@ class _Remote:
 
 
 class MemberOutgoing:
-    def __init__(self, replica, ep, outbox, output):
+    """Several gateways may offer to make outgoing connections (each sends
+    XCTL on its control connection), and members hear them in different
+    orders: the primary picks the first it hears and says so in its
+    ordering information; a backup uses the one the primary picked, once
+    it has heard it too (its messages on it must follow the primary's)."""
+
+    def __init__(self, replica, ep, outbox, output, primary: bool):
         self.replica, self.ep, self.outbox, self.output = replica, ep, outbox, output
-        self.control: ConnId | None = None     # the gateway's control connection (the first heard)
+        self.primary = primary
+        self.control: ConnId | None = None     # the control connection in use
+        self.heard: list[ConnId] = []          # control connections offered, in the order heard
+        self.chosen: ConnId | None = None      # the primary's pick (backups: from its ordering information)
         self.remotes: dict[int, _Remote] = {}
         self.next_open = 1                     # the next k whose XOPEN this member generates
         self.to_open: dict[int, tuple[str, int]] = {}   # XOPENs waiting for a lower k
@@ -101,9 +110,9 @@ class MemberOutgoing:
         if kind == payload.XCTL:
             if cid.seq != CONTROL_SEQ:
                 return self._drop(f"control request on connection {tuple(cid)}")
-            if self.control is None:
-                self.control = cid
-                self._announce()
+            if cid not in self.heard:
+                self.heard.append(cid)
+                self._choose()
             return
         if kind == payload.XRESULT:
             _, k, err, host, port, lhost, lport = req
@@ -128,6 +137,29 @@ class MemberOutgoing:
         else:
             r.eof = True
             self._to_sink(r, lambda w: w.can_write_eof() and w.write_eof())
+
+    def chosen_by_primary(self, cid: ConnId):
+        """Backup: the primary's ordering information names its control connection."""
+        self.chosen = cid
+        self._choose()
+
+    def promote(self):
+        """Primary from now on: it picks a control connection if its old primary had not."""
+        self.primary = True
+        self._choose()
+
+    def _choose(self):
+        if self.control is not None:
+            return
+        if self.chosen is None and self.primary and self.heard:
+            self.chosen = self.heard[0]
+            self.ep.add_order_info(payload.control_blob(tuple(self.chosen)))
+            if len(self.heard) > 1:
+                log.info("outgoing connections through the gateway of connection %s (of %d offered)",
+                         tuple(self.chosen), len(self.heard))
+        if self.chosen is not None and self.chosen in self.heard:
+            self.control = self.chosen
+            self._announce()
 
     def _announce(self, k: int | None = None, host: str = "", port: int = 0):
         """XOPENs go on the control connection in the order of k, each once:

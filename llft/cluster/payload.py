@@ -34,6 +34,10 @@ Ordering information (primary -> its backups), a tag byte then the body:
                              the primary handed that connection's datagram
                              `number` to its program's UDP port next (the
                              datagrams of several gateways share one socket)
+    b"O" + msgpack [client_group, server_group, conn_seq]
+                             the primary asks for outgoing connections on this
+                             gateway's control connection (several gateways
+                             may offer one)
     b"E" + msgpack [status]  the primary's program exited with this status
     b"V" + msgpack [pvn, [[client_group, server_group, conn_seq, base], ...]]
                              a new primary's first entry: on each connection the
@@ -46,7 +50,7 @@ import msgpack
 OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
 XCTL, XOPEN, XRESULT = 5, 6, 7   # outgoing connections (llft/cluster/outgoing.py)
 MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
-TAG_RECORDS, TAG_BOUNDARY, TAG_DATAGRAM, TAG_END, TAG_VIEW = b"R", b"B", b"D", b"E", b"V"
+TAG_RECORDS, TAG_BOUNDARY, TAG_DATAGRAM, TAG_CONTROL, TAG_END, TAG_VIEW = b"R", b"B", b"D", b"O", b"E", b"V"
 
 
 class BadPayload(ValueError):
@@ -181,6 +185,10 @@ def datagram_blob(conn: tuple[int, int, int], number: int) -> bytes:
     return TAG_DATAGRAM + _pack(*conn, number)
 
 
+def control_blob(conn: tuple[int, int, int]) -> bytes:
+    return TAG_CONTROL + _pack(*conn)
+
+
 def end_blob(status: int) -> bytes:
     return TAG_END + _pack(status)
 
@@ -201,6 +209,10 @@ def parse_blob(blob: bytes) -> tuple:
         v = _unpack(body)
         if len(v) == 4 and all(isinstance(x, int) and x >= 0 for x in v):
             return TAG_DATAGRAM, (v[0], v[1], v[2]), v[3]
+    if tag == TAG_CONTROL:
+        v = _unpack(body)
+        if len(v) == 3 and all(isinstance(x, int) and x >= 0 for x in v):
+            return TAG_CONTROL, (v[0], v[1], v[2])
     if tag == TAG_END:
         v = _unpack(body)
         if len(v) == 1:

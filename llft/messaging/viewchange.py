@@ -64,16 +64,19 @@ def follow_new_view(ep, sync: int, base: int, first: int, blobs: list[bytes]) ->
     return complete
 
 
-def nack_remote(ep, cid: ConnId, upto: int) -> int:
-    """New primary, before it is one (Fig. 9 line 30): Nack to the remote
-    group what it lacks of that group's messages up to msn `upto` (a backup's
-    own Nacks go to its primary, who is gone).  Returns how many it lacks."""
+def nack_remote(ep, cid: ConnId, upto: int, view: View) -> int:
+    """New primary of `view`, before it is one (Fig. 9 line 30): Nack to the
+    remote group what it lacks of that group's messages up to msn `upto` (a
+    backup's own Nacks go to its primary, who is gone).  The Nack names the
+    new view: the remote group, told of it by NewPrimaryView, drops anything
+    of the old one.  Returns how many it lacks."""
     c = ep.conns[cid]
     c.rx.learn_highest(upto, ep.clock.now())
     missing = [m for m in range(c.rx.received_upto + 1, upto + 1) if c.rx.received.get(m) is None]
     if missing:
-        body = wire.nack_body(cid, missing[: ep.config.nack_batch])
-        ep._transmit(ep._header(MsgType.NACK, c, body=body))
+        msg = ep._header(MsgType.NACK, c, body=wire.nack_body(cid, missing[: ep.config.nack_batch]))
+        msg.pvn, msg.precedence = view.pvn, view.primary_precedence
+        ep._transmit(msg)
     return len(missing)
 
 

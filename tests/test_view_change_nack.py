@@ -1,0 +1,42 @@
+"""Phase 2 of a primary change (LLFT Fig. 9 line 30): the new primary Nacks
+the remote group for what it lacks of that group's messages.  The remote
+group, told of the new view by NewPrimaryView, drops whatever comes stamped
+with the old one, so the Nack must name the new view.  Deterministic: real
+GroupEndpoints on the simulated network."""
+from __future__ import annotations
+
+from llft.auth import Keyring
+from llft.messaging.clock import SimClock
+from llft.messaging.ids import ConnId, View
+from llft.messaging.lossy import LossPolicy, message_matches
+from llft.messaging.simnet import SimNetwork, make_group
+from llft.messaging.viewchange import nack_remote, new_primary_view
+from llft.wire import MsgType
+
+KEY = Keyring(b"k" * 32)
+GW, SRV = 10, 20
+
+
+def test_the_new_primarys_nack_reaches_the_remote_group_after_new_primary_view():
+    clock = SimClock()
+    dropping = {"third": True}
+
+    def the_third_request(m) -> bool:            # the backup (and the old primary) never get it, for now
+        return dropping["third"] and m.TYPE == MsgType.REQUEST and m.msn == 3
+
+    net = SimNetwork(clock, LossPolicy(delay=0.0005, targets=[message_matches(the_third_request)]))
+    old, new = make_group(net, SRV, 2, KEY)
+    gateway = make_group(net, GW, 1, KEY)[0]
+    cid = ConnId(*gateway.connect(SRV, 1))
+    for body in (b"one", b"two", b"three"):
+        gateway.send(cid, body)
+    assert clock.run_until(1.0, lambda: cid in new.conns and new.conns[cid].rx.received_upto == 2)
+    old.close()                                   # the primary fails
+    view = View(SRV, primary=new.me, precedences={new.me: 2}, pvn=2)
+    new_primary_view(new, GW, view)
+    assert clock.run_until(clock.now() + 0.5, lambda: gateway.remote_views.get(SRV, (0,))[0] == 2)
+    dropping["third"] = False
+    stale = gateway.drops["stale-view"]
+    assert nack_remote(new, cid, 3, view) == 1
+    assert clock.run_until(clock.now() + 0.5, lambda: new.conns[cid].rx.received_upto == 3)
+    assert gateway.drops["stale-view"] == stale, "the gateway dropped the new primary's Nack as of the old view"
