@@ -12,6 +12,9 @@
  *                     polls for the answer: "UDP <answer>" | "UDP timeout"
  *   UDPTO port text -> the same with sendto and recvfrom, unconnected:
  *                     "UDPTO <answer> from <port>"
+ *   ASK port text  -> connects to 127.0.0.1:port, sends text and a newline,
+ *                     shuts down its writing side (half-close), reads the
+ *                     answer to its end: "ASK <answer>" | "ASK <strerror>"
  *   SHUTDOWN       -> BYE, and exit 0
  * usage: proxy_server PORT BACKEND_PORT */
 #include <arpa/inet.h>
@@ -137,6 +140,35 @@ static int udp_ask(const char *cmd, const char *arg, int connected, char *out, s
     return r;
 }
 
+/* ASK: a request whose answer comes once the server has read to the end of
+ * its input (a half-closed connection). */
+static int ask(const char *arg, char *out, size_t cap)
+{
+    char *text;
+    int port = (int)strtol(arg, &text, 10);
+    text += *text == ' ';
+    struct sockaddr_in a = loopback(port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    char req[8200], answer[4096];
+    int n = snprintf(req, sizeof req, "%s\n", text);
+    size_t got = 0;
+    ssize_t r = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 || send_all(fd, req, (size_t)n) != 0 ||
+        shutdown(fd, SHUT_WR) != 0) {
+        n = snprintf(out, cap, "ASK %s\n", strerror(errno));
+        close(fd);
+        return n;
+    }
+    while (got < sizeof answer && (r = recv(fd, answer + got, sizeof answer - got, 0)) > 0)
+        got += (size_t)r;
+    close(fd);
+    if (r < 0)
+        return snprintf(out, cap, "ASK %s\n", strerror(errno));
+    while (got && answer[got - 1] == '\n')
+        got--;
+    return snprintf(out, cap, "ASK %.*s\n", (int)got, answer);
+}
+
 static int forward(int *backend, struct linebuf *bb, const char *line, size_t len, char *out, size_t cap)
 {
     if (*backend < 0) {
@@ -183,6 +215,8 @@ static void *serve(void *arg)
             n = udp_ask("UDP", line + 4, 1, out, sizeof out);
         } else if (strncmp(line, "UDPTO ", 6) == 0) {
             n = udp_ask("UDPTO", line + 6, 0, out, sizeof out);
+        } else if (strncmp(line, "ASK ", 4) == 0) {
+            n = ask(line + 4, out, sizeof out);
         } else {
             n = forward(&backend, &bb, line, (size_t)len, out, sizeof out);
         }

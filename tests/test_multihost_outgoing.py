@@ -56,6 +56,23 @@ while True:
 """
 
 
+# A server that answers once it has read to the end of its input, then
+# closes: a program asking it shuts down its writing side and reads on.
+AT_EOF_PORT = BACKEND_PORT + 1
+AT_EOF = """
+import socket, sys
+s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
+print('ready', flush=True)
+while True:
+    c, _ = s.accept()
+    got = b''
+    while chunk := c.recv(4096):
+        got += chunk
+    c.sendall(b'heard %d bytes: ' % len(got) + got)
+    c.close()
+"""
+
+
 def start_backend(cluster, host: int, log_path, kill_pid=None, kill_on=None):
     p = subprocess.Popen(in_ns(cluster.hosts[host][0], sys.executable, "-c", BACKEND, BACKEND_PORT, log_path,
                                *([kill_pid, kill_on] if kill_pid else [])),
@@ -147,11 +164,17 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
     c = cluster.client()
     assert c.lines(["CONNECT 7199", "PROBE 7199", f"PROBE {BACKEND_PORT}"])[0] == [
         "CONNECT Connection refused", "PROBE Connection refused", f"PROBE connected {BACKEND_PORT}"]
+    # Half-close: the program shuts down its writing side and reads the answer.
+    at_eof = subprocess.Popen(in_ns(cluster.hosts[3][0], sys.executable, "-c", AT_EOF, AT_EOF_PORT),
+                              stdout=subprocess.PIPE, text=True)
+    cluster.procs.append(at_eof)
+    assert at_eof.stdout.readline().strip() == "ready"
+    assert c.lines([f"ASK {AT_EOF_PORT} hello there"])[0] == ["ASK heard 12 bytes: hello there"]
     c.close()
     states = shutdown_and_compare(cluster, cluster.members)
-    assert all(s["replicas"][0]["outgoing"]["connections"] == 4 for s in states)
+    assert all(s["replicas"][0]["outgoing"]["connections"] == 5 for s in states)
     assert all(s["replicas"][0]["outgoing"]["failed"] == 2 for s in states)
-    gateway_counted(cluster, 4)
+    gateway_counted(cluster, 5)
 
 
 @pytest.mark.parametrize("kill_at", [

@@ -25,13 +25,20 @@ log = logging.getLogger("llft.gateway")
 READ_CHUNK = 65536
 
 
+# After the program closes (or shuts down the writing side of) a connection,
+# the peer's side stays open this long for what it still sends.
+LINGER_S = 30.0
+
+
 class _Client:
-    __slots__ = ("writer", "sent", "writable")
+    __slots__ = ("writer", "sent", "writable", "write_closed", "peer_done")
 
     def __init__(self, writer):
         self.writer = writer
         self.sent = 0                     # bytes of the server's output the client has had
         self.writable = asyncio.Event()
+        self.write_closed = False         # the program's side ended (CLOSE): the peer has had EOF
+        self.peer_done = False            # the peer's side ended: nothing more to read
 
 
 class ClusterGateway:
@@ -99,8 +106,11 @@ class ClusterGateway:
                 await self._send(cid, c, payload.data_request(chunk))
         except (ConnectionError, OSError):
             pass  # the client went away: the program sees the end of its input
-        if cid in self.clients:
+        c.peer_done = True
+        if self.clients.get(cid) is c:
             await self._send(cid, c, payload.eof_request())
+            if c.write_closed:
+                self._closed(cid, c)
 
     def _reply(self, cid: ConnId, body: bytes):
         if self.udp is not None and self.udp.handles(cid):
@@ -118,14 +128,35 @@ class ClusterGateway:
         if c is None:
             return
         if kind == payload.CLOSE:
-            del self.clients[cid]
-            self.stats["open"] -= 1
-            c.writer.close()
+            # Half-close: the program may have shut down only its writing
+            # side (shutdown(SHUT_WR)) and still read the peer's answer, as a
+            # program asking a server that answers at the end of its input
+            # does.  The peer gets EOF; the connection ends when the peer's
+            # side does too (or after LINGER_S).
+            if not c.write_closed:
+                c.write_closed = True
+                if c.peer_done or not c.writer.can_write_eof():
+                    self._closed(cid, c)
+                else:
+                    try:
+                        c.writer.write_eof()
+                    except (ConnectionError, OSError, RuntimeError):
+                        self._closed(cid, c)
+                        return
+                    asyncio.get_running_loop().call_later(LINGER_S, self._closed, cid, c)
             return
+        if c.write_closed:
+            return    # nothing follows CLOSE (a new primary's repeat at most)
         if offset > c.sent:
             self.stats["missing_bytes"] += offset - c.sent
             log.error("connection %s: %d bytes of the server's output are missing", cid, offset - c.sent)
         self.stats["bytes_out"] += write_once(c, rest[0], offset)
+
+    def _closed(self, cid: ConnId, c: _Client):
+        if self.clients.get(cid) is c:
+            del self.clients[cid]
+            self.stats["open"] -= 1
+            c.writer.close()
 
     async def close(self, timeout: float = 2.0):
         writers = [c.writer for c in self.clients.values()]
