@@ -182,7 +182,10 @@ class MemberDatagrams:
         self.replica, self.outbox, self.primary = replica, outbox, primary
         self.ports: dict[int, ReplicaPort] = {}
         self.merges: dict[int, _Merge] = {}
-        self.cids: dict[int, ConnId] = {}           # port -> the connection that delivered last
+        # port -> the first connection that delivered on it: replies to an
+        # address never heard from go there (the same at every member,
+        # unlike "the last one", which depends on when a reply is read)
+        self.cids: dict[int, ConnId] = {}
         self.routes: OrderedDict[tuple, ConnId] = OrderedDict()   # (port, host, client port) -> connection
         self.numbered: dict[ConnId, int] = {}       # replies numbered per connection
         self.stats = {"replica_lost": 0, "malformed_replies": 0, "kept_dropped": 0}
@@ -223,7 +226,7 @@ class MemberDatagrams:
 
     def _deliver(self, cid: ConnId, req: tuple):
         _, program_port, number, host, client_port, data = req
-        self.cids[program_port] = cid
+        self.cids.setdefault(program_port, cid)
         route = (program_port, host, client_port)
         self.routes[route] = cid
         self.routes.move_to_end(route)

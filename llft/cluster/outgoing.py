@@ -113,6 +113,9 @@ class MemberOutgoing:
             if cid not in self.heard:
                 self.heard.append(cid)
                 self._choose()
+                if self.control is not None and cid != self.control:
+                    log.info("gateway group %d also offers outgoing connections; the group's go through %d",
+                             cid.client, self.control.client)
             return
         if kind == payload.XRESULT:
             _, k, err, host, port, lhost, lport = req
@@ -154,9 +157,6 @@ class MemberOutgoing:
         if self.chosen is None and self.primary and self.heard:
             self.chosen = self.heard[0]
             self.ep.add_order_info(payload.control_blob(tuple(self.chosen)))
-            if len(self.heard) > 1:
-                log.info("outgoing connections through the gateway of connection %s (of %d offered)",
-                         tuple(self.chosen), len(self.heard))
         if self.chosen is not None and self.chosen in self.heard:
             self.control = self.chosen
             self._announce()
