@@ -254,10 +254,10 @@ def test_two_gateways_serve_one_group_at_once(cluster, examples):
     backup's program accepts the very connections the primary's accepted,
     in the primary's order (the shim keeps a connection that came early
     until the accept the primary made of it), and every replica agrees.
-    A tenth of what one backup's host receives is lost, so that it gets
+    A quarter of what one backup's host receives is lost, so that it gets
     the two gateways' connections in another order than the primary."""
     start_three(cluster, examples, extra=["--fault-timeout", "300"])
-    drop_randomly(cluster.hosts[2][0], [17400], 10)
+    drop_randomly(cluster.hosts[2][0], [17400], 25)
     cluster.start_gateway(3, port=PROGRAM_PORT + 1, extra=["--program-port", PROGRAM_PORT], name="gateway2")
     results = {}
 
@@ -707,7 +707,7 @@ def test_udp_server_across_hosts_survives_the_primarys_death(cluster, examples):
 
 def test_udp_port_served_by_two_gateways_at_once(cluster, examples):
     """Two gateways serve the program's UDP port, each with its own virtual
-    connection, and a tenth of what one backup's host receives is lost, so
+    connection, and a quarter of what one backup's host receives is lost, so
     the two streams of datagrams reach the members interleaved differently,
     while the program reads them from one socket.  Every replica reads them
     in the primary's order (its ordering information names them), each
@@ -715,7 +715,7 @@ def test_udp_port_served_by_two_gateways_at_once(cluster, examples):
     primary's death the survivors agree on every datagram sent."""
     first = cluster.start_members(3, [examples / "udp_server", PROGRAM_PORT],
                                   UDP_MEMBER_OPTIONS + ["--fault-timeout", "300"])
-    drop_randomly(cluster.hosts[2][0], [17400], 10)
+    drop_randomly(cluster.hosts[2][0], [17400], 25)
     cluster.start_gateway(3, extra=["--udp-port", str(PROGRAM_PORT)])
     second = cluster.start_gateway(3, port=PROGRAM_PORT + 1, extra=["--udp-port", f"{PROGRAM_PORT}:{PROGRAM_PORT + 1}"],
                                    name="gateway2")
