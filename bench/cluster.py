@@ -6,7 +6,9 @@ netem on this kernel: no added delay).  Needs root.
    for examples/bin/msg_server replicated 3-way (`llft-run --join` on three
    hosts, `llft-gateway` and the C load generator on a fourth) against the
    same server unreplicated on one host, reached directly from the client
-   host, in the same run.
+   host, in the same run; and redis-benchmark (SET, GET) and memcslap (set)
+   with 16 clients against Debian's redis-server and memcached the same
+   two ways.
 2. Issue #5 across hosts: LLFT Fig. 16 (primary view change vs number of
    replicas, no clients), fault detection time, and Fig. 17 (recovery =
    view change + virtual synchrony, vs concurrent clients, 2- and 3-way)
@@ -44,6 +46,8 @@ sys.path.insert(0, str(REPO / "tests"))      # the netns hosts and the Cluster h
 from netns import bridged_hosts, in_ns  # noqa: E402
 from test_multihost import Cluster  # noqa: E402
 
+from servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps  # noqa: E402
+
 from llft.cluster.member import FAULT_TIMEOUT_S  # noqa: E402
 from llft.rundir import STATE_FILE  # noqa: E402
 
@@ -79,9 +83,10 @@ class BenchCluster(Cluster):
         except (OSError, ValueError):
             return None
 
-    def form(self, n: int, group: str, extra=()) -> list[Path]:
-        """n members on hosts 0..n-1: the first founds the group, the others join."""
-        program = [BIN / "msg_server", PORT]
+    def form(self, n: int, group: str, extra=(), program=None) -> list[Path]:
+        """n members on hosts 0..n-1 running program (msg_server by default):
+        the first founds the group, the others join."""
+        program = program or [BIN / "msg_server", PORT]
         first = self.start_member(0, program, group, extra)
         self.wait(lambda: (s := self.status(first)) and s["members"], "the first member to found the group")
         for host in range(1, n):
@@ -313,6 +318,52 @@ def serving(hosts, tmp: Path, sizes, clients, count, secs) -> list[dict]:
     return rows
 
 
+def real_servers(hosts, tmp: Path, quick: bool) -> list[dict]:
+    """redis-benchmark (SET, GET) and memcslap (set) with 16 clients from the
+    clients' host: against the server unreplicated on host 0, then through
+    the gateway to it replicated on hosts 0-2, in the same run."""
+    rows = []
+    client_ns = in_ns(hosts[GATEWAY_HOST][0])
+    plain_host = hosts[0][1]
+    for name, available, program, load in (
+            ("redis", have_redis, redis,
+             lambda host, port, n: {f"redis_{op.lower()}": rps for op, rps in
+                                    redis_rps(port, 16, n, host, client_ns).items()}),
+            ("memcached", have_memcached, memcached,
+             lambda host, port, n: {"memcached_set": memcslap_rps(port, 16, max(1, n // 16), host, client_ns)})):
+        if not available():
+            continue
+        n_plain, n_llft = (2000, 500) if quick else (20000, 3000)
+        plain = subprocess.Popen(in_ns(hosts[0][0], *program(PLAIN_PORT, "0.0.0.0")), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            results = {"plain": load(plain_host, PLAIN_PORT, n_plain)}
+        finally:
+            plain.terminate()
+            plain.wait()
+        (tmp / name).mkdir()
+        c = BenchCluster(hosts, tmp / name)
+        try:
+            c.form(3, name, program=program(PORT, "0.0.0.0"))
+            c.start_gateway(GATEWAY_HOST, name, PORT)
+            time.sleep(0.5)
+            results["llft"] = load("127.0.0.1", PORT, n_llft)
+        except (subprocess.CalledProcessError, AssertionError) as e:
+            print(f"{name} across hosts failed: {e!r}"[:2000], file=sys.stderr)
+            c.diagnose()
+        finally:
+            c.stop()
+        for bench, rps in results["plain"].items():
+            row = {"bench": bench, "mode": "plain", "clients": 16, "rps": round(rps, 1), "replicas": 1}
+            rows.append(row)
+            got = results.get("llft", {}).get(bench)
+            rows.append({"bench": bench, "mode": "llft", "clients": 16, "replicas": 3,
+                         **({"rps": round(got, 1), "ratio_rps": round(got / rps, 4)} if got else
+                            {"error": "no result"})})
+    return rows
+
+
 def p99(xs):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, len(xs) * 99 // 100)]
@@ -336,8 +387,11 @@ def report(lines: list[dict], out: Path):
         elif l["bench"] == "latency":
             print(f"  {l['size']:>6} B {'':28} {p['p50_us']:>7.1f}/{p['p99_us']:>8.1f} "
                   f"{l['p50_us']:>8.1f}/{l['p99_us']:>9.1f} {l['added_p50_us']:>+10.1f} {l['ratio_p50']:>6}")
-        else:
+        elif l["bench"] == "throughput":
             print(f"  throughput {l['clients']:>2} clients, 1 KiB {'':13} {p['rps']:>12.0f}/s {l['rps']:>14.0f}/s "
+                  f"{'':10} {l['ratio_rps']:>6}")
+        else:
+            print(f"  {l['bench']:<14} {l['clients']:>2} clients {'':14} {p['rps']:>12.0f}/s {l['rps']:>14.0f}/s "
                   f"{'':10} {l['ratio_rps']:>6}")
     fo = [l for l in lines if l["bench"] in ("view_change", "failover")]
     if fo:
@@ -381,6 +435,7 @@ def main():
         tmp = Path(t)
         if args.only != "failover":
             lines += [{**base, **r} for r in serving(hosts, tmp, sizes, clients, count, secs)]
+            lines += [{**base, **r} for r in real_servers(hosts, tmp, q)]
         if args.only != "serving":
             ft = (tmp / "failover")
             ft.mkdir()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,6 +23,7 @@ BIN = REPO / "examples" / "bin"
 LLFT_RUN = str(Path(sys.executable).with_name("llft-run"))
 sys.path.insert(0, str(REPO / "bench"))
 from determinizer import git_rev  # noqa: E402
+from servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps  # noqa: E402
 
 
 def free_port() -> int:
@@ -77,35 +76,6 @@ def msg_server(port):
     return [str(BIN / "msg_server"), str(port)]
 
 
-def redis(port):
-    return [shutil.which("redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"]
-
-
-def memcached(port):
-    # Without its LRU background threads, which race on atomics (docs/serving.md, "memcached").
-    return [shutil.which("memcached"), "-t", "4", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-u", "root",
-            "-o", "no_lru_crawler,no_lru_maintainer"]
-
-
-def redis_rps(port, clients, n) -> dict:
-    out = subprocess.run(["redis-benchmark", "-p", str(port), "-c", str(clients), "-n", str(n), "-t", "set,get",
-                          "--csv"], capture_output=True, text=True, check=True).stdout
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(r'"(\w+)","([\d.]+)"', line)
-        if m:
-            rows[m.group(1)] = float(m.group(2))
-    return rows
-
-
-def memcslap_rps(port, clients, n) -> float:
-    tool = shutil.which("memcslap")
-    start = time.monotonic()
-    subprocess.run([tool, f"--servers=127.0.0.1:{port}", f"--concurrency={clients}", f"--execute-number={n}",
-                    "--test=set", "--binary"], capture_output=True, check=True)
-    return clients * n / (time.monotonic() - start)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, default=3)
@@ -131,7 +101,7 @@ def main():
                     lines.append({**base, "suite": "serving", "bench": "throughput", "mode": mode, **r})
             finally:
                 srv.stop()
-            if shutil.which("redis-server") and shutil.which("redis-benchmark"):
+            if have_redis():
                 srv = Server(redis, replicas, tmp)
                 try:
                     for op, rps in redis_rps(srv.port, 16, 5000 if args.quick else 20000).items():
@@ -139,7 +109,7 @@ def main():
                                       "clients": 16, "rps": rps})
                 finally:
                     srv.stop()
-            if shutil.which("memcached") and shutil.which("memcslap"):
+            if have_memcached():
                 srv = Server(memcached, replicas, tmp)
                 try:
                     rps = memcslap_rps(srv.port, 16, 500 if args.quick else 2000)
