@@ -112,3 +112,18 @@ def test_network_faults_on_a_local_group_are_refused(args, message, tmp_path):
     run(tool("llft-run"), "--replicas", "2", "--run-dir", str(rd), "--", "true")
     p = run(tool("llft-kill"), "--run-dir", str(rd), *args)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_llft_run_warns_of_a_program_known_to_race(tmp_path):
+    """memcached's LRU threads race on atomics outside any lock
+    (docs/serving.md): llft-run says how to run it instead (here a stand-in
+    that exits at once, named memcached)."""
+    import shutil
+    fake = tmp_path / "memcached"
+    fake.symlink_to(shutil.which("true"))
+    warned = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "a"), "--", str(fake), "-t", "4")
+    assert warned.returncode == 0, warned.stderr
+    assert "-o no_lru_crawler,no_lru_maintainer" in warned.stderr, warned.stderr
+    quiet = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "b"), "--", str(fake), "-t", "4",
+                "-o", "no_lru_crawler,no_lru_maintainer")
+    assert quiet.returncode == 0 and "no_lru" not in quiet.stderr, quiet.stderr

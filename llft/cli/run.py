@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, rundir
+from llft.cli.advice import known_race
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
@@ -201,11 +202,13 @@ def main(argv=None) -> int:
                                  0 if args.join else args.replicas)
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
+    setup_logging(args.log_level, run_dir / "llft.log")
+    advice = known_race(program)
+    if advice:
+        log.warning("%s", advice)
     if args.join:
-        setup_logging(args.log_level, run_dir / "llft.log")
         return run_member(args, program, run_dir)
 
-    setup_logging(args.log_level, run_dir / "llft.log")
     options = GroupOptions(replicas=args.replicas, ring_slots=args.ring_slots,
                            stall_timeout_ms=int(args.divergence_timeout * 1000),
                            end_grace_ms=int(args.end_grace * 1000),
