@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from conftest import PROGRAMS_DIR
 from netns import deaf_to, in_ns
 from serving import concurrently
 from test_multihost import PROGRAM_PORT, cluster, cluster_of, outputs_of  # noqa: F401 (fixtures)
@@ -56,21 +57,7 @@ while True:
 """
 
 
-# A server that answers once it has read to the end of its input, then
-# closes: a program asking it shuts down its writing side and reads on.
-AT_EOF_PORT = BACKEND_PORT + 1
-AT_EOF = """
-import socket, sys
-s = socket.create_server(('127.0.0.1', int(sys.argv[1])))
-print('ready', flush=True)
-while True:
-    c, _ = s.accept()
-    got = b''
-    while chunk := c.recv(4096):
-        got += chunk
-    c.sendall(b'heard %d bytes: ' % len(got) + got)
-    c.close()
-"""
+AT_EOF_PORT = BACKEND_PORT + 1   # tests/programs/answer_at_eof.py
 
 
 def start_backend(cluster, host: int, log_path, kill_pid=None, kill_on=None):
@@ -165,8 +152,8 @@ def test_gateway_makes_the_groups_outgoing_connections(cluster, examples, tmp_pa
     assert c.lines(["CONNECT 7199", "PROBE 7199", f"PROBE {BACKEND_PORT}"])[0] == [
         "CONNECT Connection refused", "PROBE Connection refused", f"PROBE connected {BACKEND_PORT}"]
     # Half-close: the program shuts down its writing side and reads the answer.
-    at_eof = subprocess.Popen(in_ns(cluster.hosts[3][0], sys.executable, "-c", AT_EOF, AT_EOF_PORT),
-                              stdout=subprocess.PIPE, text=True)
+    at_eof = subprocess.Popen(in_ns(cluster.hosts[3][0], sys.executable, PROGRAMS_DIR / "answer_at_eof.py",
+                                    AT_EOF_PORT), stdout=subprocess.PIPE, text=True)
     cluster.procs.append(at_eof)
     assert at_eof.stdout.readline().strip() == "ready"
     assert c.lines([f"ASK {AT_EOF_PORT} hello there"])[0] == ["ASK heard 12 bytes: hello there"]

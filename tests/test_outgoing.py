@@ -11,6 +11,7 @@ import http.client
 import http.server
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -338,25 +339,15 @@ def test_outgoing_udp_from_unbound_sockets(examples, tmp_path, backend):
 def test_a_half_closed_connection_still_gets_its_answer(examples, tmp_path):
     """The program sends a request, shuts down its writing side and reads the
     answer of a server that answers once its input ends (proxy_server's ASK)."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def answer_at_eof():
-        while True:
-            try:
-                c, _ = server.accept()
-            except OSError:
-                return
-            got = b""
-            while chunk := c.recv(4096):
-                got += chunk
-            c.sendall(b"heard %d bytes: " % len(got) + got)
-            c.close()
-    threading.Thread(target=answer_at_eof, daemon=True).start()
-    group = proxy_group(tmp_path, examples, free_port())
+    port = free_port()
+    server = subprocess.Popen([sys.executable, PROGRAMS_DIR / "answer_at_eof.py", str(port)], stdout=subprocess.PIPE,
+                              text=True)
     try:
+        assert server.stdout.readline().strip() == "ready"
+        group = proxy_group(tmp_path, examples, free_port())
         with group.connect() as s:
-            assert line_client(s, [f"ASK {server.getsockname()[1]} hello there"])[0] == \
-                ["ASK heard 12 bytes: hello there"]
+            assert line_client(s, [f"ASK {port} hello there"])[0] == ["ASK heard 12 bytes: hello there"]
         finish(group)
     finally:
-        server.close()
+        server.kill()
+        server.wait()

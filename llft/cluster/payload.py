@@ -197,21 +197,26 @@ def view_blob(pvn: int, bases: list[tuple[tuple[int, int, int], int]]) -> bytes:
     return TAG_VIEW + _pack(pvn, [[*cid, base] for cid, base in bases])
 
 
+def _counts(xs) -> bool:
+    """Every one a non-negative integer (group ids, sequence numbers, offsets)."""
+    return all(isinstance(x, int) and x >= 0 for x in xs)
+
+
 def parse_blob(blob: bytes) -> tuple:
     tag, body = blob[:1], blob[1:]
     if tag == TAG_RECORDS:
         return TAG_RECORDS, body
     if tag == TAG_BOUNDARY:
         v = _unpack(body)
-        if len(v) == 5 and all(isinstance(x, int) and x >= 0 for x in v[:4]) and isinstance(v[4], bool):
+        if len(v) == 5 and _counts(v[:4]) and isinstance(v[4], bool):
             return TAG_BOUNDARY, (v[0], v[1], v[2]), v[3], v[4]
     if tag == TAG_DATAGRAM:
         v = _unpack(body)
-        if len(v) == 4 and all(isinstance(x, int) and x >= 0 for x in v):
+        if len(v) == 4 and _counts(v):
             return TAG_DATAGRAM, (v[0], v[1], v[2]), v[3]
     if tag == TAG_CONTROL:
         v = _unpack(body)
-        if len(v) == 3 and all(isinstance(x, int) and x >= 0 for x in v):
+        if len(v) == 3 and _counts(v):
             return TAG_CONTROL, (v[0], v[1], v[2])
     if tag == TAG_END:
         v = _unpack(body)
@@ -219,7 +224,7 @@ def parse_blob(blob: bytes) -> tuple:
             return TAG_END, v[0]
     if tag == TAG_VIEW:
         v = _unpack(body)
-        if len(v) == 2 and isinstance(v[1], list) and all(
-                isinstance(r, list) and len(r) == 4 and all(isinstance(x, int) and x >= 0 for x in r) for r in v[1]):
+        if len(v) == 2 and isinstance(v[1], list) and all(isinstance(r, list) and len(r) == 4 and _counts(r)
+                                                          for r in v[1]):
             return TAG_VIEW, v[0], [((r[0], r[1], r[2]), r[3]) for r in v[1]]
     raise BadPayload(f"unknown ordering information {tag!r}")
