@@ -466,6 +466,44 @@ def survivors_agree_and_end(cluster, indices, expected_keys: int):
     assert all(o == outs[0] for o in outs), "the survivors did not produce the same output"
 
 
+# Short client connections, one after another, from one process in the gateway's host.
+SHORT_CONNECTIONS = r"""
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"SET short%d v%d\n" % (i, i))
+        f = s.makefile("rb")
+        assert f.readline() == b"OK\n", i
+"""
+
+
+def test_many_short_connections_are_retired_and_the_group_stays_calm(cluster, examples):
+    """A connection both sides ended leaves messaging (llft/messaging/retire.py).
+    Before, every connection ever made stayed, visited on every tick and kept
+    alive with a KeepAlive every 50 ms: after ~400 short connections the
+    primary missed its Heartbeats and the group failed over again and again."""
+    old = start_three(cluster, examples)["members"][0]["member"]
+    n = 600
+    r = subprocess.run(in_ns(cluster.hosts[cluster.gateway_host][0], "python3", "-c", SHORT_CONNECTIONS,
+                             PROGRAM_PORT, n), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    views = [cluster.status(d)["view"] for _, d in cluster.members]
+    assert all(v == {"pvn": 1, "primary": old} for v in views), f"the group failed over: {views}"
+
+    def retired():
+        states = [cluster.status(d) for d in [*(d for _, d in cluster.members), cluster.gateway_dir]]
+        return all(st["messaging"]["connections"] <= 3 for st in states)
+    cluster.wait(retired, "the finished connections to be retired", timeout=30)
+    c = cluster.client()
+    assert c.lines(["DIGEST"])[0][0].split()[2] == str(n)
+    c.close()
+    numbering_agrees(cluster, [0, 1, 2])
+    outs = [outputs_of(cluster.status(d)) for _, d in cluster.members]
+    assert outs[0]["closed"]["connections"] >= n and all(o == outs[0] for o in outs), \
+        "the replicas' outputs differ"
+
+
 def test_partition_then_heal_one_branch_survives(cluster, examples):
     old = start_three(cluster, examples)["members"][0]["member"]
     writes_then_reads(cluster, "before", 30)

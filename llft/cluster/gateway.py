@@ -157,6 +157,9 @@ class ClusterGateway:
             del self.clients[cid]
             self.stats["open"] -= 1
             c.writer.close()
+            if not c.peer_done and self.ep.writable(cid):
+                self.ep.send(cid, payload.eof_request())   # (after LINGER_S) the group ends its side too
+            self.ep.finish(cid)
 
     async def close(self, timeout: float = 2.0):
         writers = [c.writer for c in self.clients.values()]

@@ -43,6 +43,7 @@ from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
 from llft.cluster.view_notice import ViewNotice
+from llft.messaging.retire import RETIRED_DROP
 from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
@@ -234,9 +235,12 @@ class HostMember:
             self._become_primary()
         else:
             self.feeder = RecordFeeder(stream, self.replica.alive)
-            for client, server, seq, consumed, reqs in joined.conns:
+            for client, server, seq, consumed, acked, reqs in joined.conns:
                 cid = ConnId(client, server, seq)
-                adopt_connection(self.ep, cid, consumed)
+                if consumed < 0:
+                    self.ep.retire_now(cid, acked)
+                else:
+                    adopt_connection(self.ep, cid, consumed, acked)
                 self.pending_inputs.append((cid, reqs))
             for _oseq, blob in joined.history:
                 self._order(blob)
@@ -274,13 +278,21 @@ class HostMember:
         transfer by log): every ordering blob since the group began, and
         every request each connection has handed on so far, with the
         msgSeqNum it reached; its program replays them from the start."""
-        conns = [[*cid, self.ep.conns[cid].rx.consumed, [list(r) for r in reqs]]
-                 for cid, reqs in self.history.inputs.items() if cid in self.ep.conns]
+        conns = [[*cid, *self._transferred(cid), [list(r) for r in reqs]] for cid, reqs in self.history.inputs.items()]
         # A newcomer's fault detector settles as long as the older backups'
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.
         return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
                 "conns": conns, "settling_ms": max(0, int(self._settling_left() * 1000))}
+
+    def _transferred(self, cid: ConnId) -> tuple[int, int]:
+        """A connection's messaging state for a newcomer: (msgs consumed, ours
+        the remote acknowledged), or (-1, msgs we sent) for one retired
+        (retire.py), whose input the newcomer's program replays all the same."""
+        c = self.ep.conns.get(cid)
+        if c is None:
+            return -1, self.ep.retired_sent.get(cid, 0)
+        return c.rx.consumed, c.tx.remote_ack
 
     def _settling_left(self) -> float:
         """Seconds left of this primary's first SETTLING_S after its takeover
@@ -481,6 +493,7 @@ class HostMember:
             self.relay.data(num, req[1])
         else:
             self.relay.eof(num)
+            self.output.input_ended(cid)
 
     async def _inbound(self, ready: asyncio.Event):
         """Client bytes to the replica, as fast as it takes them (bounded: a
@@ -642,8 +655,9 @@ class HostMember:
             await asyncio.sleep(0.015)
         else:
             log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them "
-                      "(%s)", ", ".join(f"connection {tuple(cid)}: have {ep.conns[cid].rx.received_upto} of {n}"
-                                        for cid, n in last_sent.items() if ep.conns[cid].rx.received_upto < n))
+                      "(%s)", ", ".join(f"connection {tuple(cid)}: have {c.rx.received_upto} of {n}"
+                                        for cid, n in last_sent.items()
+                                        if (c := ep.conns.get(cid)) is not None and c.rx.received_upto < n))
         for cid, c in ep.conns.items():
             bases.setdefault(cid, c.tx.remote_ack)
         sync = ep.sequencer.upto
@@ -753,8 +767,10 @@ class HostMember:
         now = self.ep.drops.snapshot() if self.ep else {}
         new = {k: v - self._drops_logged.get(k, 0) for k, v in now.items() if v > self._drops_logged.get(k, 0)}
         if new:
-            log.warning("dropped datagrams/messages: %s (total %d)",
-                        ", ".join(f"{k} +{v}" for k, v in sorted(new.items())), sum(now.values()))
+            # Stray messages for a connection retired here are expected (retire.py).
+            level = logging.INFO if new.keys() <= {RETIRED_DROP} else logging.WARNING
+            log.log(level, "dropped datagrams/messages: %s (total %d)",
+                    ", ".join(f"{k} +{v}" for k, v in sorted(new.items())), sum(now.values()))
             self._drops_logged = now
 
     def write_state(self, phase: str):

@@ -138,8 +138,8 @@ class Joiner:
                     for h in history):
                 raise TypeError("history")
             if not isinstance(conns, list) or not all(
-                    isinstance(c, list) and len(c) == 5 and all(isinstance(x, int) for x in c[:4])
-                    and isinstance(c[4], list) for c in conns):
+                    isinstance(c, list) and len(c) == 6 and all(isinstance(x, int) for x in c[:5])
+                    and isinstance(c[5], list) for c in conns):
                 raise TypeError("conns")
             settling_s = max(int(body.get("settling_ms", 0)), 0) / 1000
             return Joined(view, int(body["index"]), int(body["oseq"]), history, conns, settling_s)

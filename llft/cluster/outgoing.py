@@ -140,6 +140,7 @@ class MemberOutgoing:
         else:
             r.eof = True
             self._to_sink(r, lambda w: w.can_write_eof() and w.write_eof())
+            self.output.input_ended(cid)
 
     def chosen_by_primary(self, cid: ConnId):
         """Backup: the primary's ordering information names its control connection."""

@@ -60,6 +60,11 @@ class Outbox:
         self._put(cid, body, order_info)
 
     def _put(self, cid: ConnId, body: bytes, order_info: bytes):
+        if cid not in self.ep.conns:
+            # Retired before this member joined (its replica replays the
+            # connection from the transferred input; the gateway is done with it).
+            self.ep.counters["output_of_retired"] += 1
+            return
         q = self.waiting.get(cid)
         if q is None and self.ep.writable(cid):
             self.ep.send(cid, body, order_info)
@@ -81,9 +86,12 @@ class Outbox:
     def generated(self, limit: int = 256) -> dict[str, int]:
         """Messages generated per connection (the first `limit`), numbered by
         messaging or still waiting here: once quiet, the same at every member
-        (semi-active replication: a backup cuts its output where the primary did)."""
-        return {"%d:%d:%d" % cid: c.tx.msg_seq_count + len(self.waiting.get(cid, ()))
-                for cid, c in islice(self.ep.conns.items(), limit)}
+        (semi-active replication: a backup cuts its output where the primary
+        did), retired connections' too."""
+        counts = dict(islice(self.ep.retired_sent.items(), limit))   # (retire.py)
+        counts.update((cid, c.tx.msg_seq_count + len(self.waiting.get(cid, ())))
+                      for cid, c in islice(self.ep.conns.items(), limit))
+        return {"%d:%d:%d" % cid: n for cid, n in sorted(counts.items())[:limit]}
 
     def take(self, cid: ConnId) -> list[bytes]:
         """The bodies still waiting on a connection, which no longer go out
@@ -94,13 +102,14 @@ class Outbox:
 
 
 class _Produced:
-    __slots__ = ("buf", "start", "closed", "close_sent", "cuts")
+    __slots__ = ("buf", "start", "closed", "close_sent", "input_ended", "cuts")
 
     def __init__(self):
         self.buf = bytearray()   # output not yet cut into messages, from offset start
         self.start = 0
         self.closed = False      # the program closed the connection
         self.close_sent = False
+        self.input_ended = False  # the remote's side ended (EOF)
         self.cuts: deque = deque()   # backups: (end, closed) from the primary, in order
 
 
@@ -129,6 +138,17 @@ class ReplyStream:
         p.closed = True
         self._emit(cid, p)
 
+    def input_ended(self, cid: ConnId):
+        """The remote side ended (the client's or remote server's EOF)."""
+        p = self._of(cid)
+        p.input_ended = True
+        self._maybe_finished(cid, p)
+
+    def _maybe_finished(self, cid: ConnId, p: _Produced):
+        # Both sides ended: messaging retires the connection once it is quiet.
+        if p.input_ended and p.close_sent:
+            self.outbox.ep.finish(cid)
+
     def boundary(self, cid: ConnId, end: int, closed: bool):
         p = self._of(cid)
         p.cuts.append((end, closed))
@@ -147,6 +167,7 @@ class ReplyStream:
         p.close_sent = True
         end = p.start + len(p.buf)
         self.outbox.put(cid, payload.close_reply(end), payload.boundary_blob(cid, end, True) if self.primary else b"")
+        self._maybe_finished(cid, p)
 
     def _emit(self, cid: ConnId, p: _Produced):
         if self.primary:

@@ -16,6 +16,7 @@ class Config:
     nack_delay: float = 0.008      # a gap younger than this may be reordering: not Nacked yet
     nack_interval: float = 0.015   # Nack retransmission while the nack list is non-empty
     keepalive: float = 0.050       # idle inter-group connection (lines 54-55)
+    keepalive_max: float = 2.0     # ... doubling up to this while they say nothing new (periodic.py)
     heartbeat: float = 0.020       # intra-group connection (lines 56-59)
     liveness: float = 0.0          # a bodiless Heartbeat when nothing went to the group for this long (fault detectors); 0: none
     max_ack: int = 4               # MAX_ACK: FirstAcks for one message before flow control (line 65)

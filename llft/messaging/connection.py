@@ -22,6 +22,8 @@ class Connection:
         self.first_ack = 0         # FirstAck outstanding until a SecondAck covers it
         self.first_ack_tx = 0.0
         self.last_tx = now         # for KeepAlive
+        self.keepalive_every = config.keepalive
+        self.keepalive_said: tuple | None = None   # what the last KeepAlive said (periodic.py)
         self.last_nack = -1.0
         # intra-group flow control (lines 61-66): FirstAcks for our last msn,
         # and the msn our backups must generate before we send again

@@ -8,6 +8,7 @@ The upper interface the rest of llft uses:
     ep.recv() -> (conn, payload) | None            # or ep.on_deliver = fn(conn, payload)
     ep.recv_order() -> [blob, ...]                 # backups: the primary's ordering info, in order
     ep.events / ep.on_event(name, info)            # connection, reset-and-rejoin, remote-primary-changed, ...
+    ep.finish(conn)                                # the application ended it both ways: retired once quiet
     ep.stats() -> dict                             # counts, drops by reason, buffer sizes
 
 The protocol itself is split by concern: inbound.py (messages from the remote
@@ -27,8 +28,9 @@ from llft.messaging.fragments import Codec
 from llft.messaging.ids import ConnId, View
 from llft.messaging.inbound import InboundMixin
 from llft.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
-from llft.messaging.ordering import OrderLog, OrderSequencer
+from llft.messaging.ordering import OrderLog, OrderSequencer, Reflector
 from llft.messaging.periodic import PeriodicMixin
+from llft.messaging.retire import RETIRED_DROP, RetireMixin, Tombstones
 from llft.messaging.sendside import SentEntry
 from llft.wire import MsgType, Piggyback, Role
 
@@ -38,7 +40,7 @@ class WindowFull(BlockingIOError):
     `on_writable` (or poll `writable`)."""
 
 
-class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
+class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
     MAX_CONNECTIONS = 4096
 
     def __init__(self, view: View, member: int, clock: Clock, transport, keyring,
@@ -52,6 +54,11 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         self.codec = Codec(keyring, {self.group, *extra_groups}, self.config)
         self.drops = self.codec.drops
         self.conns: dict[ConnId, Connection] = {}
+        self.finishing: dict[ConnId, list[float]] = {}   # ended by the application: retired once quiet (retire.py)
+        self.tombstones = Tombstones()
+        self.retired_sent: dict[ConnId, int] = {}    # the first retired connections' final msgSeqCounts
+        self.orphans: dict[int, Reflector] = {}     # remote group -> retired connections' unacknowledged reflections
+        self._last_retire_check = -1.0
         self.lamport = 0                 # myTimestamp
         self.order_log = OrderLog()
         self.sequencer = OrderSequencer()   # backups: ordering info received
@@ -194,6 +201,9 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
     def _conn(self, cid: ConnId) -> Connection | None:
         c = self.conns.get(cid)
         if c is None:
+            if cid in self.tombstones:
+                self.drops.count(RETIRED_DROP)
+                return None
             if len(self.conns) >= self.MAX_CONNECTIONS:
                 self.drops.count("too-many-connections")
                 return None
@@ -231,6 +241,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
             if self.is_primary and ack > c.ack_sent:
                 c.ack_sent, c.ack_due_since = ack, None
         c.last_tx = self.clock.now()
+        if reliable:
+            c.keepalive_every = cfg.keepalive   # busy again: KeepAlives at the base period when it idles
         return wire.make(
             mtype, src_group=self.group, dst_group=c.remote, conn_seq=c.id.seq, role=int(c.role),
             sender=self.me, pvn=self.view.pvn, precedence=self.view.primary_precedence,
@@ -308,7 +320,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin):
         wms = [c.rx.rw for c in self.conns.values()]
         return {
             "group": self.group, "member": self.me, "primary": self.is_primary,
-            "pvn": self.view.pvn, "connections": len(self.conns),
+            "pvn": self.view.pvn, "connections": len(self.conns), "finishing": self.finishing_busy(),
+            "retired": len(self.tombstones),
             "myTimestamp": self.lamport,
             "myTimestampWatermark": min(wms) if wms else self.lamport,
             "counters": dict(self.counters), "drops": self.drops.snapshot(),

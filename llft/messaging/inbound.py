@@ -76,6 +76,7 @@ class InboundMixin:
 
     def _on_application(self, c: Connection, msg: wire.Message, data: bytes) -> None:
         """Lines 21-33: received list, placeholders, nack list."""
+        c.keepalive_every = self.config.keepalive   # (periodic.py: KeepAlives back off while idle)
         outcome = c.rx.receive(RecvEntry(msg.msn, msg.timestamp, data, msg), self.clock.now())
         if outcome == "duplicate":
             self.counters["duplicates_discarded"] += 1
@@ -96,6 +97,12 @@ class InboundMixin:
         if self.is_primary:
             c.reflector.add(pb.own_first, pb.own)
             c.reflector.ack(pb.refl_ack)
+            if self.orphans:
+                orphans = self.orphans.get(c.remote)
+                if orphans is not None:
+                    orphans.ack(pb.refl_ack)
+                    if not orphans.entries:
+                        del self.orphans[c.remote]
             if pb.refl:
                 self.reflected.skip_to(self.order_log.confirmed)
                 self.reflected.add(pb.refl_first, [b""] * len(pb.refl))

@@ -98,6 +98,12 @@ class Reflector:
             if oseq > self.acked and oseq not in self.entries:
                 self.entries[oseq] = self.unsent[oseq] = blob
 
+    def add_held(self, other: "Reflector") -> None:
+        """Takes over another's entries not yet acknowledged (a retired connection's)."""
+        other.ack(self.acked)
+        self.entries.update(other.entries)
+        self.entries = OrderedDict(sorted(self.entries.items()))
+
     def ack(self, upto: int) -> None:
         if upto > self.acked:
             self.acked = upto

@@ -23,6 +23,7 @@ class RecvSide:
         self.consumed = 0        # msns <= this were handed to the application
         self.delivered: OrderedDict[int, RecvEntry] = OrderedDict()  # the delivered list
         self.rw = 0              # timestamp watermark of this connection at this member
+        self.app_rw = 0          # ... as far as application messages go (control messages move rw on)
 
     def _limit(self) -> int:
         """Highest msn accepted.  Flow control: at most `window` unconsumed
@@ -71,6 +72,8 @@ class RecvSide:
             self.received_upto += 1
             if e.ts > self.rw:
                 self.rw = e.ts
+            if e.ts > self.app_rw:
+                self.app_rw = e.ts
 
     def flush_after_upto(self) -> int:
         """A new primary took over the remote group (Fig. 9 line 38): what

@@ -70,7 +70,9 @@ def nack_remote(ep, cid: ConnId, upto: int, view: View) -> int:
     backup's own Nacks go to its primary, who is gone).  The Nack names the
     new view: the remote group, told of it by NewPrimaryView, drops anything
     of the old one.  Returns how many it lacks."""
-    c = ep.conns[cid]
+    c = ep.conns.get(cid)
+    if c is None:
+        return 0       # retired meanwhile (retire.py): the remote group had everything
     c.rx.learn_highest(upto, ep.clock.now())
     missing = [m for m in range(c.rx.received_upto + 1, upto + 1) if c.rx.received.get(m) is None]
     if missing:
@@ -80,13 +82,16 @@ def nack_remote(ep, cid: ConnId, upto: int, view: View) -> int:
     return len(missing)
 
 
-def adopt_connection(ep, cid: ConnId, consumed: int) -> None:
+def adopt_connection(ep, cid: ConnId, consumed: int, acked: int) -> None:
     """State transfer: a newcomer's connection whose messages up to msn
     `consumed` reached the application elsewhere (their content comes with
-    the state); it takes the next ones from messaging."""
+    the state); it takes the next ones from messaging.  The remote primary
+    had acknowledged our messages up to `acked` (the newcomer generates them
+    again, and they need no acknowledgment it would never get)."""
     c = ep._conn(cid)
     if c is not None:
         c.rx.received_upto = c.rx.consumed = c.rx.highest = consumed
+        c.tx.remote_ack = acked
 
 
 def deliver_held_order(ep, first: int, blobs: list[bytes]) -> None:
@@ -101,7 +106,9 @@ def rebase(ep, cid: ConnId, base: int) -> list[bytes]:
     """The remote group has our messages up to msn `base`: numbering goes on
     from there.  Returns the payloads logged after base (in order), which the
     caller sends again as new messages."""
-    c = ep.conns[cid]
+    c = ep.conns.get(cid)
+    if c is None:
+        return []      # retired meanwhile (retire.py)
     later = [e.data for m, e in c.tx.sent.items() if m > base and e.ts == 0]
     c.tx.clear()
     c.tx.msg_seq_count = c.tx.remote_ack = c.tx._bounded_upto = base
@@ -130,6 +137,8 @@ def answer_new_primary_view(ep, msg) -> None:
         ep.counters["flushed_after_view_change"] += flushed
         rows.append([*cid, c.rx.received_upto, c.tx.msg_seq_count])
         held.update(c.reflector.entries)
+    if msg.src_group in ep.orphans:
+        held.update(ep.orphans[msg.src_group].entries)   # of retired connections (retire.py)
     first = min(held, default=0)
     blobs = []
     while first + len(blobs) in held:

@@ -1,0 +1,124 @@
+"""Finished connections are retired (llft/messaging/retire.py), idle ones
+cost next to nothing, on the simulated network with loss."""
+from __future__ import annotations
+
+import pytest
+
+from llft.messaging.ids import ConnId
+from llft.messaging.lossy import LossPolicy
+from llft.messaging.retire import GIVE_UP_S, LINGER_S, RETIRED_DROP, Tombstones
+from llft.wire import MsgType
+
+from messaging_fixtures import SimCluster, Workload
+
+
+def keepalives(cluster) -> int:
+    return sum(m.ep.counters["tx_keep_alive"] for m in cluster.members)
+
+
+def decoded(ep, datagram: bytes):
+    """(message, its bytes) that a single-fragment datagram carries, or None."""
+    try:
+        return ep.codec.decode(datagram, 0.0)
+    except Exception:   # trailing frames: not one we re-inject
+        return None
+
+
+def finished_workload(seed: int, drop: float, conns: int = 20) -> SimCluster:
+    cluster = SimCluster(seed, LossPolicy(seed=seed, drop=drop, delay=0.0005), Workload([100] * 60, conns=conns))
+    cluster.run()
+    cluster.check()
+    return cluster
+
+
+def test_idle_connections_send_keepalives_ever_more_rarely():
+    """Fig. 6 sends a KeepAlive every 50 ms on each idle connection: 20 idle
+    connections for 10 s would be 4,000 at each primary.  Saying nothing new,
+    they back off to one per 2 s per connection."""
+    cluster = finished_workload(1, 0.0)
+    before, t = keepalives(cluster), cluster.clock.now()
+    cluster.clock.run_until(t + 10.0)
+    assert keepalives(cluster) - before < 2 * 20 * 12     # 2 primaries, 20 connections, ~11 each
+    assert all(len(m.ep.conns) == 20 for m in cluster.members)   # nobody finished them: they stay
+
+
+def test_new_traffic_brings_keepalives_back_to_the_base_period():
+    cluster = finished_workload(2, 0.0, conns=1)
+    t = cluster.clock.now()
+    cluster.clock.run_until(t + 10.0)
+    (c,) = cluster.servers[0].ep.conns.values()
+    assert c.keepalive_every == cluster.config.keepalive_max
+    client = cluster.clients[0]
+    client.todo = type(client).requests(list(client.ep.conns), [100])
+    cluster.clock.run_until(t + 10.5)
+    assert c.keepalive_every < cluster.config.keepalive_max
+
+
+@pytest.mark.parametrize("seed,drop", [(3, 0.0), (4, 0.1)])
+def test_finished_connections_are_retired_everywhere(seed, drop):
+    cluster = finished_workload(seed, drop)
+    for m in cluster.members:
+        for cid in list(m.ep.conns):
+            m.ep.finish(cid)
+    cluster.clock.run_until(cluster.clock.now() + LINGER_S + 1.0)
+    for m in cluster.members:
+        assert not m.ep.conns, (m.name, m.ep.finishing_busy())
+        assert m.ep.counters["connections_retired"] == 20
+        assert not m.ep.orphans or not any(o.entries for o in m.ep.orphans.values())
+    # Nothing more goes out for them: no KeepAlives, no Heartbeat rows.
+    before = keepalives(cluster)
+    cluster.clock.run_until(cluster.clock.now() + 5.0)
+    assert keepalives(cluster) == before
+
+
+def test_a_late_message_for_a_retired_connection_is_dropped_not_reopened():
+    cluster = SimCluster(5, LossPolicy(seed=5, delay=0.0005), Workload([100] * 4))
+    sent = []
+    cluster.net.send_group = (lambda orig: lambda g, ds: (sent.extend((g, d) for d in ds), orig(g, ds)))(
+        cluster.net.send_group)
+    cluster.run()
+    for m in cluster.members:
+        for cid in list(m.ep.conns):
+            m.ep.finish(cid)
+    cluster.clock.run_until(cluster.clock.now() + LINGER_S + 1.0)
+    assert not any(m.ep.conns for m in cluster.members)
+    server = cluster.servers[0].ep
+    opened = server.counters["event_connection"]
+    requests = [(d, got[1]) for g, d in sent if g == server.group
+                and (got := decoded(server, d)) and got[0].TYPE == MsgType.REQUEST]
+    for d, data in requests:        # a stray retransmission, long after
+        server.codec.forget(data)
+        server.datagram_received(d)
+    assert requests and not server.conns
+    assert server.drops.snapshot().get(RETIRED_DROP, 0) >= len(requests)
+    assert server.counters["event_connection"] == opened     # the application never hears of it again
+
+
+def test_a_connection_the_remote_side_no_longer_answers_on_goes_after_a_while():
+    """The remote group retired it first and drops what we send: we give up
+    after GIVE_UP_S rather than keep it (and retransmit) forever."""
+    cluster = finished_workload(6, 0.0, conns=1)
+    for m in cluster.clients:                     # the client side is done and gone
+        for cid in list(m.ep.conns):
+            m.ep.retire_now(cid, 0)
+    server = cluster.servers[0]
+    (cid,) = server.ep.conns
+    server.ep.send(cid, b"one more reply nobody will acknowledge")
+    for m in cluster.servers:
+        m.ep.finish(cid)
+    cluster.clock.run_until(cluster.clock.now() + LINGER_S + 1.0)
+    assert cid in server.ep.conns                 # not quiet: it waits for the acknowledgment...
+    cluster.clock.run_until(cluster.clock.now() + GIVE_UP_S)
+    assert cid not in server.ep.conns             # ...but not forever
+    assert server.ep.counters["connections_retired_unquiet"] == 1
+
+
+def test_tombstones_keep_a_contiguous_low_range_and_the_rest():
+    t = Tombstones()
+    for seq in (1, 2, 4, 5):
+        t.add(ConnId(10, 20, seq))
+    assert ConnId(10, 20, 2) in t and ConnId(10, 20, 4) in t
+    assert ConnId(10, 20, 3) not in t and ConnId(10, 20, 6) not in t and ConnId(11, 20, 1) not in t
+    t.add(ConnId(10, 20, 3))
+    assert t._low[(10, 20)] == 5 and not t._above[(10, 20)]
+    assert len(t) == 5
