@@ -42,6 +42,24 @@ def test_idle_connections_send_keepalives_ever_more_rarely():
     assert all(len(m.ep.conns) == 20 for m in cluster.members)   # nobody finished them: they stay
 
 
+def test_idle_connections_back_off_while_another_one_is_busy():
+    """The primary's new ordering information rides on every connection's
+    KeepAlive; counted as news, it kept every idle connection at the base
+    period as long as any connection was busy (300 idle connections across
+    hosts: 6,000 KeepAlives a second from the primary)."""
+    cluster = finished_workload(7, 0.0)
+    client = cluster.clients[0]
+    busy = sorted(client.ep.conns)[0]
+    client.todo = type(client).requests([busy], [100] * 8000)
+    before, t = keepalives(cluster), cluster.clock.now()
+    while client.todo:
+        cluster.clock.run_until(cluster.clock.now() + 0.05)
+    busy_for = cluster.clock.now() - t
+    assert busy_for > 1.0
+    # Backing off: ~5 per idle connection and primary in the first second, ~1 a second after.
+    assert keepalives(cluster) - before < 2 * 19 * (6 + busy_for), busy_for
+
+
 def test_new_traffic_brings_keepalives_back_to_the_base_period():
     cluster = finished_workload(2, 0.0, conns=1)
     t = cluster.clock.now()

@@ -36,18 +36,20 @@ class PeriodicMixin:
         self._timer = self.clock.call_later(cfg.tick, self._tick)
 
     def _keepalive(self, c) -> None:
-        """A KeepAlive that says nothing new (the same acknowledgments,
-        watermark and ordering information) doubles the wait before the
+        """A KeepAlive that says nothing new (the same acknowledgments and
+        watermark) doubles the wait before the
         next, up to keepalive_max: an idle connection costs next to nothing,
         where Fig. 6's fixed period made a few hundred idle connections
         swamp a primary.  Any change goes out at the base period again."""
         cfg = self.config
         msg = self._header(MsgType.KEEP_ALIVE, c)
-        pb = msg.piggyback
         # The watermark moves on with every control message either side
         # sends; past the remote's last application message that is no news.
-        said = (msg.ack, min(msg.back, c.rx.app_rw), msg.last_msn, msg.ack_pvn) + (
-            (pb.own_first, len(pb.own), pb.refl_first, len(pb.refl), pb.refl_ack) if pb else ())
+        # Nor is ordering information: it rides on every connection's control
+        # messages, and with some connections busy it is new all the time;
+        # one carrier is enough (an application message, or the Heartbeats
+        # to our backups), and an idle connection's next KeepAlive takes it.
+        said = (msg.ack, min(msg.back, c.rx.app_rw), msg.last_msn, msg.ack_pvn)
         if said == c.keepalive_said:
             c.keepalive_every = min(c.keepalive_every * 2, cfg.keepalive_max)
         else:
