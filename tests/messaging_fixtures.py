@@ -109,11 +109,13 @@ def member_specs(tmpdir, addresses: dict, *, mode: str, n: int, key: bytes = b"k
         members = {str(m): list(a) for (gg, m), a in addresses.items() if gg == g}
         groups.append({"group": g, "port": port + g, "members": members})
     specs = []
+    done_dir = tmpdir / "done"     # members leave once all are drained (llft/messaging/node.py)
+    done_dir.mkdir(exist_ok=True)
     for (g, m), (ip, _) in sorted(addresses.items()):
         spec = {"mode": mode, "groups": groups, "key": key.hex(), "group": g, "member": m,
                 "interface": ip, "n": n, "conns": conns, "reply_size": reply_size,
                 "sizes_seed": 7, "history": str(tmpdir / f"g{g}m{m}.jsonl"),
-                "deadline": deadline, "linger": linger}
+                "deadline": deadline, "linger": linger, "done_dir": str(done_dir), "done_count": len(addresses)}
         if g == CLIENT:
             spec["peer"] = SERVER
         if lossy:

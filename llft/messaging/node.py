@@ -7,7 +7,10 @@ SPEC (JSON): mode ("multicast"|"unicast"), groups ([{group, port,
 multicast?, members: {id: [ip, port]}}]), key (hex), group, member,
 interface (ip), peer (server group, for clients), n, conns, sizes_seed,
 reply_size, lossy ({seed, drop, duplicate, delay, reorder}, optional),
-config (Config overrides), history (path), deadline and linger (seconds).
+config (Config overrides), history (path), deadline and linger (seconds),
+done_dir and done_count (optional: a drained member marks itself done in
+done_dir, and stays until done_count members have, since a lagging backup of
+the other group still needs our acknowledgments to free what it logged).
 
 Each delivery is a line {"s": stream, "i": index, "n": size, "t": seconds}; the last line is
 {"final": true, "drained": ..., "timeout": ..., "stats": ...}.
@@ -19,6 +22,7 @@ import hashlib
 import json
 import sys
 import time
+from pathlib import Path
 
 from llft.auth import Keyring
 from llft.messaging.clock import LoopClock
@@ -54,6 +58,12 @@ async def open_member(spec: dict) -> GroupEndpoint:
     return ep.start()
 
 
+def everyone_done(spec: dict) -> bool:
+    if "done_dir" not in spec:
+        return True
+    return len(list(Path(spec["done_dir"]).iterdir())) >= spec["done_count"]
+
+
 async def run_member(spec: dict) -> dict:
     ep = await open_member(spec)
     loop = asyncio.get_running_loop()
@@ -82,7 +92,9 @@ async def run_member(spec: dict) -> dict:
         drained = finished and not any(ep.buffers().values())
         if drained and done_at is None:
             done_at = time.monotonic()
-        if done_at is not None and time.monotonic() - done_at >= spec.get("linger", 3.0):
+            if "done_dir" in spec:
+                Path(spec["done_dir"], f"{spec['group']}-{spec['member']}").touch()
+        if done_at is not None and time.monotonic() - done_at >= spec.get("linger", 3.0) and everyone_done(spec):
             break   # stay a while: peers may still need our acks and retransmissions
         wake.clear()
         try:
