@@ -61,8 +61,8 @@ class Outbox:
 
     def _put(self, cid: ConnId, body: bytes, order_info: bytes):
         if cid not in self.ep.conns:
-            # Retired before this member joined (its replica replays the
-            # connection from the transferred input; the gateway is done with it).
+            # Retired before this member joined: its replica replays the
+            # connection from the transferred input, and the gateway is done with it.
             self.ep.counters["output_of_retired"] += 1
             return
         q = self.waiting.get(cid)

@@ -30,8 +30,8 @@ LINGER_S = 2.0          # finished and quiet for this long before it goes
 GIVE_UP_S = 30.0        # finished this long: it goes even if not quiet (the remote side retired it)
 CHECK_EVERY_S = 0.1     # how often finished connections are looked at
 RETIRED_DROP = "retired-connection"   # the drop reason of a message for a retired connection
-TOMBSTONES_LIMIT = 100_000
-RETIRED_SENT_KEPT = 256     # the first retired connections' msgSeqCounts, for the state file   # per client group, beyond the contiguous low range
+TOMBSTONES_LIMIT = 100_000  # per client group, beyond the contiguous low range
+RETIRED_SENT_KEPT = 256     # the first retired connections' msgSeqCounts, for the state file
 
 
 class Tombstones:
@@ -71,9 +71,9 @@ class Tombstones:
 
 def busy(ep, c) -> str | None:
     """What is left to do on connection c at this member, if anything: its
-    messages all acknowledged by the remote primary, every message received handed to the application
-    with no gap, and, at the primary, the remote group told (its
-    SecondAck) what we received."""
+    messages all acknowledged by the remote primary, every message received
+    handed to the application with no gap, and, at the primary, the remote
+    group told (its SecondAck) what we received."""
     tx, rx = c.tx, c.rx
     if tx.remote_ack < tx.msg_seq_count:
         # (What the remote primary acknowledged may wait in the sent list for
