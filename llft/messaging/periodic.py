@@ -12,20 +12,26 @@ class PeriodicMixin:
         now = self.clock.now()
         cfg = self.config
         primary = self.is_primary
+        # Every connection, every tick: an idle one costs only the tests below
+        # (a gateway may hold hundreds of idle client connections).
         for c in self.conns.values():
+            tx, rx = c.tx, c.rx
             if primary:
-                for e in c.tx.due(now, cfg.retransmit_burst):         # lines 44-46
-                    self.counters["retransmit_timeouts"] += 1
-                    self._retransmit(c, e, now)
-                self._tick_first_ack(c, now)                           # lines 47-48
-            if c.rx.nacks and now - c.last_nack >= cfg.nack_interval:  # lines 49-52
-                msns = c.rx.due_nacks(now, cfg.nack_delay, cfg.nack_batch)
+                if tx.remote_ack < tx.msg_seq_count:
+                    for e in tx.due(now, cfg.retransmit_burst):       # lines 44-46
+                        self.counters["retransmit_timeouts"] += 1
+                        self._retransmit(c, e, now)
+                if rx.received_upto > c.ack_sent or c.first_ack:
+                    self._tick_first_ack(c, now)                       # lines 47-48
+            if rx.nacks and now - c.last_nack >= cfg.nack_interval:    # lines 49-52
+                msns = rx.due_nacks(now, cfg.nack_delay, cfg.nack_batch)
                 if msns:
                     self._send_nack(c, msns, now)
             if primary:
                 if now - c.last_tx >= c.keepalive_every:               # lines 54-55
                     self._keepalive(c)
-                c.rx.gc(self._group_wm(c))                             # lines 82-84
+                if rx.delivered:
+                    rx.gc(self._group_wm(c))                           # lines 82-84
         if now - self._last_hb >= cfg.heartbeat:                       # lines 56-59
             self._last_hb = now
             self._send_heartbeat(now)
