@@ -278,7 +278,8 @@ class HostMember:
         transfer by log): every ordering blob since the group began, and
         every request each connection has handed on so far, with the
         msgSeqNum it reached; its program replays them from the start."""
-        conns = [[*cid, *self._transferred(cid), [list(r) for r in reqs]] for cid, reqs in self.history.inputs.items()]
+        conns = [[*cid, *self._transferred(cid), [list(r) for r in reqs]]
+                 for cid, reqs in self.history.inputs.items()]
         # A newcomer's fault detector settles as long as the older backups'
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.

@@ -98,11 +98,7 @@ class InboundMixin:
             c.reflector.add(pb.own_first, pb.own)
             c.reflector.ack(pb.refl_ack)
             if self.orphans:
-                orphans = self.orphans.get(c.remote)
-                if orphans is not None:
-                    orphans.ack(pb.refl_ack)
-                    if not orphans.entries:
-                        del self.orphans[c.remote]
+                self._orphans_acked(c.remote, pb.refl_ack)
             if pb.refl:
                 self.reflected.skip_to(self.order_log.confirmed)
                 self.reflected.add(pb.refl_first, [b""] * len(pb.refl))

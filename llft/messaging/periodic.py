@@ -43,10 +43,10 @@ class PeriodicMixin:
 
     def _keepalive(self, c) -> None:
         """A KeepAlive that says nothing new (the same acknowledgments and
-        watermark) doubles the wait before the
-        next, up to keepalive_max: an idle connection costs next to nothing,
-        where Fig. 6's fixed period made a few hundred idle connections
-        swamp a primary.  Any change goes out at the base period again."""
+        watermark) doubles the wait before the next, up to keepalive_max: an
+        idle connection costs next to nothing, where Fig. 6's fixed period
+        made a few hundred idle connections swamp a primary.  Any change goes
+        out at the base period again."""
         cfg = self.config
         msg = self._header(MsgType.KEEP_ALIVE, c)
         # The watermark moves on with every control message either side

@@ -108,6 +108,15 @@ class RetireMixin:
         if len(self.retired_sent) < RETIRED_SENT_KEPT:
             self.retired_sent[cid] = sent
 
+    def _orphans_acked(self, group: int, upto: int) -> None:
+        """The remote primary of `group` has seen its entries up to `upto`
+        reflected: retired connections' copies of them are no longer needed."""
+        orphans = self.orphans.get(group)
+        if orphans is not None:
+            orphans.ack(upto)
+            if not orphans.entries:
+                del self.orphans[group]
+
     def finishing_busy(self) -> dict[str, int]:
         """Why finished connections are still here (llft-status)."""
         out: dict[str, int] = {}
