@@ -21,7 +21,6 @@ DEFINE_REAL(recv)
 DEFINE_REAL(poll)
 DEFINE_REAL(sendfile)
 DEFINE_REAL(fcntl)
-DEFINE_REAL(dup3)
 DEFINE_REAL(close)
 
 void llft_fd_set(int fd, int kind)
@@ -91,7 +90,10 @@ int llft_out_of_the_way(int fd, int cloexec)
     return fd;
 }
 
-/* EBUSY from dup3: another thread's call holds the number it is about to return. */
+/* fd under the primary's number for it, once that is free here.  F_DUPFD
+ * takes the lowest free number from want on: want itself only if free,
+ * atomically (dup3 would close whatever another thread had just opened
+ * there, between a check and the dup). */
 void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
 {
     int want = (int)e->ret;
@@ -99,7 +101,12 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
         return;
     fd = llft_park_fd(fd);
     uint64_t since = llft_now_ms();
-    while (REAL(fcntl)(want, F_GETFD) != -1 || REAL(dup3)(fd, want, cloexec ? O_CLOEXEC : 0) != want) {
+    for (;;) {
+        int got = REAL(fcntl)(fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, want);
+        if (got == want)
+            break;
+        if (got >= 0)
+            REAL(close)(got);
         if (llft_now_ms() - since > llft_ctl->stall_timeout_ms) {
             char link[32], what[96] = "?";
             snprintf(link, sizeof link, "/proc/self/fd/%d", want);
@@ -121,6 +128,7 @@ int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec)
     llft_rec_t e;
     if (role == LLFT_ROLE_BACKUP && !llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
         if (e.ret < 0) {
+            llft_replay_finished(t);
             errno = e.err;
             return -1;
         }
@@ -129,6 +137,7 @@ int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec)
             llft_diverge(t, LLFT_OP_NEW_FD, &e, LLFT_EXIT_DIVERGED, "could not make fd %lld here (error %d)",
                          (long long)e.ret, errno);
         llft_move_fd(t, LLFT_OP_NEW_FD, &e, fd, cloexec);
+        llft_replay_finished(t); /* its number is taken: a takeover may go on (replay.c, must_finish) */
         return (int)e.ret;
     }
     int fd = make(ctx);

@@ -86,8 +86,8 @@ struct tqueue {
     struct qchunk *wr_chunk;      /* producer (the dispatcher) */
     uint64_t pushed;              /* slots the dispatcher queued for this thread */
     uint64_t popped;              /* slots this thread has taken (calls it has started) */
-    uint64_t turns_taken;         /* of those, records that take a turn */
-    uint64_t turns_done;          /* turns this thread has done (try_promote reads these) */
+    uint64_t to_finish;           /* of those, calls that must end before a takeover (must_finish) */
+    uint64_t finished;            /* ...that this thread has ended (try_promote reads these) */
     uint64_t _pad;
 };
 
@@ -131,6 +131,17 @@ static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
     q->pushed++;
 }
 
+/* A replayed call that must end before this replica takes over, or a
+ * native call could contradict it: a turn (a native acquisition would
+ * overtake it), an fd number (a native socket() or accept() would take the
+ * lowest free number, which the replaying thread is about to claim; the new
+ * primary would record that number twice, in an order its backups cannot
+ * follow).  An accept takes a turn and ends it once its fd is placed. */
+static inline int must_finish(const llft_rec_t *r)
+{
+    return r->op != LLFT_OP_DATA && (r->turn || r->op == LLFT_OP_NEW_FD);
+}
+
 static int q_pop(struct tqueue *q, llft_rec_t *out)
 {
     struct qchunk *c = q->rd_chunk;
@@ -146,11 +157,11 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
     if (q->rd >= LOAD(&c->count, ACQ))
         return 0;
     memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
-    /* The turn is counted before the record counts as taken, so that
-     * try_promote never sees every record taken and this turn not pending.
-     * Only this thread writes these counts: the hot path shares no line. */
-    if (out->op != LLFT_OP_DATA && out->turn)
-        STORE(&q->turns_taken, q->turns_taken + 1, RLX);
+    /* Counted before the record counts as taken, so that try_promote never
+     * sees every record taken and this call not pending.  Only this thread
+     * writes these counts: the hot path shares no line. */
+    if (must_finish(out))
+        STORE(&q->to_finish, q->to_finish + 1, RLX);
     STORE(&q->popped, q->popped + 1, REL);
     return 1;
 }
@@ -271,8 +282,8 @@ static int all_replayed(void)
         const struct tqueue *q = &queues[tid];
         if (LOAD(&q->popped, ACQ) != q->pushed)
             return 0;
-        uint64_t done = LOAD(&q->turns_done, ACQ);
-        if (done != LOAD(&q->turns_taken, RLX))
+        uint64_t done = LOAD(&q->finished, ACQ);
+        if (done != LOAD(&q->to_finish, RLX))
             return 0;
     }
     return 1;
@@ -599,14 +610,19 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
     return ts;
 }
 
+void llft_replay_finished(const struct llft_thread *t)
+{
+    STORE(&t->q->finished, t->q->finished + 1, REL);
+}
+
 void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn)
 {
     /* Plain stores to a line written anyway; adopt_objects reads them once
-     * turns_done, counted after them, says every turn is done. */
+     * the finished counts, counted after them, say every turn is done. */
     ts->addr = (uintptr_t)addr;
     ts->stamp = t->stamp;
     STORE(&ts->done, turn, SEQ);
-    STORE(&t->q->turns_done, t->q->turns_done + 1, REL);
+    llft_replay_finished(t);
     if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
         return;
     for (int i = 0; i < SLEEPERS; i++) {
@@ -707,7 +723,7 @@ void llft_replay_thread_end(struct llft_thread *t)
 }
 
 /* Every other thread has started each call the primary recorded for it,
- * and finished each one that takes a turn (a transfer on a connection). */
+ * and finished each one that must_finish (a transfer on a connection). */
 static int others_replayed(const struct llft_thread *t)
 {
     for (uint32_t tid = 0; tid <= LOAD(&max_tid, RLX); tid++) {
@@ -715,7 +731,7 @@ static int others_replayed(const struct llft_thread *t)
         if (tid == t->tid || LOAD(&q->state, ACQ) == Q_UNUSED)
             continue;
         if (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
-            LOAD(&q->turns_done, ACQ) != LOAD(&q->turns_taken, RLX))
+            LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX))
             return 0;
     }
     return 1;
