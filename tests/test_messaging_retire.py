@@ -140,3 +140,21 @@ def test_tombstones_keep_a_contiguous_low_range_and_the_rest():
     t.add(ConnId(10, 20, 3))
     assert t._low[(10, 20)] == 5 and not t._above[(10, 20)]
     assert len(t) == 5
+
+
+def test_members_list_the_same_retired_connections_whatever_order_they_retired_in(monkeypatch):
+    """llft-status lists some retired connections' message counts, which the
+    tests compare across members; members retire in their own time, so the
+    listing keeps the lowest connections, not the first retired."""
+    monkeypatch.setattr("llft.messaging.retire.RETIRED_SENT_KEPT", 8)
+    cluster = finished_workload(8, 0.0)
+    primary, backup = cluster.servers[:2]
+    cids = sorted(primary.ep.conns)
+    for a, b in zip(cids, reversed(cids)):          # opposite orders, a retirement check apart
+        primary.ep.finish(a)
+        backup.ep.finish(b)
+        cluster.clock.run_until(cluster.clock.now() + 0.2)
+    cluster.clock.run_until(cluster.clock.now() + LINGER_S + 1.0)
+    assert not primary.ep.conns and not backup.ep.conns
+    assert list(sorted(primary.ep.retired_sent)) == cids[:8]
+    assert primary.ep.retired_sent == backup.ep.retired_sent

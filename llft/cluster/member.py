@@ -558,7 +558,6 @@ class HostMember:
                     return EXIT_EXCLUDED
                 if time.monotonic() >= next_state:
                     self.write_state("running")
-                    self._log_drops()
                     next_state = time.monotonic() + STATE_EVERY_S
                 try:
                     await asyncio.wait_for(exited.wait(), TICK_S)
@@ -592,7 +591,6 @@ class HostMember:
             self.datagrams.close()
             self.outgoing.close()
             self.write_state("finished")
-            self._log_drops()
 
     def _check_replica_frozen(self):
         """A replica stopped (SIGSTOP, a debugger) longer than the fault
@@ -775,6 +773,7 @@ class HostMember:
             self._drops_logged = now
 
     def write_state(self, phase: str):
+        self._log_drops()   # the drops llft-status shows are in the log already
         view, r = self.ep.view, self.replica
         rank = ranks(view)
         members = [{"member": m, "role": "primary" if m == view.primary else "backup",

@@ -9,9 +9,9 @@ keeps messaging's per-message bookkeeping (SecondAcks, flow control) the
 same at every member, and lets a backup carry on where its primary stopped."""
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import deque
-from itertools import islice
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
@@ -84,13 +84,13 @@ class Outbox:
         return sum(len(q) for q in self.waiting.values()) + len(self.unshipped)
 
     def generated(self, limit: int = 256) -> dict[str, int]:
-        """Messages generated per connection (the first `limit`), numbered by
-        messaging or still waiting here: once quiet, the same at every member
-        (semi-active replication: a backup cuts its output where the primary
-        did), retired connections' too."""
-        counts = dict(islice(self.ep.retired_sent.items(), limit))   # (retire.py)
-        counts.update((cid, c.tx.msg_seq_count + len(self.waiting.get(cid, ())))
-                      for cid, c in islice(self.ep.conns.items(), limit))
+        """Messages generated per connection (the lowest `limit`), numbered
+        by messaging or still waiting here: once quiet, the same at every
+        member (semi-active replication: a backup cuts its output where the
+        primary did), retired connections' too."""
+        counts = dict(self.ep.retired_sent)   # the lowest retired ones (retire.py)
+        counts.update((cid, self.ep.conns[cid].tx.msg_seq_count + len(self.waiting.get(cid, ())))
+                      for cid in heapq.nsmallest(limit, self.ep.conns))
         return {"%d:%d:%d" % cid: n for cid, n in sorted(counts.items())[:limit]}
 
     def take(self, cid: ConnId) -> list[bytes]:

@@ -56,7 +56,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.conns: dict[ConnId, Connection] = {}
         self.finishing: dict[ConnId, list[float]] = {}   # ended by the application: retired once quiet (retire.py)
         self.tombstones = Tombstones()
-        self.retired_sent: dict[ConnId, int] = {}    # the first retired connections' final msgSeqCounts
+        self.retired_sent: dict[ConnId, int] = {}    # the lowest retired connections' final msgSeqCounts
         self.orphans: dict[int, Reflector] = {}     # remote group -> retired connections' unacknowledged reflections
         self._last_retire_check = -1.0
         self.lamport = 0                 # myTimestamp

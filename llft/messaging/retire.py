@@ -31,7 +31,7 @@ GIVE_UP_S = 30.0        # finished this long: it goes even if not quiet (the rem
 CHECK_EVERY_S = 0.1     # how often finished connections are looked at
 RETIRED_DROP = "retired-connection"   # the drop reason of a message for a retired connection
 TOMBSTONES_LIMIT = 100_000  # per client group, beyond the contiguous low range
-RETIRED_SENT_KEPT = 256     # the first retired connections' msgSeqCounts, for the state file
+RETIRED_SENT_KEPT = 256     # the lowest retired connections' msgSeqCounts, for the state file
 
 
 class Tombstones:
@@ -105,8 +105,14 @@ class RetireMixin:
         self.conns.pop(cid, None)
         self.finishing.pop(cid, None)
         self.tombstones.add(cid)
-        if len(self.retired_sent) < RETIRED_SENT_KEPT:
-            self.retired_sent[cid] = sent
+        self._note_retired_sent(cid, sent)
+
+    def _note_retired_sent(self, cid, sent: int) -> None:
+        """The lowest connections, not the first retired: members retire in
+        their own time, and their listings must agree once all have."""
+        self.retired_sent[cid] = sent
+        if len(self.retired_sent) > RETIRED_SENT_KEPT:
+            del self.retired_sent[max(self.retired_sent)]
 
     def _orphans_acked(self, group: int, upto: int) -> None:
         """The remote primary of `group` has seen its entries up to `upto`
@@ -151,6 +157,5 @@ class RetireMixin:
             if orphans is None:
                 orphans = self.orphans[c.remote] = Reflector()
             orphans.add_held(c.reflector)
-        if len(self.retired_sent) < RETIRED_SENT_KEPT:
-            self.retired_sent[cid] = c.tx.msg_seq_count
+        self._note_retired_sent(cid, c.tx.msg_seq_count)
         self.counters["connections_retired_unquiet" if forced else "connections_retired"] += 1
