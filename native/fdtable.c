@@ -1,4 +1,5 @@
 /* The fd table, and the backup's exact-count transfers. */
+#include "atomics.h"
 #include "fdtable.h"
 
 #include <errno.h>
@@ -90,16 +91,12 @@ int llft_out_of_the_way(int fd, int cloexec)
     return fd;
 }
 
-/* fd under the primary's number for it, once that is free here.  F_DUPFD
- * takes the lowest free number from want on: want itself only if free,
- * atomically (dup3 would close whatever another thread had just opened
- * there, between a check and the dup). */
-void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
+/* fd (parked) under the number want once that is free here, then closed.
+ * F_DUPFD takes the lowest free number from want on: want itself only if
+ * free, atomically (dup3 would close whatever another thread had just
+ * opened there, between a check and the dup). */
+static void place_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int want, int cloexec)
 {
-    int want = (int)e->ret;
-    if (fd == want)
-        return;
-    fd = llft_park_fd(fd);
     uint64_t since = llft_now_ms();
     for (;;) {
         int got = REAL(fcntl)(fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, want);
@@ -121,31 +118,92 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
     REAL(close)(fd);
 }
 
-int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec)
+void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
+{
+    int want = (int)e->ret;
+    if (fd != want)
+        place_fd(t, op, e, llft_park_fd(fd), want, cloexec);
+}
+
+/* The primary's fd numbers are handed out in one order, which its backups
+ * follow (a turn of one object): two threads placing their numbers in
+ * another order could each hold one the other waits for (fds of one
+ * thread's round at the primary that another's later round reuses).  The
+ * turn is taken with the number, under a lock, so that the two orders are
+ * one (the shim's one system call under a spinlock: a pipe() or socket(),
+ * a few microseconds, only where fds are made).  Accepted connections take
+ * their listener's turn instead. */
+static uint32_t numbering_lock;
+
+static int new_fds_primary(struct llft_thread *t, int n, int (*make)(void *ctx, int *fds), void *ctx, int *fds)
+{
+    spin_lock(&numbering_lock);
+    int r = make(ctx, fds);
+    int err = errno;
+    struct llft_obj *o = llft_obj_get(LLFT_FD_NUMBERS, t);
+    uint64_t turn = llft_obj_take_turn(o);
+    spin_unlock(&numbering_lock);
+    llft_record(t, LLFT_OP_NEW_FD, o->id, turn, r == 0 ? fds[0] : -1, r == 0 ? 0 : err, r == 0 && n == 2 ? fds[1] : 0);
+    errno = err;
+    return r;
+}
+
+static void new_fds_replay(struct llft_thread *t, const llft_rec_t *e, int n, int (*make)(void *ctx, int *fds),
+                           void *ctx, int cloexec, int *fds)
+{
+    struct turnstile *ts = llft_turn_wait(t, e);
+    if (make(ctx, fds) != 0)
+        llft_diverge(t, LLFT_OP_NEW_FD, e, LLFT_EXIT_DIVERGED, "could not make fd %lld here (error %d)",
+                     (long long)e->ret, errno);
+    int want[2] = {(int)e->ret, n == 2 ? (int)e->val : -1};
+    /* Both parked first: each may sit on the other's number. */
+    for (int i = 0; i < n; i++)
+        if (fds[i] != want[i])
+            fds[i] = llft_park_fd(fds[i]);
+    for (int i = 0; i < n; i++)
+        if (fds[i] != want[i])
+            place_fd(t, LLFT_OP_NEW_FD, e, fds[i], want[i], cloexec);
+    for (int i = 0; i < n; i++)
+        fds[i] = want[i];
+    llft_turn_done(t, ts, LLFT_FD_NUMBERS, e->turn);
+}
+
+int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int *fds)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
     llft_rec_t e;
     if (role == LLFT_ROLE_BACKUP && !llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
         if (e.ret < 0) {
-            llft_replay_finished(t);
+            llft_turn_done(t, llft_turn_wait(t, &e), LLFT_FD_NUMBERS, e.turn);
             errno = e.err;
             return -1;
         }
-        int fd = make(ctx);
-        if (fd < 0)
-            llft_diverge(t, LLFT_OP_NEW_FD, &e, LLFT_EXIT_DIVERGED, "could not make fd %lld here (error %d)",
-                         (long long)e.ret, errno);
-        llft_move_fd(t, LLFT_OP_NEW_FD, &e, fd, cloexec);
-        llft_replay_finished(t); /* its number is taken: a takeover may go on (replay.c, must_finish) */
-        return (int)e.ret;
+        new_fds_replay(t, &e, n, make, ctx, cloexec, fds);
+        return 0;
     }
-    int fd = make(ctx);
-    int err = errno;
-    if (role != LLFT_ROLE_OFF) /* the primary, or a backup that has just taken over */
-        llft_record(t, LLFT_OP_NEW_FD, 0, 0, fd, fd < 0 ? err : 0, 0);
-    errno = err;
-    return fd;
+    if (role == LLFT_ROLE_OFF)
+        return make(ctx, fds);
+    return new_fds_primary(t, n, make, ctx, fds); /* the primary, or a backup that has just taken over */
+}
+
+struct one_fd {
+    int (*make)(void *ctx);
+    void *ctx;
+};
+
+static int make_one(void *c, int *fds)
+{
+    const struct one_fd *o = c;
+    fds[0] = o->make(o->ctx);
+    return fds[0] < 0 ? -1 : 0;
+}
+
+int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec)
+{
+    struct one_fd o = {make, ctx};
+    int fd;
+    return llft_new_fds(1, make_one, &o, cloexec, &fd) == 0 ? fd : -1;
 }
 
 static int wait_fd(int fd, short events)

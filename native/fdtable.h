@@ -52,6 +52,10 @@ static inline const void *llft_fd_object(int fd)
     return (const void *)(uintptr_t)(0xF000000000000000ull | (unsigned)fd);
 }
 
+/* The fd numbers themselves, as an ordered object: the primary's new fds
+ * (llft_new_fds) take its turns. */
+#define LLFT_FD_NUMBERS ((const void *)(uintptr_t)0xF100000000000000ull)
+
 /* Backup helpers: move exactly n bytes, waiting as long as needed, whatever
  * the fd's blocking mode.  Return 0, or an errno. */
 int llft_read_exact(int fd, void *buf, size_t n, int peek);
@@ -74,6 +78,9 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
  * number it will return: another thread's new fd gets the next one at the
  * primary, the lowest one at a backup, whose accept is replayed later. */
 int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec);
+/* ...n (1 or 2) fds made together (a pipe, a socketpair) by make(ctx, fds),
+ * which returns 0 or -1 as pipe() does; the same result. */
+int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int *fds);
 /* Backup: a file's fd, moved above the numbers connections get (fdtable.c). */
 int llft_out_of_the_way(int fd, int cloexec);
 

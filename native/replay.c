@@ -133,13 +133,14 @@ static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
 
 /* A replayed call that must end before this replica takes over, or a
  * native call could contradict it: a turn (a native acquisition would
- * overtake it), an fd number (a native socket() or accept() would take the
- * lowest free number, which the replaying thread is about to claim; the new
- * primary would record that number twice, in an order its backups cannot
- * follow).  An accept takes a turn and ends it once its fd is placed. */
+ * overtake it).  New fds and accepts take turns and end them once their
+ * numbers are placed: a native socket() or accept() would otherwise take
+ * the lowest free number, which the replaying thread is about to claim,
+ * and the new primary would record that number twice, in an order its
+ * backups cannot follow. */
 static inline int must_finish(const llft_rec_t *r)
 {
-    return r->op != LLFT_OP_DATA && (r->turn || r->op == LLFT_OP_NEW_FD);
+    return r->op != LLFT_OP_DATA && r->turn;
 }
 
 static int q_pop(struct tqueue *q, llft_rec_t *out)
@@ -610,11 +611,6 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
     return ts;
 }
 
-void llft_replay_finished(const struct llft_thread *t)
-{
-    STORE(&t->q->finished, t->q->finished + 1, REL);
-}
-
 void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn)
 {
     /* Plain stores to a line written anyway; adopt_objects reads them once
@@ -622,7 +618,7 @@ void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const voi
     ts->addr = (uintptr_t)addr;
     ts->stamp = t->stamp;
     STORE(&ts->done, turn, SEQ);
-    llft_replay_finished(t);
+    STORE(&t->q->finished, t->q->finished + 1, REL);
     if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
         return;
     for (int i = 0; i < SLEEPERS; i++) {

@@ -113,7 +113,6 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);
 /* The turn is taken, acquiring the object at addr (a lock's address, an
  * fd's tag): what this replica continues with, should it take over. */
 void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn);
-void llft_replay_finished(const struct llft_thread *t); /* a must_finish call without a turn has ended */
 void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);

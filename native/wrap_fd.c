@@ -1,7 +1,10 @@
 /* Keeping the fd table true: every way a descriptor is made, copied or
- * closed.  None of these is recorded: at a replaying backup they happen in
- * the same order as at the primary, so the kernel hands out the same
- * numbers. */
+ * closed.  A descriptor the replicas share by number (a pipe, an eventfd or
+ * timerfd, a copy of a socket: epoll sets, poll arrays and the program's
+ * own tables name them so) is made under the primary's number
+ * (llft_new_fds): threads make them in any order, and the kernel gives the
+ * lowest free number, so a backup's thread would get another one.  A copy
+ * of a file stays each replica's own, as the file does. */
 #include "fdtable.h"
 
 #include <fcntl.h>
@@ -11,11 +14,9 @@
 #include <unistd.h>
 
 DEFINE_REAL(close)
-DEFINE_REAL(dup)
 DEFINE_REAL(dup2)
 DEFINE_REAL(dup3)
 DEFINE_REAL(fcntl)
-DEFINE_REAL(pipe)
 DEFINE_REAL(pipe2)
 DEFINE_REAL(eventfd)
 DEFINE_REAL(timerfd_create)
@@ -38,13 +39,35 @@ EXPORT int close(int fd)
     return REAL(close)(fd);
 }
 
-EXPORT int dup(int fd)
+struct dup_args {
+    int fd, cmd, min;
+};
+
+static int make_dup(void *c)
 {
-    int r = REAL(dup)(fd);
+    const struct dup_args *a = c;
+    return REAL(fcntl)(a->fd, a->cmd, a->min);
+}
+
+/* dup() and fcntl(F_DUPFD*): the lowest free number from min on. */
+static int dup_common(int fd, int cmd, int min)
+{
+    struct dup_args a = {fd, cmd, min};
+    int r;
+    if (llft_fd_kind(fd) != FD_LOCAL) {
+        r = llft_new_fd(make_dup, &a, cmd == F_DUPFD_CLOEXEC);
+    } else {
+        r = make_dup(&a);
+        struct llft_thread *t;
+        if (r > 2 && llft_mode(&t) == LLFT_ROLE_BACKUP)
+            r = llft_out_of_the_way(r, cmd == F_DUPFD_CLOEXEC); /* as the file itself (wrap_random.c) */
+    }
     if (r >= 0)
         llft_fd_copy(fd, r);
     return r;
 }
+
+EXPORT int dup(int fd) { return dup_common(fd, F_DUPFD, 0); }
 
 EXPORT int dup2(int fd, int to)
 {
@@ -68,36 +91,54 @@ EXPORT int fcntl(int fd, int cmd, ...)
     va_start(ap, cmd);
     void *arg = va_arg(ap, void *); /* every fcntl argument fits in a pointer */
     va_end(ap);
-    int r = REAL(fcntl)(fd, cmd, arg);
-    if (r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
-        llft_fd_copy(fd, r);
-    return r;
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+        return dup_common(fd, cmd, (int)(intptr_t)arg);
+    return REAL(fcntl)(fd, cmd, arg);
 }
 
-static int pipe_common(int fds[2], int r)
+static int make_pipe(void *flags, int *fds) { return REAL(pipe2)(fds, *(int *)flags); }
+
+static int pipe_common(int fds[2], int flags)
 {
-    if (r == 0 && replicated()) {
+    if (!replicated())
+        return REAL(pipe2)(fds, flags);
+    int r = llft_new_fds(2, make_pipe, &flags, flags & O_CLOEXEC, fds);
+    if (r == 0) {
         llft_fd_set(fds[0], FD_IPC);
         llft_fd_set(fds[1], FD_IPC);
     }
     return r;
 }
 
-EXPORT int pipe(int fds[2]) { return pipe_common(fds, REAL(pipe)(fds)); }
-EXPORT int pipe2(int fds[2], int flags) { return pipe_common(fds, REAL(pipe2)(fds, flags)); }
+EXPORT int pipe(int fds[2]) { return pipe_common(fds, 0); }
+EXPORT int pipe2(int fds[2], int flags) { return pipe_common(fds, flags); }
 
-EXPORT int eventfd(unsigned int initval, int flags)
+struct counter_args {
+    int which, arg, flags; /* which: 0 eventfd (arg: initial value), 1 timerfd (arg: clock) */
+};
+
+static int make_counter(void *c)
 {
-    int fd = REAL(eventfd)(initval, flags);
-    if (fd >= 0 && replicated())
+    const struct counter_args *a = c;
+    return a->which ? REAL(timerfd_create)(a->arg, a->flags) : REAL(eventfd)((unsigned)a->arg, a->flags);
+}
+
+static int counter_common(struct counter_args a)
+{
+    if (!replicated())
+        return make_counter(&a);
+    int fd = llft_new_fd(make_counter, &a, a.flags & O_CLOEXEC); /* EFD_ and TFD_CLOEXEC are O_CLOEXEC */
+    if (fd >= 0)
         llft_fd_set(fd, FD_COUNTER);
     return fd;
 }
 
+EXPORT int eventfd(unsigned int initval, int flags)
+{
+    return counter_common((struct counter_args){0, (int)initval, flags});
+}
+
 EXPORT int timerfd_create(int clockid, int flags)
 {
-    int fd = REAL(timerfd_create)(clockid, flags);
-    if (fd >= 0 && replicated())
-        llft_fd_set(fd, FD_COUNTER);
-    return fd;
+    return counter_common((struct counter_args){1, clockid, flags});
 }

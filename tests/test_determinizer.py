@@ -42,6 +42,23 @@ def test_race_replicas_agree_run_after_run(examples, llft_run):
     assert len(seen) > 1, "every run gave the same digest: nothing was non-deterministic"
 
 
+def test_fd_numbers_race_and_replicas_agree(examples, llft_run):
+    """Threads make pipes, eventfds, socketpairs, sockets and copies of them
+    and close them again: which thread gets which number changes from run to
+    run.  Every replica gets the primary's numbers (epoll sets, poll arrays
+    and a program's fd-indexed tables name fds by number).  Before pipes
+    and the rest were made under the primary's numbers, in its order, the
+    backups' threads deadlocked on each other's numbers."""
+    plain = {subprocess.run([examples / "fd_race", "4", "200"], capture_output=True, text=True,
+                            check=True).stdout for _ in range(5)}
+    assert len(plain) > 1, "the fd numbers never changed: the example does not race"
+    for _ in range(3):
+        run = llft_run([examples / "fd_race", "8", "300"], extra=["--backup-exit-timeout", "20"])
+        assert run.status == 0, run.stderr
+        assert "all " in run.out(0)
+        assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
+
+
 def test_many_threads_and_long_queues(examples, llft_run):
     """16 threads, enough records per thread to span many queue chunks."""
     run = llft_run([examples / "race", "16", "3000"], replicas=2)
