@@ -158,3 +158,24 @@ def test_members_list_the_same_retired_connections_whatever_order_they_retired_i
     assert not primary.ep.conns and not backup.ep.conns
     assert list(sorted(primary.ep.retired_sent)) == cids[:8]
     assert primary.ep.retired_sent == backup.ep.retired_sent
+
+
+def test_heartbeats_of_idle_connections_list_them_only_now_and_then():
+    """A Heartbeat lists the connections that changed lately, and all of
+    them every HEARTBEAT_FULL_EVERY-th time: with 20 idle connections, most
+    Heartbeats list none.  The backups still know every watermark: the
+    primary's group watermark frees what every member has."""
+    cluster = finished_workload(9, 0.05)
+    primary, backup = cluster.servers[:2]
+    listed = []
+    for m in (primary, backup):
+        m.ep._intra = (lambda orig: lambda mtype, **kw: (
+            listed.append(len(kw["body"].get("gwm", kw["body"].get("rw", [])))) if mtype == MsgType.HEARTBEAT
+            and isinstance(kw.get("body"), dict) else None, orig(mtype, **kw))[1])(m.ep._intra)
+    cluster.clock.run_until(cluster.clock.now() + 2.0)
+    assert len(listed) >= 150                      # two members, 50 a second, for 2 s
+    assert sum(n == 20 for n in listed) <= 12      # a full list every 25th (0.5 s), per member
+    assert sum(n == 0 for n in listed) >= len(listed) * 0.8
+    report = primary.ep.backup_reports[backup.ep.me]["rw"]
+    assert all(report[cid] == c.rx.rw for cid, c in backup.ep.conns.items())
+    assert not any(primary.ep.buffers().values())

@@ -80,6 +80,9 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.on_writable: Callable[[ConnId], None] | None = None
         self.on_ready: Callable[[], None] | None = None       # recv() has something
         self._last_hb = -1.0
+        self._hb_seq = -1                # Heartbeats sent in this view; the first lists every connection (intragroup.py)
+        self._hb_view: tuple | None = None
+        self._hb_last: dict[ConnId, tuple] = {}   # connection -> (its last row's values, the Heartbeat they changed in)
         self._last_intra_tx = -1.0
         self._timer = None
         self.closed = False
@@ -176,8 +179,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self._transmit_data(self.group, data, mtype)
 
     def heartbeat_now(self) -> None:
-        """A Heartbeat at once (e.g. a backup's last report before it leaves)."""
-        self._send_heartbeat(self.clock.now())
+        """A full Heartbeat at once (e.g. a backup's last report before it leaves)."""
+        self._send_heartbeat(self.clock.now(), full=True)
 
     def recv(self) -> tuple[ConnId, bytes] | None:
         """Next message in msgSeqNum order on its connection, or None."""

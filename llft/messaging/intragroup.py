@@ -18,6 +18,17 @@ from llft.messaging.ids import ConnId
 from llft.wire import MsgType
 
 GAP_BUCKETS_MS = (10, 20, 30, 50, 100, 200)
+# A Heartbeat lists the connections whose row changed in the last
+# HEARTBEAT_REPEAT Heartbeats (a lost one is made good by the next), and
+# every connection once in HEARTBEAT_FULL_EVERY: listing hundreds of idle
+# connections 50 times a second, and reading the backups' lists, was most of
+# a primary's work (300 idle connections: one client's requests at a
+# quarter of their rate with none).  A receiver merges a partial list into
+# what it has and replaces it with a full one; a value it missed is one
+# that is too low for a while, which only holds buffers and flow control
+# back (watermarks and counts only grow within a view).
+HEARTBEAT_REPEAT = 3
+HEARTBEAT_FULL_EVERY = 25
 
 
 class IntraGroupMixin:
@@ -75,20 +86,34 @@ class IntraGroupMixin:
 
     # --- watermarks ------------------------------------------------------------
 
-    def _group_wm(self, c) -> int:
-        """Primary: myGroupWatermark of this connection; backup: its own."""
+    def _group_wm(self, c, reports: list[dict] | None = None) -> int:
+        """Primary: myGroupWatermark of this connection; backup: its own.
+        (`reports`: _backups_rw(), for a loop over every connection.)"""
         wm = c.rx.rw
         if self.is_primary:
-            for b in self.view.backups():
-                wm = min(wm, self.backup_reports.get(b, {}).get("rw", {}).get(c.id, 0))
+            for rw in self._backups_rw() if reports is None else reports:
+                wm = min(wm, rw.get(c.id, 0))
         return wm
+
+    def _backups_rw(self) -> list[dict]:
+        """Primary: each backup's last reported watermarks (empty: none yet)."""
+        return [self.backup_reports.get(b, {}).get("rw", {}) for b in self.view.backups()]
 
     # --- heartbeats ------------------------------------------------------------
 
-    def _send_heartbeat(self, now: float) -> None:
+    def _send_heartbeat(self, now: float, full: bool = False) -> None:
         cfg = self.config
+        self._hb_seq += 1
+        # A new view (a new primary, a member more or less): its members
+        # start from full lists, each in the shape of its role.
+        view = (self.view.pvn, tuple(self.view.precedences))
+        if view != self._hb_view:
+            self._hb_view, self._hb_seq, self._hb_last = view, 0, {}
+        full = full or self._hb_seq % HEARTBEAT_FULL_EVERY == 0
         if self.is_primary:
-            rows = [[*cid, self._group_wm(c)] for cid, c in self.conns.items()]
+            reports = self._backups_rw()
+            rows, back = self._heartbeat_rows(((cid, (self._group_wm(c, reports),)) for cid, c in self.conns.items()),
+                                              full)
             of, blobs = self.order_log.older_than(self._min_oupto(), now - cfg.order_fallback,
                                                   cfg.order_budget)
             body = {"gwm": rows, "of": of, "ord": blobs}
@@ -96,14 +121,30 @@ class IntraGroupMixin:
                 # A Heartbeat with ordering information may take several
                 # datagrams, and is lost if any is: the backups' fault
                 # detectors also get a small one, lost only on its own.
-                self._transmit(self._intra(MsgType.HEARTBEAT, back=min((r[3] for r in rows), default=self.lamport),
-                                           body={"gwm": rows}))
-            back = min((r[3] for r in rows), default=self.lamport)
+                self._transmit(self._intra(MsgType.HEARTBEAT, back=back, body={"gwm": rows}))
         else:
-            rows = [[*cid, c.rx.rw, c.tx.msg_seq_count] for cid, c in self.conns.items()]
+            rows, back = self._heartbeat_rows(((cid, (c.rx.rw, c.tx.msg_seq_count))
+                                               for cid, c in self.conns.items()), full)
             body = {"rw": rows, "oupto": self.sequencer.upto}
-            back = min((r[3] for r in rows), default=self.lamport)
+        if full:
+            body["full"] = 1
         self._transmit(self._intra(MsgType.HEARTBEAT, back=back, body=body))
+
+    def _heartbeat_rows(self, values, full: bool) -> tuple[list[list[int]], int]:
+        """(rows to list, the lowest first value of all: the header's back)."""
+        seq, last, rows, back = self._hb_seq, self._hb_last, [], None
+        for cid, vals in values:
+            old = last.get(cid)
+            if old is None or old[0] != vals:
+                last[cid] = old = (vals, seq)
+            if full or seq - old[1] < HEARTBEAT_REPEAT:
+                rows.append([*cid, *vals])
+            if back is None or vals[0] < back:
+                back = vals[0]
+        if full and len(last) > len(rows):   # retired connections
+            self._hb_last = {ConnId(*r[:3]): last[ConnId(*r[:3])] for r in rows}
+        return rows, self.lamport if back is None else back
+
 
     def _min_oupto(self) -> int:
         return min((self.backup_reports.get(b, {}).get("oupto", 0) for b in self.view.backups()),
@@ -112,11 +153,14 @@ class IntraGroupMixin:
     def _backup_heartbeat(self, msg: wire.Message) -> None:
         rows = wire.parse_int_rows(msg.body.get("rw") if isinstance(msg.body, dict) else None, 5, "heartbeat")
         oupto = wire.uint_field(msg.body, "oupto", "heartbeat")
-        self.backup_reports[msg.sender] = {
-            "rw": {ConnId(*r[:3]): r[3] for r in rows},
-            "gen": {ConnId(*r[:3]): r[4] for r in rows},
-            "oupto": oupto,
-        }
+        report = self.backup_reports.get(msg.sender)
+        if report is None or wire.uint_field(msg.body, "full", "heartbeat"):
+            report = self.backup_reports[msg.sender] = {"rw": {}, "gen": {}}
+        rw, gen = report["rw"], report["gen"]
+        for r in rows:
+            cid = ConnId(*r[:3])
+            rw[cid], gen[cid] = r[3], r[4]
+        report["oupto"] = oupto
         self._backups_progressed()
 
     def backups_hold_all_received(self) -> bool:
