@@ -81,6 +81,9 @@ int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec);
 /* ...n (1 or 2) fds made together (a pipe, a socketpair) by make(ctx, fds),
  * which returns 0 or -1 as pipe() does; the same result. */
 int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int *fds);
+/* A pipe or socketpair between the program's threads (FD_IPC), made by
+ * make(ctx, fds) under the primary's numbers when replicated (wrap_fd.c). */
+int llft_ipc_pair(int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int fds[2]);
 /* Backup: a file's fd, moved above the numbers connections get (fdtable.c). */
 int llft_out_of_the_way(int fd, int cloexec);
 

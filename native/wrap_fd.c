@@ -96,13 +96,11 @@ EXPORT int fcntl(int fd, int cmd, ...)
     return REAL(fcntl)(fd, cmd, arg);
 }
 
-static int make_pipe(void *flags, int *fds) { return REAL(pipe2)(fds, *(int *)flags); }
-
-static int pipe_common(int fds[2], int flags)
+int llft_ipc_pair(int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int fds[2])
 {
     if (!replicated())
-        return REAL(pipe2)(fds, flags);
-    int r = llft_new_fds(2, make_pipe, &flags, flags & O_CLOEXEC, fds);
+        return make(ctx, fds);
+    int r = llft_new_fds(2, make, ctx, cloexec, fds);
     if (r == 0) {
         llft_fd_set(fds[0], FD_IPC);
         llft_fd_set(fds[1], FD_IPC);
@@ -110,8 +108,15 @@ static int pipe_common(int fds[2], int flags)
     return r;
 }
 
-EXPORT int pipe(int fds[2]) { return pipe_common(fds, 0); }
-EXPORT int pipe2(int fds[2], int flags) { return pipe_common(fds, flags); }
+static int make_pipe(void *flags, int *fds) { return REAL(pipe2)(fds, *(int *)flags); }
+
+EXPORT int pipe(int fds[2])
+{
+    int flags = 0;
+    return llft_ipc_pair(make_pipe, &flags, 0, fds);
+}
+
+EXPORT int pipe2(int fds[2], int flags) { return llft_ipc_pair(make_pipe, &flags, flags & O_CLOEXEC, fds); }
 
 struct counter_args {
     int which, arg, flags; /* which: 0 eventfd (arg: initial value), 1 timerfd (arg: clock) */

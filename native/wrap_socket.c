@@ -93,18 +93,10 @@ static int make_socketpair(void *a, int *sv)
     return REAL(socketpair)(dtp[0], dtp[1], dtp[2], sv);
 }
 
-/* Made under the primary's numbers, as pipes are (wrap_fd.c). */
 EXPORT int socketpair(int domain, int type, int protocol, int sv[2])
 {
-    if (!replicated())
-        return REAL(socketpair)(domain, type, protocol, sv);
     int dtp[3] = {domain, type, protocol};
-    int r = llft_new_fds(2, make_socketpair, dtp, type & SOCK_CLOEXEC, sv);
-    if (r == 0) {
-        llft_fd_set(sv[0], FD_IPC);
-        llft_fd_set(sv[1], FD_IPC);
-    }
-    return r;
+    return llft_ipc_pair(make_socketpair, dtp, type & SOCK_CLOEXEC, sv);
 }
 
 /* ---- addresses ------------------------------------------------------ */

@@ -133,16 +133,19 @@ class IntraGroupMixin:
     def _heartbeat_rows(self, values, full: bool) -> tuple[list[list[int]], int]:
         """(rows to list, the lowest first value of all: the header's back)."""
         seq, last, rows, back = self._hb_seq, self._hb_last, [], None
+        kept = {} if full else None   # a full list forgets retired connections
         for cid, vals in values:
             old = last.get(cid)
             if old is None or old[0] != vals:
                 last[cid] = old = (vals, seq)
             if full or seq - old[1] < HEARTBEAT_REPEAT:
                 rows.append([*cid, *vals])
+            if kept is not None:
+                kept[cid] = old
             if back is None or vals[0] < back:
                 back = vals[0]
-        if full and len(last) > len(rows):   # retired connections
-            self._hb_last = {ConnId(*r[:3]): last[ConnId(*r[:3])] for r in rows}
+        if kept is not None:
+            self._hb_last = kept
         return rows, self.lamport if back is None else back
 
     def _min_oupto(self) -> int:
