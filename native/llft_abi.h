@@ -74,7 +74,8 @@ enum llft_op {
     LLFT_OP_DGRAM_SEND = 82,     /* send* on a UDP socket: payload bytes */
     LLFT_OP_CONNECT = 83,        /* connect on a TCP socket: aux: fd; data: llft_connect_reply_t */
     LLFT_OP_NEW_FD = 84,         /* socket() of a TCP socket, epoll_create*: the fd number */
-    LLFT_OP_MAX = 85
+    LLFT_OP_BIND_PORT = 85,      /* bind() to port 0 (or by a send) of a UDP or TCP socket: the port */
+    LLFT_OP_MAX = 86
 };
 
 /* What the controller writes first on each connection it makes to a

@@ -149,7 +149,34 @@ static socklen_t abstract_name(uint16_t port, int family, int type, struct socka
 
 /* ---- bind / listen -------------------------------------------------- */
 
-static uint16_t next_ephemeral = 49152;
+/* Ports of bind() to port 0 (and of a UDP socket's first send) come from
+ * 49152-65535, as Linux's do.  Threads bind in any order, so the primary
+ * records each one's port and a backup takes the recorded one; a backup
+ * that takes over numbers on past every port it replayed. */
+#define EPHEMERAL_FIRST 49152u
+#define EPHEMERAL_COUNT 16384u
+static uint32_t next_ephemeral;
+
+static uint16_t ephemeral_port(void)
+{
+    struct llft_thread *t = NULL;
+    int role = llft_mode(&t);
+    llft_rec_t e;
+    if (role == LLFT_ROLE_BACKUP) {
+        if (!llft_replay_next(t, LLFT_OP_BIND_PORT, &e)) {
+            uint32_t taken = (uint32_t)e.val + 1, cur = __atomic_load_n(&next_ephemeral, __ATOMIC_RELAXED);
+            while (cur < taken &&
+                   !__atomic_compare_exchange_n(&next_ephemeral, &cur, taken, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                ;
+            return (uint16_t)(EPHEMERAL_FIRST + (uint32_t)e.val % EPHEMERAL_COUNT);
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
+    uint32_t n = __atomic_fetch_add(&next_ephemeral, 1, __ATOMIC_RELAXED);
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_record(t, LLFT_OP_BIND_PORT, 0, 0, 0, 0, n);
+    return (uint16_t)(EPHEMERAL_FIRST + n % EPHEMERAL_COUNT);
+}
 
 static void publish_listener(const struct llft_fd *f, int type);
 
@@ -173,8 +200,8 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         return -1;
     }
     int any_port = port == 0;
-    if (any_port) /* the same in every replica: binds happen in the same order */
-        port = next_ephemeral++;
+    if (any_port)
+        port = ephemeral_port();
     struct sockaddr_un un;
     socklen_t ulen = abstract_name(port, addr->sa_family, fd_socktype(fd), &un);
     int r = REAL(bind)(fd, (struct sockaddr *)&un, ulen);

@@ -281,3 +281,90 @@ def test_killed_primary_rejoins_and_replays_the_remote_bytes(cluster, examples, 
     assert sorted(int(r.split()[0]) for got in before.values() for r in got) == list(range(1, nclients * nlines + 1))
     shutdown_and_compare(cluster, cluster.members)
     gateway_counted(cluster, nclients + 1)
+
+
+# A UDP service in the gateway's namespace: answers each datagram with
+# "<n> <text>" and logs the text, so that a datagram sent once per replica,
+# or twice after a failover, would show.
+UDP_BACKEND = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('127.0.0.1', int(sys.argv[1])))
+log = open(sys.argv[2], 'a', buffering=1)
+print('ready', flush=True)
+n = 0
+while True:
+    data, addr = s.recvfrom(2048)
+    n += 1
+    log.write(data.decode() + '\\n')
+    s.sendto(f'{n} {data.decode()}'.encode(), addr)
+"""
+UDP_BACKEND_PORT = BACKEND_PORT + 2
+
+
+def start_udp_backend(cluster, log_path):
+    p = subprocess.Popen(in_ns(cluster.hosts[3][0], sys.executable, "-c", UDP_BACKEND, UDP_BACKEND_PORT, log_path),
+                         stdout=subprocess.PIPE, text=True)
+    cluster.procs.append(p)
+    assert p.stdout.readline().strip() == "ready"
+
+
+def udp_lines(i: int, n: int) -> list[str]:
+    """Lookups through sockets never bound: odd ones connected, even ones sendto/recvfrom."""
+    return [f"UDP {UDP_BACKEND_PORT} c{i}-{j}" if j % 2 else f"UDPTO {UDP_BACKEND_PORT} c{i}-{j}" for j in range(n)]
+
+
+def check_each_datagram_once(log_path, results: dict, nclients: int, nlines: int):
+    """Every lookup reached the UDP service once and its answer came back:
+    the answers number every datagram served, 1..n."""
+    sent = sorted(log_path.read_text().splitlines())
+    assert sent == sorted(f"c{i}-{j}" for i in range(nclients) for j in range(nlines)), \
+        "each datagram sent once, not once per replica nor again after a failover"
+    numbers = []
+    for i, got in results.items():
+        for j, (line, reply) in enumerate(zip(udp_lines(i, nlines), got)):
+            cmd, n, text, *rest = reply.split()
+            assert (cmd, text) == (line.split()[0], f"c{i}-{j}"), reply
+            assert rest == ([] if cmd == "UDP" else ["from", str(UDP_BACKEND_PORT)]), reply
+            numbers.append(int(n))
+    assert sorted(numbers) == list(range(1, nclients * nlines + 1))
+
+
+@pytest.mark.parametrize("kill_at", [None, 10], ids=["no-failure", "primary-killed"])
+def test_outgoing_udp_across_hosts(cluster, examples, tmp_path, kill_at):
+    """A UDP socket that sends (sendto, or connect and send) before any bind,
+    as a resolver does, on three hosts: the gateway sends each datagram once
+    from a socket of its own, every replica gets the answer, each replica's
+    port is closed after; with the primary's replica SIGKILLed mid-workload,
+    nothing is sent twice and no lookup goes unanswered."""
+    proxy_cluster(cluster, examples, tmp_path, extra=["--no-rejoin"] if kill_at else ())
+    udp_log = tmp_path / "udp.log"
+    start_udp_backend(cluster, udp_log)
+    replica_pid = cluster.status(cluster.members[0][1])["replicas"][0]["pid"]
+    nclients, nlines = 3, 20
+    results = {}
+
+    def client(i):
+        c = cluster.client()
+        got = []
+        for j, line in enumerate(udp_lines(i, nlines)):
+            if i == 0 and j == kill_at:
+                os.kill(replica_pid, signal.SIGKILL)
+            got.append(c.lines([line])[0][0])
+        c.close()
+        results[i] = got
+    concurrently(client, nclients)
+    check_each_datagram_once(udp_log, results, nclients, nlines)
+    survivors = cluster.members[1:] if kill_at else cluster.members
+    if kill_at:
+        assert cluster.members[0][0].wait(timeout=30) == 128 + 9
+    states = shutdown_and_compare(cluster, survivors)
+    ports = [{k: v for k, v in s["replicas"][0]["outgoing"].items() if k.startswith("udp-")} for s in states]
+    assert len(ports[0]) == nclients * nlines, "a port of its own for each socket"
+    assert all(p == ports[0] for p in ports), "the replicas sent different datagrams"
+    # (the gateway writes its state file every second)
+    gateway_udp = lambda: cluster.status(cluster.gateway_dir)["gateway"]["outgoing"]["udp"]  # noqa: E731
+    cluster.wait(lambda: gateway_udp()["datagrams_out"] == nclients * nlines and gateway_udp()["open_ports"] == 0,
+                 "the gateway to count every datagram and close every port the program closed", watch=False)
+    gw = gateway_udp()
+    assert gw["ports"] == nclients * nlines and gw["bad_replies"] == 0 and gw["dropped"] == 0, gw

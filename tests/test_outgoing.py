@@ -318,20 +318,28 @@ class RecordingUdpServer:
 
 def test_outgoing_udp_from_unbound_sockets(examples, tmp_path, backend):
     """A UDP socket that sends (sendto, or connect and send) before any bind,
-    as a resolver does: the datagram reaches the server once, its answer
-    reaches every replica, the ports are closed after."""
+    as a resolver does, in three threads at once: each datagram reaches the
+    server once, its answer reaches every replica, the ports are closed
+    after.  (The port a send binds is recorded: a backup's threads bound in
+    their own order and took each other's ports, and answers.)"""
     udp = RecordingUdpServer()
     try:
         group = proxy_group(tmp_path, examples, backend.port)
-        with group.connect() as s:
-            lines = [f"UDP {udp.port} q{j}" if j % 2 else f"UDPTO {udp.port} q{j}" for j in range(10)]
-            replies, _ = line_client(s, lines)
-        assert replies == [f"UDP {j + 1} q{j}" if j % 2 else f"UDPTO {j + 1} q{j} from {udp.port}" for j in range(10)]
-        assert udp.got == [f"q{j}" for j in range(10)], "each datagram sent once, not once per replica"
+
+        def lines(i):
+            return [f"UDP {udp.port} c{i}q{j}" if j % 2 else f"UDPTO {udp.port} c{i}q{j}" for j in range(10)]
+        results = line_clients(group, 3, lines)
+        for i, replies in results.items():
+            for line, reply in zip(lines(i), replies):
+                cmd, _n, text, *rest = reply.split()
+                assert [cmd, text] == line.split()[::2] and rest == ([] if cmd == "UDP" else ["from", str(udp.port)])
+        assert sorted(int(r.split()[1]) for replies in results.values() for r in replies) == list(range(1, 31))
+        assert sorted(udp.got) == sorted(f"c{i}q{j}" for i in range(3) for j in range(10)), \
+            "each datagram sent once, not once per replica"
         state = finish(group)
         ports = [k for k in state["replicas"][0]["outgoing"] if k.startswith("udp-")]
-        assert len(ports) == 10, "a port of its own for each socket"
-        assert state["outgoing"]["udp"]["datagrams_in"] == 10 and state["outgoing"]["udp"]["datagrams_out"] == 10
+        assert len(ports) == 30, "a port of its own for each socket"
+        assert state["outgoing"]["udp"]["datagrams_in"] == 30 and state["outgoing"]["udp"]["datagrams_out"] == 30
     finally:
         udp.close()
 

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also serve UDP clients on PUBLIC for the program's UDP port PROG (default PUBLIC); "
                         "repeatable")
     p.add_argument("--outgoing", action="store_true",
-                   help="make the program's outgoing connections (its connect()s) on the group's behalf; "
+                   help="make the program's outgoing connections (its connect()s), and send its datagrams from "
+                        "UDP sockets it never bound (a resolver's), on the group's behalf; "
                         "where several gateways offer to, the group's primary picks one")
     p.add_argument("--host", default="0.0.0.0", metavar="ADDR", help="address to listen on (default all)")
     p.add_argument("--run-dir", type=Path, metavar="DIR",

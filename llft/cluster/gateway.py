@@ -70,6 +70,8 @@ class ClusterGateway:
     def _writable(self, cid: ConnId):
         if self.udp is not None and self.udp.handles(cid):
             return self.udp.writable(cid)
+        if self.outgoing is not None and self.outgoing.handles(cid):
+            return self.outgoing.writable(cid)
         c = self.clients.get(cid)
         if c is not None:
             c.writable.set()

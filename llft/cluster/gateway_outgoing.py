@@ -17,6 +17,7 @@ import errno
 import logging
 
 from llft.cluster import payload
+from llft.cluster.gateway_outgoing_udp import GatewayOutgoingUdp
 from llft.cluster.outgoing import CONTROL_SEQ, FIRST_SEQ
 from llft.messaging.ids import ConnId
 
@@ -29,7 +30,8 @@ class GatewayOutgoing:
         self.control: ConnId | None = None
         self.opened: dict[int, tuple[str, int]] = {}   # k -> the address it was asked for
         self.tasks: set[asyncio.Task] = set()
-        self.stats = {"connections": 0, "failed": 0, "repeated": 0, "dropped": 0}
+        self.udp = GatewayOutgoingUdp(gateway.ep, gateway.server_group)   # and the program's outgoing datagrams
+        self.stats = {"connections": 0, "failed": 0, "repeated": 0, "dropped": 0, "udp": self.udp.stats}
 
     async def start(self):
         """Tells the group this gateway makes its outgoing connections."""
@@ -37,11 +39,18 @@ class GatewayOutgoing:
         while not self.gw.ep.writable(self.control):
             await asyncio.sleep(0.01)
         self.gw.ep.send(self.control, payload.xctl_request())
+        await self.udp.start()
 
     def handles(self, cid: ConnId) -> bool:
-        return cid == self.control
+        return cid == self.control or self.udp.handles(cid)
+
+    def writable(self, cid: ConnId):
+        if self.udp.handles(cid):
+            self.udp.writable(cid)
 
     def reply(self, cid: ConnId, body: bytes):
+        if self.udp.handles(cid):
+            return self.udp.reply(cid, body)
         try:
             k, host, port = payload.parse_xopen_reply(body)
         except payload.BadPayload as e:
@@ -80,5 +89,6 @@ class GatewayOutgoing:
         await self.gw.pump(cid, reader, writer, payload.xresult_request(k, 0, host, port, local))
 
     def close(self):
+        self.udp.close()
         for t in self.tasks:
             t.cancel()

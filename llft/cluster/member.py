@@ -373,6 +373,8 @@ class HostMember:
         elif kind == payload.TAG_DATAGRAM:
             cid, number = rest
             self.datagrams.ordered(ConnId(*cid), number)
+        elif kind == payload.TAG_UDP_PORT:
+            self.outgoing.udp.ordered(*rest)
         elif kind == payload.TAG_VIEW:
             for cid, base in rest[1]:
                 cid = ConnId(*cid)
@@ -483,10 +485,10 @@ class HostMember:
                           cid, base)
 
     def _to_relay(self, cid: ConnId, req: tuple):
-        if req[0] == payload.DGRAM:
-            return self.datagrams.request(cid, req)
         if self.outgoing.handles(cid):
             return self.outgoing.request(cid, req)
+        if req[0] == payload.DGRAM:
+            return self.datagrams.request(cid, req)
         num = self._conn_num(cid)
         if req[0] == payload.OPEN:
             self.relay.open(num, req[1], req[2], req[3])
@@ -578,6 +580,7 @@ class HostMember:
                 return status
             await self.relay.drained(timeout=2.0)
             self.datagrams.drain()
+            self.outgoing.udp.drain()
             if self.source is not None:
                 await self._stop_shipping()
                 await self._finish_primary(status)

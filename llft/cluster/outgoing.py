@@ -24,11 +24,14 @@ import logging
 import socket
 
 from llft.cluster import payload
+from llft.cluster.outgoing_udp import MemberOutgoingUdp
 from llft.messaging.ids import ConnId
 from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
 from llft.serving.outgoing import MAX_ERRORS, READ_CHUNK, outgoing_name
 
 log = logging.getLogger("llft.cluster.outgoing")
+
+WATCH_S = 0.02   # how often the replica's outgoing UDP ports are looked at
 
 # connSeqNums of the gateway's virtual connections for outgoing connections,
 # apart from client connections (from 1) and UDP ports (2^32 + port).
@@ -72,6 +75,7 @@ class MemberOutgoing:
         self.errors: list[str] = []
         self.tasks: set[asyncio.Task] = set()
         self.server = None
+        self.udp = MemberOutgoingUdp(replica, ep, outbox, lambda: self.control, primary)
         # Bound before the replica starts, so that its first connect() finds it.
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind("\0" + outgoing_name(replica))
@@ -80,9 +84,12 @@ class MemberOutgoing:
 
     async def run(self):
         self.server = await asyncio.start_unix_server(self._replica_connection, sock=self.sock)
-        await asyncio.Event().wait()
+        while True:
+            self.udp.watch()
+            await asyncio.sleep(WATCH_S)
 
     def close(self):
+        self.udp.close()
         if self.server is not None:
             self.server.close()
         else:
@@ -106,6 +113,8 @@ class MemberOutgoing:
     handles = staticmethod(is_outgoing)
 
     def request(self, cid: ConnId, req: tuple):
+        if self.udp.handles(cid):
+            return self.udp.request(cid, req)
         kind = req[0]
         if kind == payload.XCTL:
             if cid.seq != CONTROL_SEQ:
@@ -151,6 +160,7 @@ class MemberOutgoing:
         """Primary from now on: it picks a control connection if its old primary had not."""
         self.primary = True
         self._choose()
+        self.udp.promote()
 
     def _choose(self):
         if self.control is not None:
@@ -161,6 +171,7 @@ class MemberOutgoing:
         if self.chosen is not None and self.chosen in self.heard:
             self.control = self.chosen
             self._announce()
+            self.udp.flush_announcements()
 
     def _announce(self, k: int | None = None, host: str = "", port: int = 0):
         """XOPENs go on the control connection in the order of k, each once:
@@ -242,5 +253,5 @@ class MemberOutgoing:
             self.output.close(cid, offset)
 
     def summary(self) -> dict:
-        return {**self.stats, "kept_bytes": sum(len(r.received) for r in self.remotes.values()),
+        return {**self.stats, **self.udp.summary(), "kept_bytes": sum(len(r.received) for r in self.remotes.values()),
                 "errors": self.errors[-5:]}

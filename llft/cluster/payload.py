@@ -15,6 +15,10 @@ Requests (gateway -> server group), one msgpack array each:
                              the outcome of the program's k-th outgoing
                              connect, first on that connection's own virtual
                              connection (then DATA, EOF: the remote's bytes)
+    [XPORT, j, local_host, local_port]
+                             the gateway serves the program's j-th outgoing UDP
+                             port from its UDP port local: first on that port's
+                             own virtual connection (then DGRAM: what comes back)
 Replies (primary -> gateway):
     [DATA, offset, bytes]    the server's bytes at this offset of the connection's output
     [CLOSE, offset]          the server closed the connection after `offset` bytes
@@ -22,6 +26,13 @@ Replies (primary -> gateway):
                              from its UDP port, to host:port
     [XOPEN, k, host, port]   the program's k-th outgoing connection: the gateway
                              connects (once per k) and answers with XRESULT
+    [XUDP, j, program_port, family]
+                             on the UDP control connection: the program's j-th
+                             outgoing UDP port (bound to port 0, or by a send);
+                             the gateway opens a UDP socket (once per j) and
+                             answers with XPORT
+    [CLOSE, n]               on an outgoing UDP port's connection: the program
+                             closed the port after n datagrams
 Offsets (and k) let a gateway drop what it already sent when a new primary
 repeats output after a failover.
 
@@ -38,6 +49,9 @@ Ordering information (primary -> its backups), a tag byte then the body:
                              the primary asks for outgoing connections on this
                              gateway's control connection (several gateways
                              may offer one)
+    b"U" + msgpack [j, program_port, family]
+                             the primary's program's j-th outgoing UDP port, in
+                             the order its XUDPs go out (backups follow it)
     b"E" + msgpack [status]  the primary's program exited with this status
     b"V" + msgpack [pvn, [[client_group, server_group, conn_seq, base], ...]]
                              a new primary's first entry: on each connection the
@@ -49,8 +63,10 @@ import msgpack
 
 OPEN, DATA, EOF, CLOSE, DGRAM = 0, 1, 2, 3, 4
 XCTL, XOPEN, XRESULT = 5, 6, 7   # outgoing connections (llft/cluster/outgoing.py)
+XUDP, XPORT = 8, 9               # outgoing UDP (llft/cluster/outgoing_udp.py)
 MAX_UDP_PAYLOAD = 65507   # the most an IPv4 UDP datagram carries
 TAG_RECORDS, TAG_BOUNDARY, TAG_DATAGRAM, TAG_CONTROL, TAG_END, TAG_VIEW = b"R", b"B", b"D", b"O", b"E", b"V"
+TAG_UDP_PORT = b"U"
 
 
 class BadPayload(ValueError):
@@ -117,6 +133,9 @@ def parse_request(raw: bytes) -> tuple:
     if kind == XRESULT and len(v) == 7 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], int) \
             and v[2] >= 0 and isinstance(v[3], str) and _port(v[4]) and isinstance(v[5], str) and _port(v[6]):
         return tuple(v)
+    if kind == XPORT and len(v) == 4 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], str) \
+            and _port(v[3]):
+        return tuple(v)
     raise BadPayload(f"not a request: {v[:1]}")
 
 
@@ -126,6 +145,10 @@ def xctl_request() -> bytes:
 
 def xresult_request(k: int, err: int, host: str, port: int, local: tuple[str, int]) -> bytes:
     return _pack(XRESULT, k, err, host, port, local[0], local[1])
+
+
+def xport_request(j: int, local: tuple[str, int]) -> bytes:
+    return _pack(XPORT, j, local[0], local[1])
 
 
 # -- replies -------------------------------------------------------------------
@@ -141,13 +164,25 @@ def datagram_reply(k: int, host: str, port: int, data: bytes) -> bytes:
     return _pack(DGRAM, k, host, port, data)
 
 
-def parse_datagram_reply(raw: bytes) -> tuple[int, str, int, bytes]:
-    """(k, host, port, bytes) of a reply on a UDP port's connection."""
-    v = _unpack(raw)
+def _datagram_reply(v: list) -> tuple[int, str, int, bytes]:
     if v[0] == DGRAM and len(v) == 5 and isinstance(v[1], int) and v[1] >= 0 and isinstance(v[2], str) \
             and _port(v[3]) and isinstance(v[4], bytes):
         return v[1], v[2], v[3], v[4]
     raise BadPayload(f"not a datagram reply: {v[:1]}")
+
+
+def parse_datagram_reply(raw: bytes) -> tuple[int, str, int, bytes]:
+    """(k, host, port, bytes) of a reply on a UDP port's connection."""
+    return _datagram_reply(_unpack(raw))
+
+
+def parse_port_reply(raw: bytes) -> tuple:
+    """A reply on an outgoing UDP port's connection: (DGRAM, k, host, port,
+    bytes), or (CLOSE, n) once the program closed the port after n."""
+    v = _unpack(raw)
+    if v[0] == CLOSE and len(v) == 2 and isinstance(v[1], int) and v[1] >= 0:
+        return CLOSE, v[1]
+    return (DGRAM, *_datagram_reply(v))
 
 
 def xopen_reply(k: int, host: str, port: int) -> bytes:
@@ -161,6 +196,18 @@ def parse_xopen_reply(raw: bytes) -> tuple[int, str, int]:
             and _port(v[3]) and v[3]:
         return v[1], v[2], v[3]
     raise BadPayload(f"not an outgoing open: {v[:1]}")
+
+
+def xudp_reply(j: int, program_port: int, family: int) -> bytes:
+    return _pack(XUDP, j, program_port, family)
+
+
+def parse_xudp_reply(raw: bytes) -> tuple[int, int, int]:
+    """(j, program port, family) of a reply on a gateway's UDP control connection."""
+    v = _unpack(raw)
+    if v[0] == XUDP and len(v) == 4 and _counts(v[1:]) and _port(v[2]) and v[2]:
+        return v[1], v[2], v[3]
+    raise BadPayload(f"not an outgoing UDP port: {v[:1]}")
 
 
 def parse_reply(raw: bytes) -> tuple:
@@ -187,6 +234,10 @@ def datagram_blob(conn: tuple[int, int, int], number: int) -> bytes:
 
 def control_blob(conn: tuple[int, int, int]) -> bytes:
     return TAG_CONTROL + _pack(*conn)
+
+
+def udp_port_blob(j: int, program_port: int, family: int) -> bytes:
+    return TAG_UDP_PORT + _pack(j, program_port, family)
 
 
 def end_blob(status: int) -> bytes:
@@ -218,6 +269,10 @@ def parse_blob(blob: bytes) -> tuple:
         v = _unpack(body)
         if len(v) == 3 and _counts(v):
             return TAG_CONTROL, (v[0], v[1], v[2])
+    if tag == TAG_UDP_PORT:
+        v = _unpack(body)
+        if len(v) == 3 and _counts(v) and _port(v[1]):
+            return TAG_UDP_PORT, v[0], v[1], v[2]
     if tag == TAG_END:
         v = _unpack(body)
         if len(v) == 1:
