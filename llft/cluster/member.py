@@ -525,7 +525,7 @@ class HostMember:
         relay_log = (self.replica.out_dir / "output") if self.opts.log_output else None
         self.relay = ReplicaRelay(self.replica, log_dir=relay_log,
                                   on_output=lambda n, chunk, off: self.output.data(self.cids[n], chunk, off),
-                                  on_close=lambda n: self.output.close(self.cids[n], self.relay.outputs[n].bytes))
+                                  on_close=lambda n, sent: self.output.close(self.cids[n], sent))
         for cid, reqs in sorted(self.pending_inputs, key=lambda p: p[0]):   # a late joiner's transferred input
             for r in reqs:
                 try:
@@ -790,6 +790,7 @@ class HostMember:
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
+                          "outputs_kept": len(self.relay.outputs) if hasattr(self, "relay") else 0,
                           "datagrams": self.datagrams.summary(),
                           "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},

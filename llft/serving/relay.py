@@ -78,13 +78,11 @@ def write_once(peer, chunk: bytes, offset: int) -> int:
 
 
 class ReplicaRelay:
-    def __init__(self, replica, on_output: Callable[[int, bytes, int], None] | None = None,
-                 on_close: Callable[[int], None] | None = None, log_dir: Path | None = None,
-                 queue_limit: int = 8 << 20, delivered: Callable[[int], int] | None = None):
+    def __init__(self, replica, on_output: Callable[[int, bytes, int], None], on_close: Callable[[int, int], None],
+                 log_dir: Path | None = None, queue_limit: int = 8 << 20):
         self.replica = replica
         self.on_output = on_output          # (conn, chunk, stream offset of chunk)
-        self.on_close = on_close
-        self.delivered = delivered          # bytes of a connection the clients already got
+        self.on_close = on_close            # (conn, bytes sent): the program closed it
         self.log_dir = log_dir
         self.events: asyncio.Queue = asyncio.Queue()
         self.queued_bytes = 0
@@ -95,7 +93,10 @@ class ReplicaRelay:
         self.inbox: dict[int, asyncio.Queue] = {}   # per connection: what to write to the program
         self.writer_tasks: set[asyncio.Task] = set()
         self.stopped = False
+        # Every connection's while at most OUTPUTS_LISTED were made, then
+        # the open ones' only (memory bounded by the open connections).
         self.outputs: dict[int, OutputLog] = {}
+        self.opened = 0
         self.open_outputs: dict[int, OutputLog] = {}
         self.closed_outputs = ClosedOutputs()
         self.pumps: set[asyncio.Task] = set()
@@ -185,6 +186,10 @@ class ReplicaRelay:
         writer.write(conn_header(conn_id, host, client_port))
         self.writers[conn_id] = writer
         self.outputs[conn_id] = self.open_outputs[conn_id] = OutputLog()
+        self.opened += 1
+        if self.opened == OUTPUTS_LISTED + 1:
+            for k in [k for k, out in self.outputs.items() if out.closed]:
+                del self.outputs[k]
         task = asyncio.create_task(self._pump(conn_id, reader))
         self.pumps.add(task)
         task.add_done_callback(self.pumps.discard)
@@ -202,10 +207,7 @@ class ReplicaRelay:
                 out.sha256.update(chunk)
                 if logfile:
                     logfile.write(chunk)
-                if self.on_output:
-                    self.on_output(conn_id, chunk, offset)
-                else:
-                    self._keep_unsent(conn_id, out, chunk)
+                self.on_output(conn_id, chunk, offset)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -218,26 +220,10 @@ class ReplicaRelay:
             if w is not None:
                 w.close()
             # A dying replica's sockets close without the program closing them.
-            if self.on_close and not self.replica.dying():
-                self.on_close(conn_id)
-
-    def _keep_unsent(self, conn_id: int, out: OutputLog, chunk: bytes):
-        out.unsent += chunk
-        sent = self.delivered(conn_id) if self.delivered else out.bytes
-        drop = min(max(0, sent - out.unsent_from), len(out.unsent))
-        if drop:
-            del out.unsent[:drop]
-            out.unsent_from += drop
-
-    def take_over(self, on_output, on_close):
-        """This replica is the primary now: its output goes to the clients."""
-        self.on_output, self.on_close = on_output, on_close
-        for conn_id, out in list(self.outputs.items()):
-            if out.unsent:
-                on_output(conn_id, bytes(out.unsent), out.unsent_from)
-                out.unsent.clear()
-            if out.closed and on_close:
-                on_close(conn_id)
+            if not self.replica.dying():
+                self.on_close(conn_id, out.bytes)
+            if self.opened > OUTPUTS_LISTED:
+                self.outputs.pop(conn_id, None)
 
     async def drained(self, timeout: float):
         """Waits until every connection's output has been read to its end
@@ -252,7 +238,7 @@ class ReplicaRelay:
         long-running server has had more connections than it is worth
         listing there (3,000 of them held a member's event loop long enough
         to miss its Heartbeats)."""
-        if len(self.outputs) <= OUTPUTS_LISTED:
+        if self.opened <= OUTPUTS_LISTED:
             return {str(k): v.summary() for k, v in sorted(self.outputs.items())}
         out = {str(k): v.summary() for k, v in sorted(self.open_outputs.items())}
         out["closed"] = self.closed_outputs.summary()
