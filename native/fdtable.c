@@ -118,13 +118,6 @@ static void place_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, in
     REAL(close)(fd);
 }
 
-void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec)
-{
-    int want = (int)e->ret;
-    if (fd != want)
-        place_fd(t, op, e, llft_park_fd(fd), want, cloexec);
-}
-
 /* The primary's fd numbers are handed out in one order, which its backups
  * follow (a turn of one object): two threads placing their numbers in
  * another order could each hold one the other waits for (fds of one
@@ -132,7 +125,7 @@ void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int f
  * turn is taken with the number, under a lock, so that the two orders are
  * one (the shim's one system call under a spinlock: a pipe() or socket(),
  * a few microseconds, only where fds are made).  Accepted connections take
- * their listener's turn instead. */
+ * a turn too, after the kernel numbered them (llft_fd_numbered). */
 static uint32_t numbering_lock;
 
 static int new_fds_primary(struct llft_thread *t, int n, int (*make)(void *ctx, int *fds), void *ctx, int *fds)
@@ -185,6 +178,42 @@ int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec
     if (role == LLFT_ROLE_OFF)
         return make(ctx, fds);
     return new_fds_primary(t, n, make, ctx, fds); /* the primary, or a backup that has just taken over */
+}
+
+/* Primary: fd, numbered by the kernel outside the lock above (an accepted
+ * connection), takes the next turn of the fd numbers after the fact.  That
+ * is enough for a backup: the number was free here, so whoever had it
+ * before took its turn and closed it first.  (Placed in its listener's
+ * turn only, a backup's accepted connection could take the number of a fd
+ * the primary made and closed before, whose thread then waited for the
+ * number while the accepting thread waited for it, on a lock.) */
+void llft_fd_numbered(struct llft_thread *t, int fd)
+{
+    struct llft_obj *o = llft_obj_get(LLFT_FD_NUMBERS, t);
+    llft_record(t, LLFT_OP_NEW_FD, o->id, llft_obj_take_turn(o), fd, 0, 0);
+}
+
+/* Backup: fd (parked: made here outside the turns) goes to the number the
+ * primary's llft_fd_numbered recorded, in its turn; returns that number.
+ * A backup that takes over before the record numbers it as the primary
+ * does: the lowest free number, as the kernel's accept gives. */
+int llft_place_numbered(struct llft_thread *t, int fd, int cloexec)
+{
+    llft_rec_t e;
+    if (llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
+        int moved = REAL(fcntl)(fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+        if (moved >= 0) {
+            REAL(close)(fd);
+            fd = moved;
+        }
+        llft_fd_numbered(t, fd);
+        return fd;
+    }
+    struct turnstile *ts = llft_turn_wait(t, &e);
+    if (fd != (int)e.ret)
+        place_fd(t, LLFT_OP_NEW_FD, &e, fd, (int)e.ret, cloexec);
+    llft_turn_done(t, ts, LLFT_FD_NUMBERS, e.turn);
+    return (int)e.ret;
 }
 
 struct one_fd {

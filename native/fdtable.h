@@ -69,9 +69,6 @@ int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, 
 /* fd moved to one of the highest numbers allowed (out of the way of the
  * numbers the primary's fds had); returns it, or fd if it cannot. */
 int llft_park_fd(int fd);
-/* Backup: moves fd to the primary's number e->ret once that is free here
- * (closes are not replayed in order with other threads' calls). */
-void llft_move_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int cloexec);
 /* An fd made by make(ctx) under the number the primary's got: recorded
  * (LLFT_OP_NEW_FD) at the primary, moved there at a backup.  The kernel
  * numbers fds lowest-free, and a thread blocked in accept() holds the
@@ -81,6 +78,11 @@ int llft_new_fd(int (*make)(void *ctx), void *ctx, int cloexec);
 /* ...n (1 or 2) fds made together (a pipe, a socketpair) by make(ctx, fds),
  * which returns 0 or -1 as pipe() does; the same result. */
 int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int *fds);
+/* An fd the kernel numbered outside the shim (an accepted connection):
+ * the primary records its number in the fd numbers' turns, a backup puts
+ * its own (parked) there in that turn (fdtable.c). */
+void llft_fd_numbered(struct llft_thread *t, int fd);
+int llft_place_numbered(struct llft_thread *t, int fd, int cloexec);
 /* A pipe or socketpair between the program's threads (FD_IPC), made by
  * make(ctx, fds) under the primary's numbers when replicated (wrap_fd.c). */
 int llft_ipc_pair(int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int fds[2]);

@@ -389,6 +389,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         conn_setup(fd, lfd, &h);
         struct llft_obj *o = llft_obj_get(llft_fd_object(lfd), t);
         llft_record_data(t, LLFT_OP_ACCEPT, o->id, llft_obj_take_turn(o), fd, 0, &h, sizeof h);
+        llft_fd_numbered(t, fd);
         llft_give_peer(addr, len, &h);
         return fd;
     }
@@ -427,9 +428,12 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
                              EARLY_MAX, (unsigned long long)want.conn_id);
             fd = -1;
         }
-        llft_move_fd(t, LLFT_OP_ACCEPT, &e, fd, flags & SOCK_CLOEXEC);
-        fd = (int)e.ret;
+        /* Parked until its number's turn, after the listener's: each is
+         * waited for alone (an accept that held its listener's turn while
+         * it waited for the fd numbers' could wait for another accept). */
+        fd = llft_park_fd(fd);
         llft_turn_done(t, ts, llft_fd_object(lfd), e.turn);
+        fd = llft_place_numbered(t, fd, flags & SOCK_CLOEXEC);
         conn_setup(fd, lfd, &h);
         llft_give_peer(addr, len, &h);
         *res = fd;

@@ -59,6 +59,28 @@ def test_fd_numbers_race_and_replicas_agree(examples, llft_run):
         assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
 
 
+def test_accepted_connections_take_fd_numbers_in_the_primarys_order(examples, tmp_path):
+    """fd_race's workers churn fd numbers while another thread accepts
+    connections, which reuse the numbers the workers just closed; each
+    accept and each worker round pass one mutex.  A backup that placed an
+    accepted connection on its number before the worker that had the
+    number first at the primary made it, waited for the mutex while that
+    worker waited for the number (accepts took their listener's turn only,
+    not the fd numbers')."""
+    from serving import ServingGroup
+    for attempt in range(2):
+        # (151: ServingGroup's connection to see the port open is the first)
+        group = ServingGroup(tmp_path / f"rd{attempt}", [examples / "fd_race", 3, 50, 7000, 151],
+                             extra=["--backup-exit-timeout", "20"])
+        for _ in range(150):
+            with group.connect() as s:
+                assert s.makefile().readline() == "ok\n"
+        group.finish(timeout=90)
+        assert group.proc.returncode == 0, group.stderr[-3000:]
+        outs = [(group.run_dir / f"replica-{i}" / "stdout").read_text() for i in range(3)]
+        assert "acceptor fds" in outs[0] and outs[1] == outs[0] and outs[2] == outs[0]
+
+
 def test_many_threads_and_long_queues(examples, llft_run):
     """16 threads, enough records per thread to span many queue chunks."""
     run = llft_run([examples / "race", "16", "3000"], replicas=2)

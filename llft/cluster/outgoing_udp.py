@@ -31,6 +31,12 @@ log = logging.getLogger("llft.cluster.outgoing_udp")
 UDP_CONTROL_SEQ = 3 << 32
 UDP_FIRST_SEQ = UDP_CONTROL_SEQ + 1   # the program's j-th outgoing UDP port: UDP_FIRST_SEQ + j
 SUMMARY_LIMIT = 256                   # ports listed in the state file (the lowest)
+# Datagrams a port holds until the gateway has opened its connection;
+# past this, dropped (memory stays bounded when no gateway offers outgoing
+# connections: then every member drops the same ones).  A gateway that
+# answers only after a port sent more than this could get the members'
+# messages differently cut: not seen, the answer takes milliseconds.
+HOLD_BYTES = 1 << 20
 
 
 def is_outgoing_udp(cid: ConnId) -> bool:
@@ -41,13 +47,14 @@ class _Port:
     """One outgoing UDP port of the program, from the first sight of it (its
     replica's, or the primary's number for it) until the gateway closed it."""
 
-    __slots__ = ("rp", "family", "j", "cid", "held", "closed", "close_sent")
+    __slots__ = ("rp", "family", "j", "cid", "held", "held_bytes", "closed", "close_sent")
 
     def __init__(self, rp: ReplicaPort, family: int):
         self.rp, self.family = rp, family
         self.j: int | None = None        # the primary's number for it
         self.cid: ConnId | None = None   # its connection, once the gateway opened it (XPORT)
         self.held: deque[bytes] = deque()   # replies before then
+        self.held_bytes = 0                 # their payloads' bytes, all held so far
         self.closed = False              # the program closed it
         self.close_sent = False
 
@@ -156,11 +163,12 @@ class MemberOutgoingUdp:
         self.stats["datagrams_out"] += 1
         if p.cid is not None:
             self.outbox.put(p.cid, body)
-        elif len(p.held) < KEEP_LIMIT:
+        elif p.held_bytes + len(data) <= HOLD_BYTES:
             p.held.append(body)
+            p.held_bytes += len(data)
         else:
-            self._drop(f"UDP port {rp.port}: no gateway has served it yet; a datagram to {dest[0]} "
-                       f"port {dest[1]} is lost")
+            self._drop(f"UDP port {rp.port}: no gateway has served it yet ({HOLD_BYTES >> 20} MiB held); "
+                       f"a datagram to {dest[0]} port {dest[1]} is lost")
 
     def _send_close(self, p: _Port):
         if p.closed and p.cid is not None and not p.close_sent:
