@@ -368,3 +368,39 @@ def test_outgoing_udp_across_hosts(cluster, examples, tmp_path, kill_at):
                  "the gateway to count every datagram and close every port the program closed", watch=False)
     gw = gateway_udp()
     assert gw["ports"] == nclients * nlines and gw["bad_replies"] == 0 and gw["dropped"] == 0, gw
+
+
+def test_killed_primary_rejoins_and_replays_the_outgoing_datagrams(cluster, examples, tmp_path):
+    """The killed primary's member rejoins with a fresh replica: its program
+    replays every outgoing UDP port from the transferred ordering entries
+    and datagrams, sends the UDP service nothing, and ends with the same
+    output and the same datagrams as the others."""
+    proxy_cluster(cluster, examples, tmp_path)
+    udp_log = tmp_path / "udp.log"
+    start_udp_backend(cluster, udp_log)
+    first = cluster.members[0][1]
+    nclients, nlines = 2, 10
+    before = {}
+
+    def client(i):
+        c = cluster.client()
+        before[i] = [c.lines([line])[0][0] for line in udp_lines(i, nlines)]
+        c.close()
+    concurrently(client, nclients)
+    check_each_datagram_once(udp_log, before, nclients, nlines)
+    old = cluster.status(first)
+    os.kill(old["replicas"][0]["pid"], signal.SIGKILL)
+
+    def whole_again():
+        sts = [cluster.status(d) for _, d in cluster.members]
+        return all(s["view"]["pvn"] > old["view"]["pvn"] and len(s["members"]) == 3 and s["replicas"]
+                   for s in sts) and len({s["view"]["pvn"] for s in sts}) == 1
+    cluster.wait(whole_again, "the killed member to rejoin", timeout=60)
+    c = cluster.client()
+    after = c.lines([f"UDPTO {UDP_BACKEND_PORT} after"])[0][0]
+    c.close()
+    assert after == f"UDPTO {nclients * nlines + 1} after from {UDP_BACKEND_PORT}", after
+    assert len(udp_log.read_text().splitlines()) == nclients * nlines + 1, "the rejoined replica sent again"
+    states = shutdown_and_compare(cluster, cluster.members)
+    ports = [{k: v for k, v in s["replicas"][0]["outgoing"].items() if k.startswith("udp-")} for s in states]
+    assert len(ports[0]) == nclients * nlines + 1 and all(p == ports[0] for p in ports), ports
