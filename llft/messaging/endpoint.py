@@ -237,7 +237,13 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
             else:
                 of, own = log.for_control(seen, budget)
                 rf, refl = c.reflector.for_control(budget)
-            pb = Piggyback(of, own, rf, refl, max(seen, log.confirmed))
+            # The remote group reflects our entries until every backup holds
+            # them, not just until we saw them back: a reflection we saw on a
+            # FirstAck that a backup missed was then gone from the remote (its
+            # next application message no longer carried it), and a new
+            # primary taking over could lack entries a client's output
+            # already depended on (docs/messaging.md, "Ordering information").
+            pb = Piggyback(of, own, rf, refl, log.confirmed)
         rv = self.remote_views.get(c.remote, (0, 0))
         if ack is None:
             ack = c.rx.received_upto
