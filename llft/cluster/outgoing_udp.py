@@ -69,7 +69,7 @@ class MemberOutgoingUdp:
         self.unnumbered: dict[int, _Port] = {}   # backup: ports seen before the primary's number
         self.next_j = 0
         self.announced = 0                    # XUDPs put on the control connection: j < announced
-        self.to_announce: dict[int, bytes] = {}
+        self.to_announce: dict[int, tuple[bytes, bytes]] = {}   # j -> (XUDP, the primary's b"U" entry or b"")
         self.early: dict[int, list] = {}      # requests of a j whose number has not come yet
         self.heard: set[ConnId] = set()       # UDP control connections offered (XCTL)
         self.logs: dict[int, DatagramLog] = {}   # what the replica sent, per program port
@@ -124,8 +124,7 @@ class MemberOutgoingUdp:
         """Primary: the next j is this port's."""
         p.j, self.next_j = self.next_j, self.next_j + 1
         self.by_j[p.j] = p
-        self.ep.add_order_info(payload.udp_port_blob(p.j, port, p.family))
-        self._announce(p.j, port, p.family)
+        self._announce(p.j, port, p.family, payload.udp_port_blob(p.j, port, p.family))
 
     def ordered(self, j: int, port: int, family: int):
         """Backup: the primary's program's j-th outgoing UDP port is `port`."""
@@ -147,12 +146,18 @@ class MemberOutgoingUdp:
         for port in sorted(self.unnumbered):
             self._number(port, self.unnumbered.pop(port))
 
-    def _announce(self, j: int, port: int, family: int):
+    def _announce(self, j: int, port: int, family: int, entry: bytes = b""):
         """XUDPs go on the control connection in j's order, each once, at
         every member: the primary's as it numbers ports, a backup's as the
-        numbers come (messaging needs the very same messages everywhere)."""
+        numbers come (messaging needs the very same messages everywhere).
+        The primary's carries its ordering entry for j: the gateway acts on
+        an XUDP only with the entry in hand, so a new primary always learns
+        the old one's numbers from it (added on its own, the entry rode on
+        another connection's message, which could be lost with the primary
+        while the XUDP got through: the new primary numbered its ports
+        anew, and answers reached the wrong sockets)."""
         if j >= self.announced:
-            self.to_announce[j] = payload.xudp_reply(j, port, family)
+            self.to_announce[j] = (payload.xudp_reply(j, port, family), entry)
         self.flush_announcements()
 
     def _reply(self, rp: ReplicaPort, k: int, data: bytes, dest):
@@ -212,7 +217,7 @@ class MemberOutgoingUdp:
     def flush_announcements(self):
         ctl = self._udp_control()
         while ctl is not None and self.announced in self.to_announce:
-            self.outbox.put(ctl, self.to_announce.pop(self.announced))
+            self.outbox.put(ctl, *self.to_announce.pop(self.announced))
             self.announced += 1
 
     def drain(self):
