@@ -23,6 +23,7 @@ PRELOAD_SOURCES = [
     "native/fdtable.c",
     "native/wrap_fd.c",
     "native/wrap_socket.c",
+    "native/listeners.c",
     "native/wrap_connect.c",
     "native/wrap_udp.c",
     "native/wrap_io.c",
@@ -50,7 +51,8 @@ class BuildExtWithPreload(build_ext):
         cc.compiler_so = [a for a in cc.compiler_so if a not in ("-O3", "-DNDEBUG")]
         tmp = os.path.join(self.build_temp, "preload")
         objects = cc.compile(PRELOAD_SOURCES, output_dir=tmp, extra_preargs=PRELOAD_CFLAGS,
-                             depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h", "native/atomics.h"])
+                             depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h", "native/atomics.h",
+                                      "native/listeners.h"])
         out_dir = "llft" if self.inplace else os.path.join(self.build_lib, "llft")
         cc.link_shared_object(objects, os.path.join(out_dir, "libllft.so"),
                               libraries=["dl", "pthread"], extra_postargs=["-Wl,-z,now"])

@@ -39,7 +39,8 @@ ffibuilder.cdef("""
     } llft_connect_reply_t;
     #define LLFT_CONNECT_ASK ...
     #define LLFT_LISTENER_ANY_PORT ...
-    typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; char name[48]; } llft_listener_t;
+    #define LLFT_MAX_LISTENERS ...
+    typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; uint32_t gen; char name[48]; } llft_listener_t;
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;
@@ -77,14 +78,17 @@ ffibuilder.cdef("""
     void llft_ring_wake(llft_ring_t *r);
     uint64_t llft_ring_head(const llft_ring_t *r);
     uint64_t llft_ring_tail(const llft_ring_t *r);
+    int llft_listeners_read(const llft_ctl_t *c, uint32_t type, llft_listener_t *out, int max);
+    int llft_listener_publish(llft_ctl_t *c, uint16_t port, uint16_t family, uint32_t type, const char *name);
+    void llft_listener_close(llft_ctl_t *c, uint16_t port, uint16_t family, uint32_t socktype);
 
     int llft_disable_aslr(void);
     int llft_die_with_parent(int parent);
 """)
 ffibuilder.set_source(
     "llft._native",
-    '#include "ring.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n',
-    sources=["native/ring.c", "native/spawn.c"],
+    '#include "ring.h"\n#include "listeners.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n',
+    sources=["native/ring.c", "native/spawn.c", "native/listeners.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],
 )

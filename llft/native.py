@@ -220,12 +220,9 @@ class StreamFile:
     def listeners(self, socktype: int = 1) -> list[tuple[int, int, str]]:
         """TCP ports the program listens on (UDP ports it has bound, with
         socktype=SOCK_DGRAM): (port, family, abstract unix name)."""
-        out = []
-        for i in range(min(self.ctl.nlisteners, 16)):
-            entry = self.ctl.listeners[i]
-            if entry.state == 1 and entry.type == socktype:
-                out.append((entry.port, entry.family, ffi.string(entry.name).decode()))
-        return out
+        buf = ffi.new("llft_listener_t[]", lib.LLFT_MAX_LISTENERS)
+        n = lib.llft_listeners_read(self.ctl, socktype, buf, lib.LLFT_MAX_LISTENERS)
+        return [(buf[i].port, buf[i].family, ffi.string(buf[i].name).decode()) for i in range(n)]
 
     def datagram_listeners(self) -> list[tuple[int, int, str]]:
         """UDP ports the program has bound: (port, family, abstract unix name)."""

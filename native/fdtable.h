@@ -3,6 +3,7 @@
 #define LLFT_FDTABLE_H
 
 #include "shim.h"
+#include "listeners.h"
 
 #include <stddef.h>
 #include <sys/socket.h>

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 1u
+#define LLFT_ABI_VERSION 2u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -129,13 +129,19 @@ typedef struct llft_connect_reply {
 /* type flag: a UDP port bound to port 0, or implicitly by a send or a
  * connect (outgoing UDP): the controller serves it on any free port. */
 #define LLFT_LISTENER_ANY_PORT 0x100u
+/* Threads of the program publish at once and the controller reads while
+ * they do: a slot is claimed (state 3) before it is written, and gen,
+ * bumped at each claim, lets a reader tell a slot rewritten under it
+ * (native/listeners.c). */
 typedef struct llft_listener {
-    uint32_t state;               /* 0 free, 1 listening, 2 closed; written last */
+    uint32_t state;               /* 0 free, 1 listening, 2 closed, 3 being written; written last */
     uint16_t port;                /* host byte order */
     uint16_t family;
     uint32_t type;                /* SOCK_STREAM (TCP) or SOCK_DGRAM (UDP) */
+    uint32_t gen;                 /* claims of this slot so far */
     char     name[LLFT_LISTENER_NAME]; /* abstract unix name, without the leading NUL */
 } llft_listener_t;
+
 
 /* One OrderInfo entry (T, O, N, D).  seq is written last, with release
  * ordering: it is the commit marker (ring position + 1; 0 = never written). */

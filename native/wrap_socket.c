@@ -216,34 +216,16 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 
 static void publish_listener(const struct llft_fd *f, int type)
 {
-    llft_ctl_t *c = llft_ctl;
-    for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
-        llft_listener_t *l = &c->listeners[i];
-        uint32_t st = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
-        if (st == 1)
-            continue;
-        l->port = f->port;
-        l->family = f->family;
-        l->type = (uint32_t)type;
-        llft_listener_name(l->name, sizeof l->name, f->port, f->family, type & 0xff);
-        __atomic_store_n(&l->state, 1, __ATOMIC_RELEASE);
-        if ((uint32_t)i + 1 > c->nlisteners)
-            __atomic_store_n(&c->nlisteners, (uint32_t)i + 1, __ATOMIC_RELEASE);
-        return;
-    }
-    llft_log("llft: more than %d listening ports; port %u is not reachable", LLFT_MAX_LISTENERS, f->port);
+    char name[LLFT_LISTENER_NAME];
+    llft_listener_name(name, sizeof name, f->port, f->family, type & 0xff);
+    if (llft_listener_publish(llft_ctl, f->port, f->family, (uint32_t)type, name) != 0)
+        llft_log("llft: more than %d listening ports; port %u is not reachable", LLFT_MAX_LISTENERS, f->port);
 }
 
 void llft_listener_closed(int fd)
 {
-    if (!llft_ctl)
-        return;
-    for (int i = 0; i < LLFT_MAX_LISTENERS; i++) {
-        llft_listener_t *l = &llft_ctl->listeners[i];
-        if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == 1 && l->port == llft_fds[fd].port &&
-            l->family == llft_fds[fd].family && (l->type & 0xff) == (uint32_t)fd_socktype(fd))
-            __atomic_store_n(&l->state, 2, __ATOMIC_RELEASE);
-    }
+    if (llft_ctl)
+        llft_listener_close(llft_ctl, llft_fds[fd].port, llft_fds[fd].family, (uint32_t)fd_socktype(fd));
 }
 
 EXPORT int listen(int fd, int backlog)
