@@ -114,37 +114,42 @@ class Piggyback:
     sequence number of the first blob.  `refl`: entries of the *receiving*
     group's primary reflected back to that group.  `refl_ack`: highest order
     sequence number of its own that the sender has seen reflected back, so the
-    remote primary stops reflecting it.  Blobs are opaque to messaging.
+    remote primary stops reflecting it.  `needs`: on an application message,
+    the highest of the sender's own entries made before it (its content may
+    depend on any of them): output commit, the receiver hands it on only
+    once it holds them all (ordering.RemoteOrder).  Blobs are opaque to
+    messaging.
     """
 
-    __slots__ = ("own_first", "own", "refl_first", "refl", "refl_ack")
+    __slots__ = ("own_first", "own", "refl_first", "refl", "refl_ack", "needs")
 
     def __init__(self, own_first: int = 0, own: list[bytes] | None = None,
-                 refl_first: int = 0, refl: list[bytes] | None = None, refl_ack: int = 0):
+                 refl_first: int = 0, refl: list[bytes] | None = None, refl_ack: int = 0, needs: int = 0):
         self.own_first, self.own = own_first, own or []
         self.refl_first, self.refl = refl_first, refl or []
-        self.refl_ack = refl_ack
+        self.refl_ack, self.needs = refl_ack, needs
 
     def to_wire(self) -> list:
-        return [self.own_first, self.own, self.refl_first, self.refl, self.refl_ack]
+        return [self.own_first, self.own, self.refl_first, self.refl, self.refl_ack, self.needs]
 
     @classmethod
     def from_wire(cls, v: Any) -> "Piggyback":
-        if not (isinstance(v, list) and len(v) == 5):
+        if not (isinstance(v, list) and len(v) == 6):
             raise DropError(DropReason.MALFORMED, "piggyback")
-        of, own, rf, refl, ra = v
-        for n in (of, rf, ra):
+        of, own, rf, refl, ra, needs = v
+        for n in (of, rf, ra, needs):
             _check_uint(n, "piggyback")
         for blobs in (own, refl):
             if not isinstance(blobs, list) or not all(isinstance(b, bytes) for b in blobs):
                 raise DropError(DropReason.MALFORMED, "piggyback blobs")
-        return cls(of, own, rf, refl, ra)
+        return cls(of, own, rf, refl, ra, needs)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Piggyback) and self.to_wire() == other.to_wire()
 
     def __repr__(self) -> str:
-        return f"Piggyback(own={self.own_first}+{len(self.own)}, refl={self.refl_first}+{len(self.refl)}, ack={self.refl_ack})"
+        return (f"Piggyback(own={self.own_first}+{len(self.own)}, refl={self.refl_first}+{len(self.refl)}, "
+                f"ack={self.refl_ack}, needs={self.needs})")
 
 
 class Message:

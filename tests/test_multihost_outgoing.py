@@ -331,16 +331,7 @@ def check_each_datagram_once(log_path, results: dict, nclients: int, nlines: int
     assert sorted(numbers) == list(range(1, nclients * nlines + 1))
 
 
-# Known bug (docs/cluster.md "Outgoing UDP"): in about 1 run in 8 a new
-# primary lacks some of the old primary's port numbers at the takeover and
-# numbers those ports anew, so answers reach the wrong sockets.  Run it with
-# LLFT_KNOWN_BUGS=1.
-KNOWN_FAILOVER_BUG = pytest.mark.skipif(not os.environ.get("LLFT_KNOWN_BUGS"),
-                                        reason="known bug: outgoing UDP ports renumbered at a takeover")
-
-
-@pytest.mark.parametrize("kill_at", [None, pytest.param(10, marks=KNOWN_FAILOVER_BUG)],
-                         ids=["no-failure", "primary-killed"])
+@pytest.mark.parametrize("kill_at", [None, 10], ids=["no-failure", "primary-killed"])
 def test_outgoing_udp_across_hosts(cluster, examples, tmp_path, kill_at):
     """A UDP socket that sends (sendto, or connect and send) before any bind,
     as a resolver does, on three hosts: the gateway sends each datagram once

@@ -10,7 +10,8 @@ from llft.messaging.clock import SimClock
 from llft.messaging.ids import ConnId, View
 from llft.messaging.lossy import LossPolicy, message_matches
 from llft.messaging.simnet import SimNetwork, make_group
-from llft.messaging.viewchange import nack_remote, new_primary_view
+from llft.messaging.viewchange import (answer_new_primary_view, nack_remote, new_primary_view,
+                                       parse_new_primary_view_ack)
 from llft.wire import MsgType
 
 KEY = Keyring(b"k" * 32)
@@ -40,3 +41,36 @@ def test_the_new_primarys_nack_reaches_the_remote_group_after_new_primary_view()
     assert nack_remote(new, cid, 3, view) == 1
     assert clock.run_until(clock.now() + 0.5, lambda: new.conns[cid].rx.received_upto == 3)
     assert gateway.drops["stale-view"] == stale, "the gateway dropped the new primary's Nack as of the old view"
+
+
+def test_the_remote_group_answers_with_the_entries_after_those_the_new_primary_holds():
+    """The gateway holds the old primary's entries with a gap (5-6, then
+    9-11: others were acknowledged on other connections); the new primary
+    holds up to 8.  The answer gives it 9-11, not the run that ends at the
+    gap (a new primary once lacked the numbers of outgoing UDP ports the
+    gateway had opened, and numbered them anew)."""
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(delay=0.0005))
+    old, new = make_group(net, SRV, 2, KEY)
+    gateway = make_group(net, GW, 1, KEY)[0]
+    acks = []
+
+    def at_new(name, info):
+        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW_ACK:
+            acks.append(info["msg"])
+
+    def at_gateway(name, info):
+        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW:
+            answer_new_primary_view(gateway, info["msg"])
+    new.on_event, gateway.on_event = at_new, at_gateway
+    cid = ConnId(*gateway.connect(SRV, 1))
+    gateway.send(cid, b"request")
+    assert clock.run_until(1.0, lambda: cid in new.conns)
+    gateway.conns[cid].reflector.add(5, [b"e5", b"e6"])
+    gateway.conns[cid].reflector.add(9, [b"e9", b"e10", b"e11"])
+    new.sequencer.add(1, [b"e%d" % k for k in range(1, 9)])
+    old.close()
+    new_primary_view(new, GW, View(SRV, primary=new.me, precedences={new.me: 2}, pvn=2))
+    assert clock.run_until(clock.now() + 0.5, lambda: acks)
+    _rows, first, blobs = parse_new_primary_view_ack(acks[0].body)
+    assert (first, blobs) == (9, [b"e9", b"e10", b"e11"])

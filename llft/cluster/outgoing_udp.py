@@ -143,6 +143,11 @@ class MemberOutgoingUdp:
         """Primary from now on: after the old primary's numbers, it numbers
         the ports its replica has that had none."""
         self.primary = True
+        if self.early:   # (a gateway acts on an XUDP only with its entry at hand: the synchrony point has it)
+            log.warning("outgoing UDP: requests for ports %s, whose numbers never came, are dropped",
+                        sorted(self.early))
+            self.stats["dropped"] += sum(len(v) for v in self.early.values())
+            self.early.clear()
         for port in sorted(self.unnumbered):
             self._number(port, self.unnumbered.pop(port))
 

@@ -28,7 +28,7 @@ from llft.messaging.fragments import Codec
 from llft.messaging.ids import ConnId, View
 from llft.messaging.inbound import InboundMixin
 from llft.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
-from llft.messaging.ordering import OrderLog, OrderSequencer, Reflector
+from llft.messaging.ordering import OrderLog, OrderSequencer, Reflector, RemoteOrder
 from llft.messaging.periodic import PeriodicMixin
 from llft.messaging.retire import RETIRED_DROP, RetireMixin, Tombstones
 from llft.messaging.sendside import SentEntry
@@ -64,6 +64,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.sequencer = OrderSequencer()   # backups: ordering info received
         self.reflected = OrderSequencer()   # primary: own entries seen reflected back
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
+        self.remote_order: dict[int, RemoteOrder] = {}      # group -> its primary's ordering information held
+        self._held_back: dict[int, set[Connection]] = {}    # group -> connections waiting for some of it
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
         self.last_heard: dict[int, float] = {}               # member -> when its last intra-group message came
         self.heard_gaps: dict[int, list[int]] = {}           # member -> silences of >= 10, 20, 30, 50, 100, 200 ms
@@ -243,7 +245,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
             # next application message no longer carried it), and a new
             # primary taking over could lack entries a client's output
             # already depended on (docs/messaging.md, "Ordering information").
-            pb = Piggyback(of, own, rf, refl, log.confirmed)
+            pb = Piggyback(of, own, rf, refl, log.confirmed, log.next_oseq - 1 if reliable else 0)
         rv = self.remote_views.get(c.remote, (0, 0))
         if ack is None:
             ack = c.rx.received_upto
@@ -279,9 +281,14 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         if self.on_event is not None:
             self.on_event(name, info)
 
-    def _deliverable(self, c: Connection, before: int) -> None:
-        """Queue messages that became in-order deliverable (line 53)."""
-        for _ in range(c.rx.received_upto - before):
+    def _deliverable(self, c: Connection) -> None:
+        """Queue messages that became in-order deliverable (line 53), once
+        the ordering information they need is here (output commit)."""
+        order = self.remote_order.get(c.remote)
+        n = c.rx.release(order.upto if order is not None else 0)
+        if c.rx.held_back():
+            self._held_back.setdefault(c.remote, set()).add(c)
+        for _ in range(n):
             if self.on_deliver is not None:
                 e = c.rx.take()
                 self.counters["delivered"] += 1

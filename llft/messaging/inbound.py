@@ -5,6 +5,7 @@ from __future__ import annotations
 from llft import wire
 from llft.messaging.connection import Connection
 from llft.messaging.ids import conn_of
+from llft.messaging.ordering import RemoteOrder
 from llft.messaging.recvside import RecvEntry
 from llft.wire import APPLICATION_TYPES, DropError, DropReason, MsgType
 
@@ -46,7 +47,6 @@ class InboundMixin:
         if t == MsgType.SECOND_ACK:
             self._on_second_ack(c, msg)
             return
-        before = c.rx.received_upto
         if t in APPLICATION_TYPES:
             if msg.msn == 0:
                 raise DropError(DropReason.MALFORMED, "application message without msn")
@@ -57,7 +57,7 @@ class InboundMixin:
         elif t == MsgType.NACK and self.is_primary:
             _, msns = wire.parse_nack_body(msg.body)
             self._retransmit_sent(c, msns)
-        self._deliverable(c, before)
+        self._deliverable(c)
 
     def _check_remote_view(self, msg: wire.Message) -> bool:
         """Track the remote group's primary view; drop messages of an older one."""
@@ -72,7 +72,20 @@ class InboundMixin:
         elif new > cur:
             self.remote_views[g] = new
             self._event("remote-primary-changed", group=g, pvn=msg.pvn, precedence=msg.precedence)
+        order = self.remote_order.get(g)
+        if order is None:
+            order = self.remote_order[g] = RemoteOrder()
+        if order.view(msg.pvn) and cur is not None:
+            self._drop_held_back(g)
         return True
+
+    def _drop_held_back(self, g: int) -> None:
+        """The remote group has a new primary: what the old one sent that
+        still waited for ordering information no member may have is dropped,
+        as what came after a gap is (the new primary sends it again, made
+        from the ordering information it has)."""
+        for c in self._held_back.pop(g, ()):
+            self.counters["flushed_after_view_change"] += c.rx.flush_after_upto()
 
     def _on_application(self, c: Connection, msg: wire.Message, data: bytes) -> None:
         """Lines 21-33: received list, placeholders, nack list."""
@@ -94,6 +107,9 @@ class InboundMixin:
         pb = msg.piggyback
         if pb is None:
             return
+        order = self.remote_order[msg.src_group]
+        if order.add(pb.own_first, len(pb.own), pb.refl_ack):
+            self._release_held_back(msg.src_group, c)
         if self.is_primary:
             c.reflector.add(pb.own_first, pb.own)
             c.reflector.ack(pb.refl_ack)
@@ -104,6 +120,18 @@ class InboundMixin:
                 self.reflected.add(pb.refl_first, [b""] * len(pb.refl))
         elif pb.refl:
             self._order_delivered(self.sequencer.add(pb.refl_first, pb.refl))
+
+    def _release_held_back(self, g: int, this: Connection) -> None:
+        """More of group g's ordering information is here: the messages of
+        its other connections that waited for it may go on (`this` one's
+        follow in _on_remote)."""
+        waiting = self._held_back.get(g)
+        if not waiting:
+            return
+        for c in list(waiting):
+            waiting.discard(c)
+            if c is not this and self.conns.get(c.id) is c:
+                self._deliverable(c)
 
     def _on_first_ack(self, c: Connection, msg: wire.Message) -> None:
         """Lines 60-68."""

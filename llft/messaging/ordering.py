@@ -160,3 +160,54 @@ class OrderSequencer:
             del self.pending[k]
         self.upto = upto
         return self.add(upto + 1, [])
+
+
+class RemoteOrder:
+    """At every member, per remote group: how far that group's primary's
+    ordering information is held here without a gap, from its messages'
+    piggybacks or because its backups all hold it (refl_ack).
+
+    Output commit (LLFT §II-E): a message's content may depend on any entry
+    its primary made before it (`needs`), and each entry rides once, on
+    whichever message goes next, on any connection.  A message is handed on
+    only once every entry it needs is here or at every backup of its group:
+    else, with a message carrying earlier entries lost and its primary dead,
+    a client could have seen output whose ordering information no member
+    has, and the new primary would re-create it differently (a gateway
+    opened outgoing UDP ports whose numbers a new primary never learnt, and
+    gave their answers to the wrong sockets)."""
+
+    __slots__ = ("pvn", "upto", "pending")
+
+    def __init__(self) -> None:
+        self.pvn = 0
+        self.upto = 0
+        self.pending: set[int] = set()
+
+    def view(self, pvn: int) -> bool:
+        """The remote group's primary is of view pvn; a new view numbers its
+        entries anew (viewchange.order_base): starts over.  True if it did."""
+        if pvn == self.pvn:
+            return False
+        self.pvn, self.upto = pvn, 0
+        self.pending.clear()
+        return True
+
+    def add(self, first: int, count: int, confirmed: int) -> bool:
+        """Entries first..first+count-1 arrived, and the remote backups all
+        hold entries <= confirmed.  True if upto moved."""
+        before = self.upto
+        if confirmed > self.upto:
+            self.upto = confirmed
+        if not self.pending and first <= self.upto + 1:   # the usual case: in order
+            self.upto = max(self.upto, first + count - 1)
+            return self.upto != before
+        for k in range(max(first, self.upto + 1), first + count):
+            self.pending.add(k)
+        p = self.pending
+        if p:
+            while self.upto + 1 in p:
+                self.upto += 1
+            if before != self.upto:
+                self.pending = {k for k in p if k > self.upto}
+        return self.upto != before

@@ -1,5 +1,10 @@
 """The receiving half of a connection: received list with placeholders,
-nack list, receivedUpToMsn, delivered list (Fig. 6 lines 18-43, 82-84)."""
+nack list, receivedUpToMsn, delivered list (Fig. 6 lines 18-43, 82-84).
+
+A message received in order is released to the application only once the
+ordering information it needs is held (output commit: ordering.RemoteOrder);
+until then it counts as received (acknowledged) but moves no watermark, so
+the sending group's backups keep their copies of it."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -20,6 +25,7 @@ class RecvSide:
         self.nacks: dict[int, float] = {}                 # the nack list: msn -> gap seen at
         self.received_upto = 0   # receivedUpToMsn
         self.highest = 0         # highest msn known to exist
+        self.released = 0        # msns <= this may go to the application (their ordering information is here)
         self.consumed = 0        # msns <= this were handed to the application
         self.delivered: OrderedDict[int, RecvEntry] = OrderedDict()  # the delivered list
         self.rw = 0              # timestamp watermark of this connection at this member
@@ -65,32 +71,48 @@ class RecvSide:
     def _advance(self) -> None:
         # line 32: update receivedUpToMsn
         got = self.received
-        while True:
-            e = got.get(self.received_upto + 1)
-            if e is None:
-                return
+        while got.get(self.received_upto + 1) is not None:
             self.received_upto += 1
+
+    def release(self, order_upto: int) -> int:
+        """Releases the messages received in order whose needed ordering
+        information is held (up to order_upto); returns how many."""
+        n, got = 0, self.received
+        while self.released < self.received_upto:
+            e = got[self.released + 1]
+            pb = e.msg.piggyback
+            if pb is not None and pb.needs > order_upto:
+                break
+            self.released += 1
+            n += 1
             if e.ts > self.rw:
                 self.rw = e.ts
             if e.ts > self.app_rw:
                 self.app_rw = e.ts
+        return n
+
+    def held_back(self) -> bool:
+        """Messages received in order wait for ordering information."""
+        return self.released < self.received_upto
 
     def flush_after_upto(self) -> int:
         """A new primary took over the remote group (Fig. 9 line 38): what
-        came after receivedUpToMsn from the old one is discarded; the new
-        primary goes on from there.  Returns how many were discarded."""
-        later = [m for m in self.received if m > self.received_upto]
+        came from the old one after the last message released (after a gap,
+        or waiting for ordering information no member may have) is
+        discarded; the new primary goes on from there.  Returns how many
+        were discarded."""
+        later = [m for m in self.received if m > self.released]
         for m in later:
             del self.received[m]
         self.nacks.clear()
-        self.highest = self.received_upto
+        self.highest = self.received_upto = self.released
         return len(later)
 
     def note_control(self, last_msn: int, ts: int, now: float = 0.0) -> None:
         """The remote primary had sent msns <= last_msn when it stamped a
         control message `ts`: if we hold them all, nothing earlier than ts is
         missing (advances the watermark of an idle connection)."""
-        if last_msn <= self.received_upto and ts > self.rw:
+        if last_msn <= self.released and ts > self.rw:
             self.rw = ts
         elif last_msn > self.highest:
             self.learn_highest(last_msn, now)
@@ -100,7 +122,7 @@ class RecvSide:
         return sorted(m for m, t in self.nacks.items() if now - t >= delay)[:limit]
 
     def ready(self) -> bool:
-        return self.consumed < self.received_upto
+        return self.consumed < self.released
 
     def take(self) -> RecvEntry:
         """Move the next in-order message to the delivered list (line 43)."""

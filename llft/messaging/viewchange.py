@@ -90,7 +90,7 @@ def adopt_connection(ep, cid: ConnId, consumed: int, acked: int) -> None:
     again, and they need no acknowledgment it would never get)."""
     c = ep._conn(cid)
     if c is not None:
-        c.rx.received_upto = c.rx.consumed = c.rx.highest = consumed
+        c.rx.received_upto = c.rx.released = c.rx.consumed = c.rx.highest = consumed
         c.tx.remote_ack = acked
 
 
@@ -139,7 +139,14 @@ def answer_new_primary_view(ep, msg) -> None:
         held.update(c.reflector.entries)
     if msg.src_group in ep.orphans:
         held.update(ep.orphans[msg.src_group].entries)   # of retired connections (retire.py)
-    first = min(held, default=0)
+    # What the new primary lacks: the run after the entries it holds (held
+    # entries below a gap used to end the run there, and a new primary
+    # lacked the numbers of outgoing UDP ports the gateway had opened).
+    try:
+        lacks = wire.uint_field(msg.body, "oupto", "new primary view") + 1
+    except wire.DropError:
+        lacks = 0
+    first = max(lacks, min(held, default=0))
     blobs = []
     while first + len(blobs) in held:
         blobs.append(held[first + len(blobs)])
