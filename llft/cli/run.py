@@ -14,7 +14,7 @@ from llft.cli.advice import known_race
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
-from llft.cluster.member import HostMember, MemberOptions
+from llft.cluster.member import FAULT_TIMEOUT_ORDINARY_S, FAULT_TIMEOUT_S, HostMember, MemberOptions
 from llft.cluster.membership import JoinRefused
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-timeout", type=float, metavar="MS",
                    help="a replica frozen (stopped) this long is failed and fenced; a failed primary is "
                         "replaced by the backup of lowest rank (default 30).  With --join: how long the backup "
-                        "of rank 2 waits without a word from the primary before it proposes itself (default 60 "
-                        "when the member may run its controller at real-time priority, as root, else 150; at "
+                        "of rank 2 waits without a word from the primary before it proposes itself (default "
+                        f"{FAULT_TIMEOUT_S * 1000:.0f} when the member may run its controller at real-time "
+                        f"priority, as root, else {FAULT_TIMEOUT_ORDINARY_S * 1000:.0f}; at "
                         "least 20: a liveness Heartbeat comes every 5); the primary removes a backup silent "
                         "for longer than every backup waits")
     p.add_argument("--fault-timeout-step", type=float, metavar="MS",
