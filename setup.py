@@ -16,6 +16,7 @@ PRELOAD_SOURCES = [
     "native/ring.c",
     "native/wrap_time.c",
     "native/wrap_thread.c",
+    "native/python_gil.c",
     "native/wrap_dlsym.c",
     "native/wrap_lock.c",
     "native/wrap_random.c",

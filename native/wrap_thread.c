@@ -89,6 +89,8 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role != LLFT_ROLE_OFF)
+        llft_python_threads_start();
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e)) {

@@ -99,6 +99,23 @@ def test_python_interpreter_replicas_agree(real_python, llft_run):
         assert run.out(1) == run.out(0)
 
 
+def test_forced_gil_hand_offs_race_and_python_replicas_agree(real_python, llft_run):
+    """CPython forces the GIL from a thread that runs Python code without
+    blocking, at a point no record marks (native/python_gil.c): on its own
+    the program prints something else on every run; under llft every
+    replica prints the primary's, because the shim lengthens the switch
+    interval; with the interpreter's own interval kept, a backup diverges."""
+    program = [real_python, PROGRAMS / "gil_race.py"]
+    plain = {subprocess.run(program, capture_output=True, text=True, check=True).stdout for _ in range(4)}
+    assert len(plain) > 1, "the hand-offs never changed: the example does not race"
+    for _ in range(3):
+        run = llft_run(program, replicas=3)
+        assert run.status == 0, run.stderr
+        assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
+    kept = [llft_run(program, replicas=3, env={"LLFT_PYTHON_GIL_SWITCHING": "1"}) for _ in range(3)]
+    assert EXIT_DIVERGED in [r.status for r in kept], "with forced hand-offs a backup should diverge"
+
+
 def test_program_started_through_an_exec_wrapper(examples, llft_run):
     run = llft_run([PROGRAMS / "exec_wrapper.sh", examples / "race", "4", "1000"], replicas=2)
     assert run.status == 0, run.stderr
