@@ -108,6 +108,7 @@ class HostMember:
     def __init__(self, argv: list[str], run_dir: Path, opts: MemberOptions):
         self.argv, self.run_dir, self.opts = argv, run_dir, opts
         self.gid = group_id(opts.group)
+        self.realtime = False                   # its controller runs at real-time priority (run())
         self.interrupted: int | None = None
         self.replica: Replica | None = None
         self.ep: GroupEndpoint | None = None
@@ -137,13 +138,17 @@ class HostMember:
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
         self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
+        self.naps = priority.BackupNaps(lambda: self.realtime and self.ep is not None and not self.ep.is_primary)
 
     # -- joining -----------------------------------------------------------
     def _datagram(self, data: bytes, addr) -> None:
         if self.joiner is not None:
             self.joiner.datagram(data)
         elif self.ep is not None:   # (not before the first membership begins)
+            requests = self.ep.counters["rx_request"]
             self.ep.datagram_received(data, addr)
+            if self.ep.counters["rx_request"] != requests:   # clients' traffic (no nap for Heartbeats alone)
+                self.naps.took_request()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -392,6 +397,7 @@ class HostMember:
     def _event(self, name: str, info: dict):
         msg = info.get("msg")
         if name == "membership-message" and msg is not None:
+            self.naps.hold_off()
             t = msg.TYPE
             if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
                 try:
