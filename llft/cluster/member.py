@@ -324,7 +324,7 @@ class HostMember:
     def _start_shipping(self):
         self.source = self.shipper.source
         stream = self.replica.stream
-        self.outbox.after_records(lambda: stream.head)
+        self.outbox.after_records(lambda: stream.head, self.shipper.pull)
         self.shipper.go()
 
     async def _stop_shipping(self):

@@ -36,13 +36,15 @@ class Outbox:
         self.ep = ep
         self.waiting: dict[ConnId, deque] = {}
         self.ring_head = None              # primary: the replica ring's head (a callable)
+        self.pull = None                   # primary: ships the records the ring holds now (a callable)
         self.records_shipped = -1          # the ring position handed to messaging so far
         self.unshipped: deque = deque()    # (ring position, cid, body, order_info), in order
 
-    def after_records(self, ring_head):
+    def after_records(self, ring_head, pull=None):
         """Primary from now on: hold each message until the records its
-        replica had made when it arrived (up to ring_head()) are shipped."""
-        self.ring_head = ring_head
+        replica had made when it arrived (up to ring_head()) are shipped;
+        pull() ships those already written at once."""
+        self.ring_head, self.pull = ring_head, pull
 
     def shipped(self, position: int):
         """The records up to ring position `position` are in the ordering information."""
@@ -54,6 +56,8 @@ class Outbox:
     def put(self, cid: ConnId, body: bytes, order_info: bytes = b""):
         if self.ring_head is not None:
             mark = self.ring_head()
+            if mark > self.records_shipped and not self.unshipped and self.pull is not None:
+                self.pull()   # (a record reserved but not yet written still makes it wait)
             if self.unshipped or mark > self.records_shipped:
                 self.unshipped.append((mark, cid, body, order_info))
                 return
