@@ -48,6 +48,7 @@ class ClusterGateway:
         self.program_port = program_port
         self.seqs = itertools.count(1)
         self.clients: dict[ConnId, _Client] = {}
+        self.ending: set[ConnId] = set()   # closed after the linger: their EOF waits for messaging's window
         self.stats = {"connections": 0, "open": 0, "bytes_in": 0, "bytes_out": 0, "bad_replies": 0,
                       "missing_bytes": 0}   # gaps in a server's output: never, if llft works
         self.udp = None   # GatewayDatagrams (llft/cluster/datagrams.py): the program's UDP ports, if served
@@ -75,6 +76,8 @@ class ClusterGateway:
         c = self.clients.get(cid)
         if c is not None:
             c.writable.set()
+        elif cid in self.ending:
+            self._end(cid)
 
     async def _send(self, cid: ConnId, c: _Client, body: bytes):
         while not self.ep.writable(cid):   # a slow group slows the client down
@@ -159,8 +162,19 @@ class ClusterGateway:
             del self.clients[cid]
             self.stats["open"] -= 1
             c.writer.close()
-            if not c.peer_done and self.ep.writable(cid):
-                self.ep.send(cid, payload.eof_request())   # (after LINGER_S) the group ends its side too
+            if c.peer_done:
+                self.ep.finish(cid)
+            else:                 # (after LINGER_S) the group ends its side too
+                self.ending.add(cid)
+                self._end(cid)
+
+    def _end(self, cid: ConnId):
+        """The EOF of a connection closed after its linger, once messaging's
+        window lets it go (before, it was dropped when the window was full,
+        and the program never saw the end of that connection)."""
+        if self.ep.writable(cid):
+            self.ending.discard(cid)
+            self.ep.send(cid, payload.eof_request())
             self.ep.finish(cid)
 
     async def close(self, timeout: float = 2.0):
