@@ -82,5 +82,6 @@ def test_a_new_primary_resends_what_waited_for_entries_lost_with_the_old_one():
     new_primary_view(s.new, GW, view)
     assert s.clock.run_until(s.clock.now() + 0.5, lambda: s.gw.remote_views.get(SRV, (0,))[0] == 2)
     assert s.gw.conns[s.b].rx.received_upto == 0, "B's reply dropped, not acknowledged to the new primary"
+    assert s.gw.conns[s.b].ack_sent == 0, "the new primary's version of it is to be acknowledged anew"
     assert s.gw.counters["flushed_after_view_change"] >= 1
     assert s.got == []

@@ -85,7 +85,15 @@ class InboundMixin:
         as what came after a gap is (the new primary sends it again, made
         from the ordering information it has)."""
         for c in self._held_back.pop(g, ()):
-            self.counters["flushed_after_view_change"] += c.rx.flush_after_upto()
+            self._flush_old_view(c)
+
+    def _flush_old_view(self, c: Connection) -> None:
+        """Drops what c's remote group's old primary sent after the last
+        message released here (Fig. 9 line 38).  What was dropped may have
+        been acknowledged already: the new primary sends it again, and that
+        needs acknowledging anew."""
+        self.counters["flushed_after_view_change"] += c.rx.flush_after_upto()
+        c.ack_sent = min(c.ack_sent, c.rx.received_upto)
 
     def _on_application(self, c: Connection, msg: wire.Message, data: bytes) -> None:
         """Lines 21-33: received list, placeholders, nack list."""

@@ -133,8 +133,7 @@ def answer_new_primary_view(ep, msg) -> None:
     for cid, c in ep.conns.items():
         if c.remote != msg.src_group:
             continue
-        flushed = c.rx.flush_after_upto()
-        ep.counters["flushed_after_view_change"] += flushed
+        ep._flush_old_view(c)
         rows.append([*cid, c.rx.received_upto, c.tx.msg_seq_count])
         held.update(c.reflector.entries)
     if msg.src_group in ep.orphans:
