@@ -1,6 +1,11 @@
 /* msg_client: load for msg_server.  Prints one JSON line.
  *   msg_client latency PORT SIZE COUNT        round trips one at a time: p50, p99 in microseconds
  *   msg_client throughput PORT SIZE CLIENTS SECONDS   closed-loop clients: requests per second
+ *   msg_client fanout PORT,PORT,... SIZE CLIENTS SECONDS
+ *       each client sends every request to every port and waits for every
+ *       reply: what a replication layer that cost nothing would still make
+ *       the machine do (each replica executes each request), so its rate
+ *       bounds any semi-active replication of that many replicas here
  * PORT may be ADDR:PORT (an IPv4 address; default 127.0.0.1).
  * Times with the raw clock_gettime system call. */
 #include <arpa/inet.h>
@@ -55,12 +60,15 @@ static int dial(int port)
     return fd;
 }
 
-static int round_trip(int fd, char *buf, size_t size)
+static int send_request(int fd, char *buf, size_t size)
 {
     uint32_t len = htonl((uint32_t)size);
     memcpy(buf, &len, 4);
-    if (write(fd, buf, size + 4) != (ssize_t)(size + 4))
-        return -1;
+    return write(fd, buf, size + 4) == (ssize_t)(size + 4) ? 0 : -1;
+}
+
+static int read_reply(int fd, char *buf, size_t size)
+{
     size_t got = 0;
     while (got < size + 4) {
         ssize_t r = read(fd, buf + got, size + 4 - got);
@@ -71,29 +79,61 @@ static int round_trip(int fd, char *buf, size_t size)
     return 0;
 }
 
+static int round_trip(int fd, char *buf, size_t size)
+{
+    return send_request(fd, buf, size) == 0 ? read_reply(fd, buf, size) : -1;
+}
+
 static int cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+#define MAX_PORTS 8
+
 struct worker {
-    int port;
+    int ports[MAX_PORTS], nports;
     size_t size;
     double until;
     long done;
 };
 
+/* One request to every port, then every reply. */
+static int fan_out(const int *fds, int n, char *buf, size_t size)
+{
+    for (int i = 0; i < n; i++)
+        if (send_request(fds[i], buf, size) != 0)
+            return -1;
+    for (int i = 0; i < n; i++)
+        if (read_reply(fds[i], buf, size) != 0)
+            return -1;
+    return 0;
+}
+
 static void *load(void *arg)
 {
     struct worker *w = arg;
-    int fd = dial(w->port);
+    int fds[MAX_PORTS];
+    for (int i = 0; i < w->nports; i++)
+        fds[i] = dial(w->ports[i]);
     char *buf = calloc(1, w->size + 4);
-    while (now_us() < w->until && round_trip(fd, buf, w->size) == 0)
+    while (now_us() < w->until && fan_out(fds, w->nports, buf, w->size) == 0)
         w->done++;
-    close(fd);
+    for (int i = 0; i < w->nports; i++)
+        close(fds[i]);
     free(buf);
     return NULL;
+}
+
+/* PORT[,PORT...]: fills ports, returns how many. */
+static int targets(char *arg, int *ports)
+{
+    int n = 0;
+    for (char *save, *tok = strtok_r(arg, ",", &save); tok != NULL && n < MAX_PORTS;
+         tok = strtok_r(NULL, ",", &save))
+        ports[n++] = target(tok);
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -117,13 +157,18 @@ int main(int argc, char **argv)
                lat[count / 2], lat[count * 99 / 100]);
         return 0;
     }
-    if (argc >= 6 && strcmp(argv[1], "throughput") == 0) {
+    if (argc >= 6 && (strcmp(argv[1], "throughput") == 0 || strcmp(argv[1], "fanout") == 0)) {
         int clients = atoi(argv[4]);
         struct worker w[64];
         pthread_t th[64];
         double start = now_us(), secs = atof(argv[5]);
+        struct worker each = {.size = (size_t)atol(argv[3]), .until = start + secs * 1e6, .nports = 1};
+        if (strcmp(argv[1], "fanout") == 0)
+            each.nports = targets(argv[2], each.ports);
+        else
+            each.ports[0] = target(argv[2]);
         for (int i = 0; i < clients && i < 64; i++) {
-            w[i] = (struct worker){target(argv[2]), (size_t)atol(argv[3]), start + secs * 1e6, 0};
+            w[i] = each;
             pthread_create(&th[i], NULL, load, &w[i]);
         }
         long total = 0;
@@ -135,6 +180,7 @@ int main(int argc, char **argv)
                (double)total / ((now_us() - start) / 1e6));
         return 0;
     }
-    fprintf(stderr, "usage: msg_client latency PORT SIZE COUNT | throughput PORT SIZE CLIENTS SECONDS\n");
+    fprintf(stderr, "usage: msg_client latency PORT SIZE COUNT | throughput PORT SIZE CLIENTS SECONDS"
+                    " | fanout PORT,PORT,... SIZE CLIENTS SECONDS\n");
     return 2;
 }

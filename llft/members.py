@@ -2,6 +2,8 @@
 state-file entry, its process and its stream file."""
 from __future__ import annotations
 
+import hashlib
+
 import psutil
 
 from llft.native import StreamError, StreamFile
@@ -31,9 +33,35 @@ def member_view(entry: dict) -> dict:
             pass
     try:
         with StreamFile(path) as s:
-            view["records"], view["threads"] = s.records, s.threads + 1
+            # A primary does not count its records (a shared counter on the
+            # hot path): its ring's head is the slots it wrote.
+            view["records"] = s.head if entry.get("role") == "primary" else s.records
+            view["threads"] = s.threads + 1
             view["clock_offsets_ns"] = s.clock_offsets()
             view["divergence"] = s.divergence if s.diverged else None
     except (StreamError, TypeError):
         pass
     return view
+
+
+def output_digest(outputs: dict) -> dict:
+    """One replica's output (its state entry's "outputs": per connection,
+    the bytes it sent and their SHA-256) summed up: connections, bytes, and
+    a short digest of the whole, equal at two replicas that sent the same
+    bytes on the same connections."""
+    h = hashlib.sha256()
+    total = 0
+    for conn, out in sorted(outputs.items()):
+        h.update(f"{conn} {out['bytes']} {out['sha256']}\n".encode())
+        total += out["bytes"]
+    conns = sum(out.get("connections", 1) for out in outputs.values())
+    return {"connections": conns, "bytes": total, "digest": h.hexdigest()[:12]}
+
+
+def output_differs(primary: dict, other: dict) -> list[str]:
+    """Connections on which `other` sent as many bytes as the primary, but
+    other bytes: a divergence of what the replicas sent (a backup that is
+    merely behind has sent fewer).  The "closed" summary of a member's
+    relay folds connections each replica closed in its own time: skipped."""
+    return [conn for conn, out in sorted(primary.items())
+            if conn != "closed" and conn in other and other[conn]["bytes"] == out["bytes"] and other[conn]["sha256"] != out["sha256"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -127,3 +128,35 @@ def test_llft_run_warns_of_a_program_known_to_race(tmp_path):
     quiet = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "b"), "--", str(fake), "-t", "4",
                 "-o", "no_lru_crawler,no_lru_maintainer")
     assert quiet.returncode == 0 and "no_lru" not in quiet.stderr, quiet.stderr
+
+
+def test_status_shows_what_each_replica_sent(examples, tmp_path):
+    from serving import ServingGroup, line_client
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000])
+    try:
+        with group.connect() as s:
+            line_client(s, [f"SET k{i} v{i}" for i in range(40)] + ["DIGEST"])
+        deadline = time.monotonic() + 20
+        while True:   # the state file is rewritten every second; backups may lag
+            p = run(tool("llft-status"), "--run-dir", str(group.run_dir), "--json")
+            sent = [m.get("sent") for m in json.loads(p.stdout)["members"]]
+            if all(x and x["bytes"] == sent[0]["bytes"] > 0 for x in sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert sent[0]["connections"] >= 1 and len({x["digest"] for x in sent}) == 1, sent
+        text = run(tool("llft-status"), "--run-dir", str(group.run_dir)).stdout
+        assert text.count(f"{sent[0]['bytes']} {sent[0]['digest']}") == 3, text
+    finally:
+        group.stop()
+
+
+def test_output_comparison_tells_a_lagging_backup_from_a_diverged_one():
+    from llft.members import output_differs, output_digest
+    primary = {"1": {"bytes": 10, "sha256": "aa"}, "2": {"bytes": 5, "sha256": "bb"},
+               "closed": {"connections": 3, "bytes": 7, "sha256": "cc"}}
+    behind = {"1": {"bytes": 4, "sha256": "dd"}, "closed": {"connections": 3, "bytes": 7, "sha256": "ee"}}
+    assert output_differs(primary, behind) == []
+    assert output_differs(primary, dict(behind, **{"2": {"bytes": 5, "sha256": "ff"}})) == ["2"]
+    assert output_digest(primary) == output_digest(dict(primary))
+    assert output_digest(primary)["connections"] == 5 and output_digest(primary)["bytes"] == 22
+    assert output_digest(primary)["digest"] != output_digest(behind)["digest"]

@@ -6,7 +6,7 @@ import sys
 
 from llft import rundir
 from llft.cli.common import Parser, UsageError, fail
-from llft.members import member_view
+from llft.members import member_view, output_differs, output_digest
 
 PROG = "llft-status"
 
@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
     replicas = [member_view(m) for m in state.get("replicas", [])]
+    add_output_views(replicas)
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
               "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing")}
@@ -49,12 +50,16 @@ def main(argv=None) -> int:
         print(f"view {report['view']['pvn']}  primary {report['view']['primary']}")
     if replicas:
         print(f"{'replica':>7}  {'role':8} {'prec':>4} {'rank':>4} {'pid':>8}  {'state':8} {'records':>10} "
-              f"{'threads':>7}  problem")
+              f"{'threads':>7}  {'sent (bytes, digest)':>26}  problem")
     for m in replicas:
+        sent = m.get("sent")
+        sent_text = f"{sent['bytes']} {sent['digest']}" if sent else "-"
         print(f"{m['index']:>7}  {m['role']:8} {dash(m.get('precedence')):>4} {dash(m.get('rank')):>4} "
               f"{m['pid'] or '-':>8}  {m['state']:8} "
               f"{m['records'] if m['records'] is not None else '-':>10} "
-              f"{m['threads'] if m['threads'] is not None else '-':>7}  {m['divergence'] or rejoin_note(m)}")
+              f"{m['threads'] if m['threads'] is not None else '-':>7}  "
+              f"{sent_text:>26}  "
+              f"{m['divergence'] or output_problem(m) or rejoin_note(m)}")
     gw = report["gateway"]
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
@@ -71,6 +76,23 @@ def main(argv=None) -> int:
               f"{out['bytes_in']} bytes in, {out['bytes_out']} bytes out"
               + (f"; {out['dropped']} dropped: {'; '.join(out['errors'][-3:])}" if out["dropped"] else ""))
     return 0
+
+
+def add_output_views(replicas: list[dict]):
+    """Each replica's output summed up ("sent"), and the connections on
+    which it sent other bytes than the primary ("output_differs")."""
+    primary = next((m for m in replicas if m.get("role") == "primary"), None)
+    for m in replicas:
+        outputs = m.get("outputs")
+        if outputs:
+            m["sent"] = output_digest(outputs)
+            if primary is not None and m is not primary and primary.get("outputs"):
+                m["output_differs"] = output_differs(primary["outputs"], outputs)
+
+
+def output_problem(m: dict) -> str:
+    differs = m.get("output_differs")
+    return f"sent other bytes than the primary on connections {', '.join(differs[:5])}" if differs else ""
 
 
 def dash(value) -> str:
