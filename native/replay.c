@@ -12,6 +12,7 @@
  * functions it wraps. */
 #include "shim.h"
 
+#include <limits.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>
@@ -94,7 +95,8 @@ struct tqueue {
 static struct tqueue *queues;
 static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
-static uint32_t epoch_waiters;
+static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (tid_bit) */
+static uint32_t wake_bits;        /* whom the records drain() moved are for (dispatch lock held) */
 static uint32_t stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
@@ -104,6 +106,15 @@ static int64_t primary_status = -1; /* END's: the primary program's exit status,
 static uint32_t live_threads;     /* threads replaying here: started and not ended */
 static uint32_t stopped;          /* of those, stopped for good (stop_for_good) */
 static uint32_t stopped_futex;    /* bumped when either count changes */
+
+/* A thread sleeps on the epoch with one bit of 32, and a dispatch wakes
+ * only the threads it queued records for: waking every sleeper at every
+ * dispatch woke all of a backup's threads (one per client connection in
+ * many servers) for each request, to find nothing and sleep again.
+ * Threads that share a bit wake each other for nothing now and then, and
+ * look again. */
+static inline uint32_t tid_bit(uint32_t tid) { return 1u << (tid & 31); }
+#define ALL_THREADS (~0u)
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
 {
@@ -200,6 +211,7 @@ static long drain(void)
         if (v != LLFT_REC_OK || h->op == LLFT_OP_DATA)
             corrupt_stream(tail, v != LLFT_REC_OK ? v : LLFT_REC_BADFIELD);
         if (h->op == LLFT_OP_END) {
+            wake_bits = ALL_THREADS; /* each looks whether it stops here */
             primary_status = h->ret;
             stream_ended_ms = llft_now_ms();
             STORE(&stream_ended, 1, REL);
@@ -207,6 +219,7 @@ static long drain(void)
             continue;
         }
         if (h->op == LLFT_OP_PROMOTE) {
+            wake_bits = ALL_THREADS;
             STORE(&promote_pending, 1, REL);
             tail++;
             break; /* nothing follows: from here this replica writes the ring */
@@ -244,6 +257,7 @@ static long drain(void)
         q_push(q, &head);
         for (i = 1; i < n; i++)
             q_push(q, llft_ring_slot(r, tail + i));
+        wake_bits |= tid_bit(h->tid);
         tail += n;
         if (h->op == LLFT_OP_EXEC)
             exec_barrier = 1; /* leave the rest in the ring for the image execve starts */
@@ -253,22 +267,48 @@ static long drain(void)
     return (long)(tail - start);
 }
 
-static void bump_epoch(void)
+static void bump_epoch(uint32_t bits)
 {
     __atomic_fetch_add(&epoch, 1, SEQ);
-    if (LOAD(&epoch_waiters, SEQ))
-        llft_futex_wake(&epoch);
+    if (bits && LOAD(&epoch_waiters, SEQ))
+        llft_futex_wake_bits(&epoch, INT_MAX, bits);
+}
+
+/* Drains with the dispatch lock held by the caller, releases it, and wakes
+ * the threads the records are for. */
+static long drain_and_wake(void)
+{
+    long n = drain();
+    uint32_t bits = wake_bits;
+    wake_bits = 0;
+    spin_unlock(&dispatch_lock);
+    if (n > 0)
+        bump_epoch(bits);
+    return n;
 }
 
 static long try_dispatch(void)
 {
-    if (!spin_try(&dispatch_lock))
-        return 0;
-    long n = drain();
-    spin_unlock(&dispatch_lock);
-    if (n > 0)
-        bump_epoch();
-    return n;
+    return spin_try(&dispatch_lock) ? drain_and_wake() : 0;
+}
+
+/* Another thread is dispatching, or the ring holds records not dispatched
+ * yet: worth yielding for rather than sleeping.  Otherwise they may be a
+ * client's request away: serving 16 clients, sched_yield calls of threads
+ * waiting so took a seventh of the machine's time from the primary. */
+static int records_on_the_way(void)
+{
+    return LOAD(&dispatch_lock, RLX) || llft_ring_head(llft_ring) != llft_ring_tail(llft_ring);
+}
+
+/* A thread that waited on the ring for records leaves with one of its own.
+ * Asleep, the others wake only for their records, so if nobody else waits
+ * on the ring now, one of them must, or records for threads asleep would
+ * wait for their timeouts. */
+static void hand_over_the_ring(void)
+{
+    if (LOAD(&llft_ring->consumer_waiting, SEQ) == 0 && LOAD(&epoch_waiters, SEQ))
+        llft_futex_wake_bits(&epoch, 1, ALL_THREADS);
 }
 
 static void adopt_objects(void);
@@ -310,7 +350,7 @@ static int try_promote(void)
     llft_log("llft: replica %u takes over as the primary after %llu records of the failed primary",
              llft_ctl->replica, (unsigned long long)LOAD(&llft_ctl->records, RLX));
     STORE(&promoted, 2, SEQ);
-    bump_epoch();
+    bump_epoch(ALL_THREADS);
     return 1;
 }
 
@@ -359,10 +399,14 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
 static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     unsigned spins = 0;
+    int waited_on_ring = 0;
     for (;;) {
         uint32_t ep = LOAD(&epoch, SEQ);
-        if (q_pop(t->q, out))
+        if (q_pop(t->q, out)) {
+            if (waited_on_ring)
+                hand_over_the_ring();
             return 0;
+        }
         if (try_dispatch() > 0)
             continue;
         if (LOAD(&promote_pending, ACQ)) {
@@ -381,21 +425,18 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
             __builtin_ia32_pause();
             continue;
         }
-        if (spins < 72) {
-            sched_yield();
+        if (spins < 72 && records_on_the_way()) {
+            sched_yield(); /* more threads than cores: let whoever brings them run */
             continue;
         }
         if (spin_try(&dispatch_lock)) {
-            long n = drain();
-            spin_unlock(&dispatch_lock);
-            if (n > 0) {
-                bump_epoch();
+            if (drain_and_wake() > 0)
                 continue;
-            }
+            waited_on_ring = 1;
             llft_ring_wait_data(llft_ring, 20);
         } else {
             __atomic_fetch_add(&epoch_waiters, 1, SEQ);
-            llft_futex_wait(&epoch, ep, 20);
+            llft_futex_wait_bits(&epoch, ep, 20, tid_bit(t->tid));
             __atomic_fetch_sub(&epoch_waiters, 1, SEQ);
         }
     }
@@ -749,9 +790,7 @@ void llft_replay_at_exit(struct llft_thread *t)
         if (try_dispatch() > 0)
             continue;
         if (spin_try(&dispatch_lock)) {
-            long n = drain();
-            spin_unlock(&dispatch_lock);
-            if (n == 0)
+            if (drain_and_wake() == 0)
                 llft_ring_wait_data(llft_ring, 50);
         } else {
             llft_futex_wait(&epoch, ep, 50);

@@ -178,6 +178,21 @@ void llft_futex_wake(uint32_t *addr)
     syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+int llft_futex_wait_bits(uint32_t *addr, uint32_t expected, int timeout_ms, uint32_t bits)
+{
+    struct timespec ts; /* FUTEX_WAIT_BITSET's timeout is absolute, on CLOCK_MONOTONIC */
+    syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+    long ns = ts.tv_nsec + (long)(timeout_ms % 1000) * 1000000L;
+    ts.tv_sec += timeout_ms / 1000 + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    return (int)syscall(SYS_futex, addr, FUTEX_WAIT_BITSET, expected, &ts, NULL, bits);
+}
+
+void llft_futex_wake_bits(uint32_t *addr, int count, uint32_t bits)
+{
+    syscall(SYS_futex, addr, FUTEX_WAKE_BITSET, count, NULL, NULL, bits);
+}
+
 /* ---- producer ------------------------------------------------------ */
 
 int llft_ring_wait_space(llft_ring_t *r, uint64_t pos, uint32_t n, uint64_t *cached_tail, int timeout_ms)

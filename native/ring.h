@@ -52,5 +52,8 @@ uint64_t llft_ring_error_pos(const llft_ring_t *r);
 /* Futex helpers (shared, not private: both sides may be other processes). */
 int      llft_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms);
 void     llft_futex_wake(uint32_t *addr);
+/* The same, with a bitset: a wake reaches only the waiters whose bits it shares. */
+int      llft_futex_wait_bits(uint32_t *addr, uint32_t expected, int timeout_ms, uint32_t bits);
+void     llft_futex_wake_bits(uint32_t *addr, int count, uint32_t bits);
 
 #endif
