@@ -88,6 +88,16 @@ def test_many_threads_and_long_queues(examples, llft_run):
     assert run.out(1) == run.out(0)
 
 
+def test_more_threads_than_wake_bits(examples, llft_run):
+    """A backup's waiting threads sleep with one bit of 32 (thread id mod
+    32, native/replay.c): with 48 threads, pairs share a bit and wake each
+    other for records that are not theirs; each must look again, sleep,
+    and still get its own, with every replica computing the primary's."""
+    run = llft_run([examples / "race", "48", "400"], replicas=3)
+    assert run.status == 0, run.stderr
+    assert "order=" in run.out(0) and run.out(1) == run.out(0) and run.out(2) == run.out(0)
+
+
 def test_python_interpreter_replicas_agree(real_python, llft_run):
     plain = {subprocess.run([real_python, PROGRAMS / "py_threads.py"], capture_output=True, text=True,
                             check=True).stdout.splitlines()[0] for _ in range(4)}
