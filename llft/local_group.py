@@ -45,6 +45,9 @@ class GroupOptions:
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
+# How long a failover waits for the forwarder to write PROMOTE before it
+# goes on (a successor still catching up with --respawn takes longer).
+PROMOTE_WAIT_S = 0.05
 
 
 class LocalGroup:
@@ -210,9 +213,13 @@ class LocalGroup:
         failed.role = "failed"
         new.role = "primary"
         new_source = PrimarySource(new.stream)
-        self.forwarder.fail_over(new_source, self.sinks[new.index])
+        promoted = self.forwarder.fail_over(new_source, self.sinks[new.index])
         self.source.finish()
-        time.sleep(0)   # the GIL to the forwarder, which finish() woke: it carries the PROMOTE
+        # The forwarder, which finish() woke, carries the PROMOTE: this thread
+        # lets go of the GIL until it has.  (It gave it up for a moment only,
+        # and its state file and logging then held the forwarder back for a
+        # millisecond or more in half the view changes.)
+        promoted.wait(PROMOTE_WAIT_S)
         self.source = new_source
         self.outgoing.promote(new)
         if self.gateway is not None:

@@ -35,12 +35,14 @@ class RecordForwarder(threading.Thread):
         self.lock = threading.Lock()   # guards sinks, the saver and ended (catch-up joins under it)
         self.ended = False
 
-    def fail_over(self, new_source, promoted_sink):
+    def fail_over(self, new_source, promoted_sink) -> threading.Event:
         """The source failed: once its last records are forwarded, promoted_sink
         takes over (it gets PROMOTE instead of END) and becomes the source; the
-        other sinks go on with the new primary's records."""
+        other sinks go on with the new primary's records.  Returns an event
+        set once PROMOTE is written."""
         with self.lock:
-            self.successor = (new_source, promoted_sink)
+            self.successor = (new_source, promoted_sink, threading.Event())
+            return self.successor[2]
 
     def run(self):
         try:
@@ -79,7 +81,7 @@ class RecordForwarder(threading.Thread):
                     successor, self.successor = self.successor, None
                 if successor is None:
                     return
-                new_source, sink = successor
+                new_source, sink, promoted = successor
                 # A successor still catching up gets the failed primary's last
                 # records from the saved stream: wait until it is fed from here.
                 while not sink.joined.wait(0.05):
@@ -91,6 +93,7 @@ class RecordForwarder(threading.Thread):
                         self.sinks.remove(sink)
                 if not sink.stream.write_promote(timeout_ms=5000):
                     log.error("replica %d: could not tell it to take over", sink.replica)
+                promoted.set()
                 log.info("forwarding replica %d's records from here on", sink.replica)
                 self.source = new_source
                 continue
