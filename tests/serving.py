@@ -90,15 +90,27 @@ def sha(data: bytes) -> str:
 def concurrently(client, n: int, meanwhile=None, timeout: float | None = None):
     """Runs client(0) .. client(n-1) each on its own thread, and meanwhile()
     (e.g. fault injection) on this one; returns when all have (or after
-    timeout seconds per thread)."""
+    timeout seconds per thread).  A client that raised fails the test with
+    its own error, rather than with whatever its missing results make a
+    later assertion say."""
     import threading
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    import traceback
+    failed = {}
+
+    def run(i):
+        try:
+            client(i)
+        except BaseException as e:   # noqa: BLE001 - reported below, with the client's number
+            failed[i] = "".join(traceback.format_exception(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     if meanwhile is not None:
         meanwhile()
     for t in threads:
         t.join(timeout)
+    assert not failed, "; ".join(f"client {i} failed: {tb}" for i, tb in sorted(failed.items()))
 
 
 def cpu_share(pid: int, secs: float = 1.0) -> float:

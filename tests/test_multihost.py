@@ -121,6 +121,7 @@ class ClientConn:
 
     def __init__(self, ns: str, port: int = PROGRAM_PORT):
         import sys
+        self.port = port
         self.p = subprocess.Popen(in_ns(ns, sys.executable, "-c", self.SCRIPT % port), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE)
 
@@ -706,6 +707,7 @@ def udp_clients(cluster, clients: int, sends: int, kill_pid: int | None = None, 
             if kill_pid is not None and i == 0 and j == sends // 3:
                 os.kill(kill_pid, signal.SIGKILL)    # the primary fails mid-stream
             got.append(c.lines([f"client{i}-dgram{j}"])[0][0])
+            assert got[-1], f"client {i} (port {c.port}): no reply within 60 s to client{i}-dgram{j}"
         results[i] = got
         c.close()
 
