@@ -50,11 +50,11 @@ def output_digest(outputs: dict) -> dict:
     a short digest of the whole, equal at two replicas that sent the same
     bytes on the same connections."""
     h = hashlib.sha256()
-    total = 0
+    conns = total = 0
     for conn, out in sorted(outputs.items()):
         h.update(f"{conn} {out['bytes']} {out['sha256']}\n".encode())
+        conns += out.get("connections", 1)   # "closed" sums up many
         total += out["bytes"]
-    conns = sum(out.get("connections", 1) for out in outputs.values())
     return {"connections": conns, "bytes": total, "digest": h.hexdigest()[:12]}
 
 
@@ -64,4 +64,5 @@ def output_differs(primary: dict, other: dict) -> list[str]:
     merely behind has sent fewer).  The "closed" summary of a member's
     relay folds connections each replica closed in its own time: skipped."""
     return [conn for conn, out in sorted(primary.items())
-            if conn != "closed" and conn in other and other[conn]["bytes"] == out["bytes"] and other[conn]["sha256"] != out["sha256"]]
+            if conn != "closed" and conn in other
+            and other[conn]["bytes"] == out["bytes"] and other[conn]["sha256"] != out["sha256"]]
