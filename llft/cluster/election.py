@@ -8,8 +8,10 @@ higher precedence.  A member named in a proposal acknowledges it unless it
 proposed itself for that view or already acknowledged a proposer of higher
 precedence; it also hands over the ordering information it holds beyond
 the proposer's, so the new primary can reach every member's state.  A
-member left out of a proposal it cannot contest (and an old primary that
-sees itself replaced) must reset and rejoin: here, it leaves the group.
+backup left out by a later backup's proposal contests it (proposes itself;
+the later backup withdraws).  A member left out of a proposal it cannot
+contest (and an old primary that sees itself replaced) must reset and
+rejoin: here, it leaves the group, and takes no further part meanwhile.
 
 Proposals are repeated every RETRY_S; members that have not acknowledged
 after MAX_COUNT repeats are excluded and the proposal starts over.
@@ -67,6 +69,9 @@ class Election:
         self.program_ended = False
         self.last_tick = ep.clock.now()
         self.last_ack = None                  # (what it answered, encoded acknowledgment)
+        # Excluded: this member leaves the group (the serve loop acts on it a
+        # little later); until then it must neither propose nor acknowledge.
+        self.left_out = False
 
     def _my_precedence(self) -> int:
         return self.ep.view.precedences.get(self.ep.me, 0)
@@ -90,9 +95,11 @@ class Election:
     def _watching(self) -> bool:
         ep = self.ep
         return self.proposal is None and not ep.is_primary and self.elected_pvn <= ep.view.pvn \
-            and not self.program_ended
+            and not self.program_ended and not self.left_out
 
     def tick(self) -> None:
+        if self.left_out:
+            return
         now = self.ep.clock.now()
         if now - self.last_tick > max(self.timeout() / 3, LOOP_STALL_S):
             # This process was not listening (its event loop busy, e.g. a new
@@ -167,6 +174,8 @@ class Election:
 
     # -- messages -----------------------------------------------------------------
     def on_message(self, msg) -> None:
+        if self.left_out:
+            return
         body = msg.body if isinstance(msg.body, dict) else None
         try:
             if msg.TYPE == MsgType.PROPOSE_PRIMARY:
@@ -221,14 +230,22 @@ class Election:
             return
         if self.proposed_pvn == new_pvn and self._my_precedence() > precedence:
             return                                   # line 25's exception: we are the stronger claimant
-        if (self.proposed_pvn == new_pvn or (ep.view.pvn == new_pvn and ep.view.primary == ep.me)) \
-                and self._my_precedence() < precedence:
-            # A later backup that timed out with us and left us out: it
-            # withdraws when it hears our proposal (above), so its proposal,
-            # sent before, is stale.
-            return
+        if precedence > self._my_precedence():
+            # A later backup left us out: it timed out on the primary before
+            # we did (a fault-timeout step of 0, or our detector put off).
+            # It withdraws on hearing a proposal that names it, so we contest
+            # rather than leave (deviation: the paper resets this member, and
+            # the group loses a replica it did not need to).
+            if ep.view.pvn == pvn and self._watching():
+                log.warning("member %d (precedence %d) proposed view %d without this member: contesting",
+                            sender, precedence, new_pvn)
+                self._propose(self.silence.of(ep.view.primary, self.watch_since))
+                return
+            if self.proposed_pvn == new_pvn or ep.view.pvn == new_pvn:
+                return   # our proposal, or the one we acknowledged, names the proposer: its proposal is stale
         log.info("excluded by %d (%s): view %d primary %d, proposed %d, elected %d, precedence %d", sender, body,
                  ep.view.pvn, ep.view.primary, self.proposed_pvn, self.elected_pvn, self._my_precedence())
+        self.left_out = True
         raise Excluded(f"member {sender} took over as primary of view {new_pvn} without this member")
 
     def _ack(self, proposer: int, pvn: int, upto: int) -> None:

@@ -1,0 +1,101 @@
+"""The election (phase 1 of a change of primary across hosts) on the
+simulated network: real GroupEndpoints of one group, each backup running the
+real Election, the primary crashed by closing it.  Deterministic: the order
+in which the backups' fault detectors fire is set by their timeouts, which
+is what a real run leaves to chance (tests/test_multihost.py)."""
+from __future__ import annotations
+
+from llft.auth import Keyring
+from llft.cluster.detector import Silence
+from llft.cluster.election import Election, Excluded
+from llft.messaging.clock import SimClock
+from llft.messaging.config import Config
+from llft.messaging.lossy import LossPolicy, message_matches
+from llft.messaging.simnet import SimNetwork, make_group
+from llft.wire import MsgType
+
+GROUP = 20
+TICK_S = 0.02            # the member's serve loop ticks the election this often
+PAST_GRACE_S = 1.5       # past the detectors' start-up grace
+
+
+class Backup:
+    """One backup's election, fed the group's membership messages as
+    HostMember feeds them; records what the election decided."""
+
+    def __init__(self, ep, fault_timeout: float):
+        self.ep = ep
+        self.elected = None
+        self.followed = None
+        self.excluded = None
+        self.election = Election(ep, Silence(ep, unread=lambda: False), fault_timeout, 0.0,
+                                 held_after=lambda upto: (0, []), on_elected=self._elected,
+                                 on_new_primary=self._followed, settling_timeout=fault_timeout)
+        ep.on_event = self._event
+        self._tick()
+
+    def _tick(self):
+        if not self.ep.closed:
+            self.election.tick()
+            self.ep.clock.call_later(TICK_S, self._tick)
+
+    def _event(self, name, info):
+        msg = info.get("msg")
+        if name == "membership-message" and msg.TYPE in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
+            try:
+                self.election.on_message(msg)
+            except Excluded as e:
+                self.excluded = str(e)
+
+    def _elected(self, view, acks):
+        self.elected = (view, acks)
+
+    def _followed(self, view):
+        self.followed = view
+
+
+def group_of_three(b_timeout: float, c_timeout: float, cut=None):
+    """Primary A, backups B (precedence 2) and C (precedence 3), running
+    past the start-up grace; then A crashes.  `cut(datagram, dst_group)`:
+    a targeted loss while A is still alive."""
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(seed=3, delay=0.0005))
+    a, b, c = make_group(net, GROUP, 3, Keyring(b"k" * 32), Config(liveness=0.005))
+    backups = Backup(b, b_timeout), Backup(c, c_timeout)
+    clock.run_until(PAST_GRACE_S)
+    return clock, net, a, backups
+
+
+def test_a_backup_left_out_by_a_later_backup_contests_and_the_group_stays_whole():
+    """C suspects the crashed primary 2 ms before B (fault-timeout-step 0, a
+    real run's luck) and proposes itself without B.  B must not accept the
+    exclusion and leave: the primary is gone for it too, so it proposes
+    itself, C withdraws, and the new view holds both."""
+    clock, _net, a, (b, c) = group_of_three(b_timeout=0.032, c_timeout=0.030)
+    a.close()
+    clock.run_until(PAST_GRACE_S + 1.0)
+    assert b.excluded is None and c.excluded is None, (b.excluded, c.excluded)
+    assert b.elected is not None and c.elected is None
+    view = b.elected[0]
+    assert (view.primary, view.pvn, sorted(view.precedences)) == (b.ep.me, 2, [b.ep.me, c.ep.me])
+    assert c.followed is not None and c.followed.primary == b.ep.me and c.followed.pvn == 2
+
+
+
+def test_a_primary_that_one_backup_lost_is_replaced_and_both_backups_stay():
+    """Only C stops hearing the primary: C proposes itself without B.  B,
+    still hearing the primary, contests all the same (the primary is replaced
+    either way once it hears C's proposal): the new view holds B and C, and
+    the old primary, left out, leaves and then stays out of the election."""
+    clock, net, a, (b, c) = group_of_three(b_timeout=0.030, c_timeout=0.030)
+    old = Backup(a, 0.030)           # the old primary's election, as HostMember runs it
+    from_a = message_matches(lambda m: m.sender == a.me)
+    receive_c = net.members[GROUP][2]
+    net.members[GROUP][2] = lambda d: None if from_a(d, GROUP) else receive_c(d)
+    clock.run_until(PAST_GRACE_S + 1.0)
+    assert old.excluded is not None and old.election.left_out
+    assert b.excluded is None and c.excluded is None, (b.excluded, c.excluded)
+    view = b.elected[0]
+    assert (view.primary, view.pvn, sorted(view.precedences)) == (b.ep.me, 2, [b.ep.me, c.ep.me])
+    assert c.followed.primary == b.ep.me
+    assert old.elected is None and old.followed is None and old.election.proposal is None
