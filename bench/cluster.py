@@ -114,7 +114,8 @@ class BenchCluster(Cluster):
         def done():
             for _, d in self.members[1:]:
                 s = self.status(d)
-                if s and (s.get("failover_at") or {}).get("took_over"):
+                marks = (s or {}).get("failover_at") or {}
+                if marks.get("took_over") and marks.get("promoted"):   # (the state file comes every STATE_EVERY_S)
                     found.update(s["failover_at"])
                     return True
             return False
@@ -223,6 +224,8 @@ def one_failover(hosts, tmp: Path, n: int, clients: int, fault_timeout: float | 
                # the last acknowledgment in: phase 1's messages, without waiting for the next tick
                "acks_ms": ms(marks["last_ack"] - marks["suspected"]) if marks.get("last_ack") else None,
                "phase2_ms": ms(marks["took_over"] - marks["elected"]),
+               # PROMOTE reaches the new primary's replica (its feeder thread writes it): after the takeover if > 0
+               "promote_ms": ms(marks["promoted"] - marks["took_over"]) if marks.get("promoted") else None,
                "crash_to_primary_ms": ms(marks["took_over"] - t0)}
         if load is not None:
             out, _ = load.communicate(timeout=60)

@@ -56,6 +56,7 @@ from llft.wire import MsgType
 log = logging.getLogger("llft.member")
 
 STATE_EVERY_S = 1.0
+PROMOTE_WAIT_S = 0.005   # the new primary's loop waits this long at most for PROMOTE to reach its replica
 # The default fault timeout of rank 2, with the controller at real-time
 # priority (priority.py) and without (not root).  A client flooding the
 # group once made 30 ms thrash through false failovers: the flood's
@@ -683,7 +684,12 @@ class HostMember:
         self.output.promote()
         self.datagrams.promote()
         self.outgoing.promote()
-        self.feeder.promote()
+        promoted = self.feeder.promote()
+        # The feeder thread carries PROMOTE to the replica: let go of the GIL
+        # until it has (bounded; it may first write records just delivered).
+        # Otherwise what follows (logging, the state file) held it back for
+        # 0.2-2 ms after the takeover (bench/cluster.py, promote_ms).
+        promoted.wait(PROMOTE_WAIT_S)
         self.replica.role = "primary"
         self._start_shipping()
         self._become_primary()
@@ -805,5 +811,6 @@ class HostMember:
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
                             "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),
                             "elected": getattr(self, "elected_at", None),
-                            "took_over": getattr(self, "took_over_at", None)},
+                            "took_over": getattr(self, "took_over_at", None),
+                            "promoted": getattr(getattr(self, "feeder", None), "promoted_at", None)},
         })

@@ -131,6 +131,8 @@ class RecordFeeder(threading.Thread):
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.slots = 0
         self.exit_status: int | None = None
+        self.promoted = threading.Event()       # PROMOTE is in the ring
+        self.promoted_at: float | None = None   # measurement (bench/cluster.py)
 
     def feed(self, slots: bytes):
         self.q.put(slots)
@@ -141,9 +143,11 @@ class RecordFeeder(threading.Thread):
         self.exit_status = exit_status
         self.q.put(self.END)
 
-    def promote(self):
-        """After the records queued so far, the replica takes over as primary."""
+    def promote(self) -> threading.Event:
+        """After the records queued so far, the replica takes over as primary;
+        the event is set once PROMOTE is in its ring."""
         self.q.put(self.PROMOTE)
+        return self.promoted
 
     def run(self):
         priority.below_event_loop()   # (priority.py)
@@ -152,6 +156,8 @@ class RecordFeeder(threading.Thread):
             if item is self.PROMOTE:
                 if not self.stream.write_promote(timeout_ms=5000):
                     log.error("could not tell the replica to take over")
+                self.promoted_at = time.monotonic()
+                self.promoted.set()
                 continue
             if item is self.END:
                 if self.alive() and not self.stream.write_end(self.exit_status, timeout_ms=2000):
