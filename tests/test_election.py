@@ -10,6 +10,7 @@ from llft.cluster.detector import Silence
 from llft.cluster.election import Election, Excluded
 from llft.messaging.clock import SimClock
 from llft.messaging.config import Config
+from llft.messaging.ids import View
 from llft.messaging.lossy import LossPolicy, message_matches
 from llft.messaging.simnet import SimNetwork, make_group
 from llft.wire import MsgType
@@ -99,3 +100,19 @@ def test_a_primary_that_one_backup_lost_is_replaced_and_both_backups_stay():
     assert (view.primary, view.pvn, sorted(view.precedences)) == (b.ep.me, 2, [b.ep.me, c.ep.me])
     assert c.followed.primary == b.ep.me
     assert old.elected is None and old.followed is None and old.election.proposal is None
+
+
+def test_a_removed_backup_that_missed_its_removal_cannot_lead_the_group():
+    """B was removed (the primary and C adopted the view without it) but
+    missed every RemoveBackup, so it still counts itself a member.  When the
+    primary dies, B suspects it first and proposes itself: C must not
+    follow a member that lacks what the group did since its removal; C
+    proposes itself and wins."""
+    clock, _net, a, (b, c) = group_of_three(b_timeout=0.030, c_timeout=0.032)
+    without_b = View(GROUP, a.me, {a.me: 1, c.ep.me: 3}, 1)     # what RemoveBackup leaves (ranks close up)
+    a.view = c.ep.view = without_b
+    a.close()
+    clock.run_until(PAST_GRACE_S + 0.3)       # (B would go on until MAX_COUNT; C's view notice stops it first)
+    assert c.followed is None and c.ep.drops["proposal-from-outside-view"] > 0
+    assert c.elected is not None and sorted(c.elected[0].precedences) == [c.ep.me]
+    assert b.elected is None

@@ -12,6 +12,7 @@ backup left out by a later backup's proposal contests it (proposes itself;
 the later backup withdraws).  A member left out of a proposal it cannot
 contest (and an old primary that sees itself replaced) must reset and
 rejoin: here, it leaves the group, and takes no further part meanwhile.
+A proposal from outside this member's view (a removed backup) is dropped.
 
 Proposals are repeated every RETRY_S; members that have not acknowledged
 after MAX_COUNT repeats are excluded and the proposal starts over.
@@ -196,6 +197,13 @@ class Election:
         if ep.view.pvn == new_pvn and ep.view.primary == sender:
             if ep.me in members:
                 self._ack(sender, pvn, upto)         # our acknowledgment was lost
+            return
+        if sender not in ep.view:
+            # Not a member as far as we know: a backup the primary removed
+            # that missed every RemoveBackup (frozen) and now suspects the
+            # primary.  It lacks what the group did since; it may not lead it,
+            # nor replace a primary it was removed by.
+            ep.drops.count("proposal-from-outside-view")
             return
         if ep.me in members:
             if precedence < self._my_precedence():
