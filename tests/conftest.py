@@ -22,6 +22,15 @@ def tool(name: str) -> str:
     return str(path)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item (item.rep_call...), for
+    fixtures that print diagnostics at teardown only when the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
 @pytest.fixture(scope="session")
 def examples() -> Path:
     subprocess.run(["make", "-s", "-C", str(REPO / "examples")], check=True)

@@ -27,12 +27,14 @@ class Cluster:
         self.key = tmp / "group.key"
         subprocess.run([tool("llft-gateway"), "--make-key", str(self.key)], check=True, capture_output=True)
         self.procs: list[subprocess.Popen] = []
+        self.labels: dict[subprocess.Popen, str] = {}
         self.members: list[tuple[subprocess.Popen, Path]] = []
 
     def _start(self, host: int, argv: list) -> subprocess.Popen:
         p = subprocess.Popen(in_ns(self.hosts[host][0], *argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         self.procs.append(p)
+        self.labels[p] = f"host {host}: {Path(argv[0]).name}"
         return p
 
     def start_member(self, host: int, program: list, group: str = "kv", extra=()):
@@ -55,7 +57,7 @@ class Cluster:
     def start_gateway(self, host: int, group: str = "kv", port: int = PROGRAM_PORT, extra=(), name="gateway"):
         """A gateway; the first (name "gateway") is the one clients use by default.  Returns its run dir."""
         run_dir = self.tmp / name
-        p = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port,
+        p = self._start(host, [tool("llft-gateway"), "--group", group, "--port", port, "--log-level", "info",
                                "--key-file", self.key, "--run-dir", run_dir, *extra])
         if name == "gateway":
             self.gateway, self.gateway_dir, self.gateway_host = p, run_dir, host
@@ -108,6 +110,12 @@ class Cluster:
                 p.kill()
                 p.wait()
 
+    def logs(self, tail: int = 6000) -> str:
+        """What each process logged (the end of it), once all have ended; a
+        test that read a process's log itself leaves it empty here."""
+        return "\n".join(f"--- {self.labels[p]} (exit {p.returncode}) ---\n{p.stderr.read()[-tail:]}"
+                         for p in self.procs)
+
 
 class ClientConn:
     """A line client inside a namespace: a tiny Python process relaying lines
@@ -155,15 +163,22 @@ class DatagramClient(ClientConn):
 
 
 @pytest.fixture
-def cluster_of(tmp_path):
-    """cluster_of(n): a Cluster on n hosts, torn down after the test."""
+def cluster_of(tmp_path, request):
+    """cluster_of(n): a Cluster on n hosts, torn down after the test; if the
+    test failed, every process's log is printed (it shows in the report)."""
     from contextlib import ExitStack
+    clusters = []
     with ExitStack() as stack:
         def make(n: int) -> Cluster:
             c = Cluster(stack.enter_context(bridged_hosts(n)), tmp_path)
             stack.callback(c.stop)
+            clusters.append(c)
             return c
         yield make
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for c in clusters:
+            print(c.logs())
 
 
 @pytest.fixture
