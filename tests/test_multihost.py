@@ -110,6 +110,11 @@ class Cluster:
                 p.kill()
                 p.wait()
 
+    def states(self) -> str:
+        """Every member's and gateway's llft-status --json, one per line."""
+        dirs = sorted({d for _, d in self.members} | set(self.tmp.glob("gateway*")))
+        return "\n".join(f"--- {d.name}: {json.dumps(self.status(d))}" for d in dirs)
+
     def logs(self, tail: int = 6000) -> str:
         """What each process logged (the end of it), once all have ended; a
         test that read a process's log itself leaves it empty here."""
@@ -175,10 +180,11 @@ def cluster_of(tmp_path, request):
             clusters.append(c)
             return c
         yield make
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        for c in clusters:
-            print(c.logs())
+        failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+        for c in clusters if failed else ():
+            print(c.states())            # while the processes still run
+    for c in clusters if failed else ():
+        print(c.logs())
 
 
 @pytest.fixture

@@ -271,6 +271,14 @@ class MemberDatagrams:
         for p in self.ports.values():
             p._readable()
 
+    def held(self) -> dict[str, dict]:
+        """Per UDP port, the client datagrams not yet handed to the replica:
+        those arrived (waiting for their turn) and the turns named by the
+        primary (waiting for their datagram), with the next turn."""
+        return {str(port): {"arrived": len(m.arrived), "turns": len(m.expected),
+                            "next": [list(m.expected[0][0]), m.expected[0][1]] if m.expected else None}
+                for port, m in sorted(self.merges.items()) if m.arrived or m.expected}
+
     def summary(self) -> dict[str, dict]:
         """What this replica sent, per UDP port (count, bytes, SHA-256)."""
         return {str(port): p.out.summary() for port, p in sorted(self.ports.items())}

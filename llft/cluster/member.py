@@ -803,7 +803,7 @@ class HostMember:
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
                           "outputs_kept": len(self.relay.outputs) if hasattr(self, "relay") else 0,
-                          "datagrams": self.datagrams.summary(),
+                          "datagrams": self.datagrams.summary(), "datagrams_held": self.datagrams.held(),
                           "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
             "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
