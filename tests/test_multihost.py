@@ -747,6 +747,7 @@ def udp_survivors_agree(cluster, survivors: list[int], expected: int, gateways=N
     """DIGEST and SHUTDOWN; the survivors end with status 0, after one
     primary change, having sent the very same datagrams, as many as the
     gateways (run dirs; the first by default) sent their clients."""
+    numbering_agrees(cluster, survivors)
     c = DatagramClient(cluster.hosts[cluster.gateway_host][0])
     digest, bye = c.lines(["DIGEST", "SHUTDOWN"])[0]
     c.close()

@@ -25,6 +25,7 @@ from collections import OrderedDict, deque
 
 from llft.cluster import payload
 from llft.messaging.ids import ConnId
+from llft.messaging.viewchange import number_from
 from llft.native import conn_header
 from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
 
@@ -262,7 +263,11 @@ class MemberDatagrams:
 
     def rebase(self, cid: ConnId, later: list[bytes]):
         """After a primary change: replies logged beyond what the gateway has
-        go out again as new messages (the gateway drops any it had)."""
+        go out again as new messages (the gateway drops any it had).  Reply
+        k is message k + 1 on its connection at every member, whenever this
+        member's replica produced it (see number_from)."""
+        numbered = self.numbered.get(cid, 0)
+        number_from(self.outbox.ep, cid, numbered - len(later))
         for body in later:
             self.outbox.put(cid, body)
 

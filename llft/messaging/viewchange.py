@@ -116,6 +116,22 @@ def rebase(ep, cid: ConnId, base: int) -> list[bytes]:
     return later
 
 
+def number_from(ep, cid: ConnId, count: int) -> None:
+    """After `rebase`: the connection's next message is numbered count + 1,
+    for a stream whose messages are numbered by their place in the
+    replica's output (the same at every member), rather than after `base`.
+    A member whose replica had not reached `base` would otherwise number
+    its later messages too high, and one whose logged messages past `base`
+    were freed meanwhile (the remote group had them from the old primary,
+    then dropped them, held back, for the new primary to send again) too
+    low.  Messages numbered up to `base` are the remote group's already."""
+    c = ep.conns.get(cid)
+    if c is None:
+        return
+    c.tx.msg_seq_count = count
+    c.tx._bounded_upto = min(c.tx._bounded_upto, count)   # (backups: bounds come from acks past count too)
+
+
 def new_primary_view(ep, remote_group: int, view: View) -> None:
     """New primary of `view`, before it takes over: ask a remote group for
     its state of our connections.  The message names the new view, so that
