@@ -32,6 +32,7 @@ from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
 log = logging.getLogger("llft.datagrams")
 
 SEQ_BASE = 1 << 32          # a UDP port's connection: SEQ_BASE + port (TCP connections count from 1)
+PORT_SPAN = 1 << 16
 WATCH_S = 0.02
 
 
@@ -266,8 +267,8 @@ class MemberDatagrams:
         go out again as new messages (the gateway drops any it had).  Reply
         k is message k + 1 on its connection at every member, whenever this
         member's replica produced it (see number_from)."""
-        numbered = self.numbered.get(cid, 0)
-        number_from(self.outbox.ep, cid, numbered - len(later))
+        if cid.seq - SEQ_BASE < PORT_SPAN:   # (outgoing connections' rebases come here too: not numbered here)
+            number_from(self.outbox.ep, cid, self.numbered.get(cid, 0) - len(later))
         for body in later:
             self.outbox.put(cid, body)
 
