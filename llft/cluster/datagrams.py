@@ -24,6 +24,7 @@ import socket
 from collections import OrderedDict, deque
 
 from llft.cluster import payload
+from llft.cluster.outgoing import is_outgoing
 from llft.messaging.ids import ConnId
 from llft.messaging.viewchange import number_from
 from llft.native import conn_header
@@ -32,7 +33,6 @@ from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
 log = logging.getLogger("llft.datagrams")
 
 SEQ_BASE = 1 << 32          # a UDP port's connection: SEQ_BASE + port (TCP connections count from 1)
-PORT_SPAN = 1 << 16
 WATCH_S = 0.02
 
 
@@ -267,7 +267,7 @@ class MemberDatagrams:
         go out again as new messages (the gateway drops any it had).  Reply
         k is message k + 1 on its connection at every member, whenever this
         member's replica produced it (see number_from)."""
-        if cid.seq - SEQ_BASE < PORT_SPAN:   # (outgoing connections' rebases come here too: not numbered here)
+        if not is_outgoing(cid):   # (outgoing connections' rebases come here too: not numbered here)
             number_from(self.outbox.ep, cid, self.numbered.get(cid, 0) - len(later))
         for body in later:
             self.outbox.put(cid, body)
