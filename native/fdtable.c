@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 struct llft_fd llft_fds[LLFT_FD_MAX];
+uint32_t llft_fd_transfers[LLFT_FD_MAX];
 
 DEFINE_REAL(read)
 DEFINE_REAL(write)

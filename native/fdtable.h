@@ -53,6 +53,33 @@ static inline const void *llft_fd_object(int fd)
     return (const void *)(uintptr_t)(0xF000000000000000ull | (unsigned)fd);
 }
 
+/* Primary: transfers on each fd between the start of their real call and
+ * the turn they take after it.  A close takes its turn after theirs
+ * (llft_close_turn): a reply written, read by the client, whose EOF led
+ * another thread to close the connection, is ordered before the close
+ * even when its writer had not yet taken its turn.  Not reset with the
+ * fd's entry: a transfer may still be under way on a number just reused. */
+extern uint32_t llft_fd_transfers[LLFT_FD_MAX];
+static inline void llft_transfer_begin(int fd)
+{
+    if ((unsigned)fd < LLFT_FD_MAX)
+        __atomic_add_fetch(&llft_fd_transfers[fd], 1, __ATOMIC_SEQ_CST);
+}
+static inline void llft_transfer_end(int fd)
+{
+    if ((unsigned)fd < LLFT_FD_MAX)
+        __atomic_sub_fetch(&llft_fd_transfers[fd], 1, __ATOMIC_RELEASE);
+}
+
+/* fd kinds whose fd object takes turns (transfers, accepts, datagrams):
+ * closing one takes a turn too, so that a backup closes it after the
+ * transfers the primary made before, and before the next fd to get the
+ * number is used. */
+static inline int llft_ordered_kind(int kind)
+{
+    return kind == FD_CONN || kind == FD_IPC || kind == FD_COUNTER || kind == FD_LISTEN || kind == FD_DGRAM;
+}
+
 /* The fd numbers themselves, as an ordered object: the primary's new fds
  * (llft_new_fds) take its turns. */
 #define LLFT_FD_NUMBERS ((const void *)(uintptr_t)0xF100000000000000ull)

@@ -75,7 +75,8 @@ enum llft_op {
     LLFT_OP_CONNECT = 83,        /* connect on a TCP socket: aux: fd; data: llft_connect_reply_t */
     LLFT_OP_NEW_FD = 84,         /* socket() of a TCP socket, epoll_create*: the fd number */
     LLFT_OP_BIND_PORT = 85,      /* bind() to port 0 (or by a send) of a UDP or TCP socket: the port */
-    LLFT_OP_MAX = 86
+    LLFT_OP_CLOSE = 86,          /* close (or dup2 over) a connection, pipe, counter or listener: aux: fd */
+    LLFT_OP_MAX = 87
 };
 
 /* What the controller writes first on each connection it makes to a

@@ -5,10 +5,14 @@
  * (llft_new_fds): threads make them in any order, and the kernel gives the
  * lowest free number, so a backup's thread would get another one.  A copy
  * of a file stays each replica's own, as the file does. */
+#include "atomics.h"
 #include "fdtable.h"
 
+#include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <time.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -30,13 +34,96 @@ static inline int replicated(void)
     return llft_ctl != NULL;
 }
 
+/* What retiring an fd does for real: close it, or put a copy of another
+ * fd in its place (dup2, dup3). */
+struct retire {
+    int fd;
+    int from;          /* dup2/dup3: the fd copied over fd; -1 for close */
+    int flags;         /* dup3's */
+    int is_dup3;
+};
+
+static int retire_real(const struct retire *r)
+{
+    if (r->from < 0) {
+        int kind = llft_fd_kind(r->fd);
+        if (kind == FD_LISTEN || kind == FD_DGRAM)
+            llft_listener_closed(r->fd);
+        llft_fd_forget(r->fd); /* before the number is free for another thread's new fd */
+        return REAL(close)(r->fd);
+    }
+    int res = r->is_dup3 ? REAL(dup3)(r->from, r->fd, r->flags) : REAL(dup2)(r->from, r->fd);
+    if (res >= 0)
+        llft_fd_copy(r->from, res);
+    return res;
+}
+
+/* Primary: the transfers under way on fd end (take their turns) before
+ * the close takes its own.  One that stays blocked in the kernel (a
+ * thread reading a connection another thread closes) is not waited for
+ * past a few milliseconds. */
+static void wait_transfers(int fd)
+{
+    uint64_t since = 0;
+    for (unsigned spins = 0; LOAD(&llft_fd_transfers[fd], ACQ); spins++) {
+        if (spins < 64) {
+            __builtin_ia32_pause();
+        } else if (spins < 128) {
+            sched_yield();
+        } else {
+            uint64_t now = llft_now_ms();
+            if (!since)
+                since = now;
+            if (now - since > 2)
+                return;
+            struct timespec us = {0, 20000};
+            nanosleep(&us, NULL);
+        }
+    }
+}
+
+/* An fd whose object takes turns (llft_ordered_kind) is retired in a turn
+ * of its own: at a backup after every transfer the primary made on it
+ * before, and before any on the next fd to get its number. */
+static int retire_ordered(const struct retire *r)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        ssize_t res;
+        if (!llft_replay_head(t, LLFT_OP_CLOSE, r->fd, &e, &res)) {
+            struct turnstile *ts = llft_turn_wait(t, &e);
+            retire_real(r);
+            llft_turn_done(t, ts, llft_fd_object(r->fd), e.turn);
+            if (e.ret < 0)
+                errno = e.err;
+            return (int)res;
+        }
+        role = LLFT_ROLE_PRIMARY; /* taken over */
+    }
+    if (role == LLFT_ROLE_OFF)
+        return retire_real(r);
+    wait_transfers(r->fd);
+    struct llft_obj *o = llft_obj_get(llft_fd_object(r->fd), t);
+    uint64_t turn = llft_obj_take_turn(o);
+    int res = retire_real(r);
+    int err = errno;
+    llft_record_aux(t, LLFT_OP_CLOSE, o->id, turn, res, res < 0 ? err : 0, 0, (uint32_t)r->fd);
+    errno = err;
+    return res;
+}
+
+static int retire(const struct retire *r)
+{
+    if (llft_ordered_kind(llft_fd_kind(r->fd)) && r->from != r->fd)
+        return retire_ordered(r);
+    return retire_real(r);
+}
+
 EXPORT int close(int fd)
 {
-    int kind = llft_fd_kind(fd);
-    if (kind == FD_LISTEN || kind == FD_DGRAM)
-        llft_listener_closed(fd);
-    llft_fd_forget(fd);
-    return REAL(close)(fd);
+    return retire(&(struct retire){.fd = fd, .from = -1});
 }
 
 struct dup_args {
@@ -71,18 +158,16 @@ EXPORT int dup(int fd) { return dup_common(fd, F_DUPFD, 0); }
 
 EXPORT int dup2(int fd, int to)
 {
-    int r = REAL(dup2)(fd, to);
-    if (r >= 0)
-        llft_fd_copy(fd, r);
-    return r;
+    if (fd == to)
+        return REAL(dup2)(fd, to);
+    return retire(&(struct retire){.fd = to, .from = fd});
 }
 
 EXPORT int dup3(int fd, int to, int flags)
 {
-    int r = REAL(dup3)(fd, to, flags);
-    if (r >= 0)
-        llft_fd_copy(fd, r);
-    return r;
+    if (fd == to)
+        return REAL(dup3)(fd, to, flags); /* EINVAL */
+    return retire(&(struct retire){.fd = to, .from = fd, .flags = flags, .is_dup3 = 1});
 }
 
 EXPORT int fcntl(int fd, int cmd, ...)

@@ -46,6 +46,7 @@ static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize
     } else {
         llft_record_aux(t, op, 0, 0, r, r < 0 ? err : 0, 0, (uint32_t)fd);
     }
+    llft_transfer_end(fd);
     if (r < 0)
         errno = err;
     return r;
@@ -160,6 +161,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(read)(fd, buf, n);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -174,6 +176,7 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(readv)(fd, iov, niov);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
     }
@@ -189,6 +192,7 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(recv)(fd, buf, n, flags);
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -207,6 +211,7 @@ EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct 
     ssize_t r;
     struct iovec v = {buf, n};
     if (role == LLFT_ROLE_PRIMARY || replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &r)) {
+        llft_transfer_begin(fd);
         r = REAL(recvfrom)(fd, buf, n, flags, NULL, NULL);
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -229,6 +234,7 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
         msg->msg_controllen = 0; /* ancillary data is not replicated */
         msg->msg_flags = 0;
     } else {
+        llft_transfer_begin(fd);
         r = REAL(recvmsg)(fd, msg, flags);
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
     }
@@ -251,6 +257,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(write)(fd, buf, n);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -265,6 +272,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(writev)(fd, iov, niov);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
@@ -280,6 +288,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -303,6 +312,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(fd);
         ssize_t r = REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
@@ -343,6 +353,7 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
     int role = transfer_mode(out, &t);
     REPLAY_OR_PROMOTE(role, replay_sendfile(t, out, in, off, count, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
+        llft_transfer_begin(out);
         ssize_t r = REAL(sendfile)(out, in, off, count);
         return record_transfer(t, LLFT_OP_SENDFILE, out, r, errno, NULL);
     }

@@ -279,6 +279,7 @@ static int accept_blocking(int lfd, int flags)
 
 static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags,
                          int *res);
+static int accept_primary(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags);
 
 /* Backup: connections that reached a listener here before the one the
  * primary accepted next.  Every replica gets the same connections, but not
@@ -343,39 +344,47 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         role = LLFT_ROLE_PRIMARY;
     }
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_conn_header_t h = {0}; /* conn_id 0: not read yet (ids start at 1) */
-        /* A backup that has just taken over may hold connections kept
-         * while it replayed: they came first. */
-        int fd = take_early(lfd, 0, &h);
-        if (fd >= 0) {
-            accept_mode(fd, flags);
-            int moved = REAL(fcntl)(fd, (flags & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
-            if (moved >= 0) { /* the lowest free number, as the kernel's accept gives */
-                REAL(close)(fd);
-                fd = moved;
-            }
-        } else {
-            fd = REAL(accept4)(lfd, NULL, NULL, flags);
-        }
-        if (fd >= 0 && !h.conn_id && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
-            REAL(close)(fd); /* the controller gave up on it before saying who it is */
-            fd = -1;
-            errno = ECONNABORTED;
-        }
-        if (fd < 0) {
-            int err = errno;
-            llft_record(t, LLFT_OP_ACCEPT, 0, 0, -1, err, 0);
-            errno = err;
-            return -1;
-        }
-        conn_setup(fd, lfd, &h);
-        struct llft_obj *o = llft_obj_get(llft_fd_object(lfd), t);
-        llft_record_data(t, LLFT_OP_ACCEPT, o->id, llft_obj_take_turn(o), fd, 0, &h, sizeof h);
-        llft_fd_numbered(t, fd);
-        llft_give_peer(addr, len, &h);
+        llft_transfer_begin(lfd);
+        int fd = accept_primary(t, lfd, addr, len, flags);
+        llft_transfer_end(lfd);
         return fd;
     }
     return REAL(accept4)(lfd, addr, len, flags);
+}
+
+static int accept_primary(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    llft_conn_header_t h = {0}; /* conn_id 0: not read yet (ids start at 1) */
+    /* A backup that has just taken over may hold connections kept
+     * while it replayed: they came first. */
+    int fd = take_early(lfd, 0, &h);
+    if (fd >= 0) {
+        accept_mode(fd, flags);
+        int moved = REAL(fcntl)(fd, (flags & SOCK_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 0);
+        if (moved >= 0) { /* the lowest free number, as the kernel's accept gives */
+            REAL(close)(fd);
+            fd = moved;
+        }
+    } else {
+        fd = REAL(accept4)(lfd, NULL, NULL, flags);
+    }
+    if (fd >= 0 && !h.conn_id && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
+        REAL(close)(fd); /* the controller gave up on it before saying who it is */
+        fd = -1;
+        errno = ECONNABORTED;
+    }
+    if (fd < 0) {
+        int err = errno;
+        llft_record(t, LLFT_OP_ACCEPT, 0, 0, -1, err, 0);
+        errno = err;
+        return -1;
+    }
+    conn_setup(fd, lfd, &h);
+    struct llft_obj *o = llft_obj_get(llft_fd_object(lfd), t);
+    llft_record_data(t, LLFT_OP_ACCEPT, o->id, llft_obj_take_turn(o), fd, 0, &h, sizeof h);
+    llft_fd_numbered(t, fd);
+    llft_give_peer(addr, len, &h);
+    return fd;
 }
 
 /* Backup: accept the connection the primary accepted, under its fd number. */

@@ -140,6 +140,8 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
     }
     llft_conn_header_t h;
     int mflags = 0;
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_transfer_begin(fd);
     ssize_t r = recv_real(fd, m, flags, &h, &mflags);
     int err = errno;
     if (r >= 0)
@@ -152,6 +154,7 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
         } else {
             llft_record_aux(t, LLFT_OP_DGRAM_RECV, 0, 0, -1, err, 0, (uint32_t)fd);
         }
+        llft_transfer_end(fd);
     }
     errno = err;
     return r;
@@ -312,6 +315,8 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
             return res;
         role = LLFT_ROLE_PRIMARY;
     }
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_transfer_begin(fd);
     ssize_t r = send_real(fd, m, flags, &h);
     int err = errno;
     if (role == LLFT_ROLE_PRIMARY) {
@@ -321,6 +326,7 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
         } else {
             llft_record_aux(t, LLFT_OP_DGRAM_SEND, 0, 0, -1, err, 0, (uint32_t)fd);
         }
+        llft_transfer_end(fd);
     }
     errno = err;
     return r;
