@@ -190,8 +190,12 @@ static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, stru
     return primary_result;
 }
 
-/* Backup: the result in *res, or LLFT_PROMOTED (the mutex held again, as
- * on entry, for the caller to wait as the primary). */
+/* Backup: the result in *res, or LLFT_PROMOTED: the mutex held again, and
+ * the caller returns as from a spurious wake-up.  It must not wait for
+ * real: the signal that ended this wait at the primary (or would have,
+ * had it lived) was sent here while this thread was not in the real wait,
+ * and a real wait would never see it (a worker pool's job queued and
+ * signalled during the replay would wait for the next job's signal). */
 static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, int *res)
 {
     /* Release first, as the real wait does: the record of this wait's end
@@ -223,7 +227,7 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, i
             int res;                                                                \
             if (!cond_replay(op, m, t, &res))                                       \
                 return res;                                                         \
-            role = LLFT_ROLE_PRIMARY;                                               \
+            return cond_common(op, m, 0, t); /* taken over: woken spuriously */     \
         }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
             return cond_common(op, m, real_call, t);                                \

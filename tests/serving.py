@@ -131,10 +131,42 @@ def kill_primary(run_dir: Path):
     assert "sent SIGKILL" in p.stdout
 
 
-def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: float = 0.0) -> dict:
+class Progress:
+    """Replies the clients have had so far, for fault injection driven by the
+    workload's progress (after the k-th reply) rather than by a sleep."""
+
+    def __init__(self):
+        import threading
+        self.replies = 0
+        self.cond = threading.Condition()
+
+    def tick(self):
+        with self.cond:
+            self.replies += 1
+            self.cond.notify_all()
+
+    def wait(self, k: int, timeout: float = 60.0):
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.replies >= k, timeout):
+                raise AssertionError(f"the clients had {self.replies} replies after {timeout:g}s, not {k}")
+
+
+def kill_after(group: ServingGroup, progress: Progress, *at: int):
+    """meanwhile() for line_clients: kills the primary once the clients have
+    had at[0] replies, again at at[1], and so on."""
+    def meanwhile():
+        for k in at:
+            progress.wait(k)
+            kill_primary(group.run_dir)
+    return meanwhile
+
+
+def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: float = 0.0,
+                 progress: Progress | None = None) -> dict:
     """n clients, each on its own connection, send lines_of(i) one at a time
     and read each reply (meanwhile() runs alongside, e.g. fault injection);
-    returns each client's replies.  A connection that drops fails the test."""
+    returns each client's replies.  A connection that drops fails the test.
+    Each reply ticks progress, if given."""
     results, errors = {}, []
 
     def client(i):
@@ -150,6 +182,8 @@ def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: f
                         errors.append(f"client {i}: connection closed after {len(got)} replies")
                         return
                     got.append(reply.rstrip("\n"))
+                    if progress is not None:
+                        progress.tick()
                     time.sleep(pause)
                 results[i] = got
         except OSError as e:
