@@ -22,6 +22,7 @@ PRELOAD_SOURCES = [
     "native/wrap_random.c",
     "native/wrap_exec.c",
     "native/fdtable.c",
+    "native/channel.c",
     "native/wrap_fd.c",
     "native/wrap_socket.c",
     "native/listeners.c",
@@ -53,7 +54,7 @@ class BuildExtWithPreload(build_ext):
         tmp = os.path.join(self.build_temp, "preload")
         objects = cc.compile(PRELOAD_SOURCES, output_dir=tmp, extra_preargs=PRELOAD_CFLAGS,
                              depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h", "native/atomics.h",
-                                      "native/listeners.h"])
+                                      "native/listeners.h", "native/channel.h"])
         out_dir = "llft" if self.inplace else os.path.join(self.build_lib, "llft")
         cc.link_shared_object(objects, os.path.join(out_dir, "libllft.so"),
                               libraries=["dl", "pthread"], extra_postargs=["-Wl,-z,now"])

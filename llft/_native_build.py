@@ -40,7 +40,11 @@ ffibuilder.cdef("""
     #define LLFT_CONNECT_ASK ...
     #define LLFT_LISTENER_ANY_PORT ...
     #define LLFT_MAX_LISTENERS ...
-    typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; uint32_t gen; char name[48]; } llft_listener_t;
+    typedef struct { uint32_t state; uint16_t port; uint16_t family; uint32_t type; uint32_t gen; uint8_t addr[16]; } llft_listener_t;
+    typedef struct {
+        uint32_t kind; uint16_t port; uint16_t family; uint32_t type; uint8_t addr[16]; uint32_t _pad;
+    } llft_channel_msg_t;
+    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, ... };
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;

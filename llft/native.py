@@ -219,13 +219,13 @@ class StreamFile:
 
     def listeners(self, socktype: int = 1) -> list[tuple[int, int, str]]:
         """TCP ports the program listens on (UDP ports it has bound, with
-        socktype=SOCK_DGRAM): (port, family, abstract unix name)."""
+        socktype=SOCK_DGRAM): (port, family, the address it bound)."""
         buf = ffi.new("llft_listener_t[]", lib.LLFT_MAX_LISTENERS)
         n = lib.llft_listeners_read(self.ctl, socktype, buf, lib.LLFT_MAX_LISTENERS)
-        return [(buf[i].port, buf[i].family, ffi.string(buf[i].name).decode()) for i in range(n)]
+        return [(buf[i].port, buf[i].family, address_text(buf[i].family, bytes(buf[i].addr))) for i in range(n)]
 
     def datagram_listeners(self) -> list[tuple[int, int, str]]:
-        """UDP ports the program has bound: (port, family, abstract unix name)."""
+        """UDP ports the program has bound: (port, family, address)."""
         import socket
         return self.listeners(socket.SOCK_DGRAM)
 
@@ -353,10 +353,43 @@ CONNECT_ASK = lib.LLFT_CONNECT_ASK
 
 
 def _ip(family: int, raw) -> str:
+    return address_text(family, bytes(ffi.buffer(raw, 16)))
+
+
+def address_text(family: int, raw: bytes) -> str:
+    """An address as the shim keeps it (16 bytes, network order) in text."""
     import ipaddress
     import socket
-    n = 16 if family == socket.AF_INET6 else 4
-    return str(ipaddress.ip_address(bytes(ffi.buffer(raw, n))))
+    return str(ipaddress.ip_address(raw[:16] if family == socket.AF_INET6 else raw[:4]))
+
+
+CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")
+CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT = lib.LLFT_CHAN_LISTEN, lib.LLFT_CHAN_DGRAM, lib.LLFT_CHAN_CONNECT
+LISTENER_ANY_PORT = lib.LLFT_LISTENER_ANY_PORT
+
+
+@dataclass(frozen=True)
+class ChannelMessage:
+    """What a replica's shim sends on its channel with a socket's other end."""
+    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT
+    port: int
+    family: int
+    type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket
+    addr: str        # the address the program bound
+
+
+def parse_channel_message(raw: bytes) -> ChannelMessage:
+    """ValueError for anything the shim never sends."""
+    import socket
+    if len(raw) != CHANNEL_MSG_SIZE:
+        raise ValueError(f"{len(raw)} bytes, not {CHANNEL_MSG_SIZE}")
+    m = ffi.from_buffer("llft_channel_msg_t *", raw)
+    if m.kind not in (CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT):
+        raise ValueError(f"kind {m.kind}")
+    if m.kind != CHAN_CONNECT and m.family not in (socket.AF_INET, socket.AF_INET6):
+        raise ValueError(f"address family {m.family}")
+    family = m.family if m.family in (socket.AF_INET, socket.AF_INET6) else socket.AF_INET
+    return ChannelMessage(m.kind, m.port, m.family, m.type, address_text(family, bytes(m.addr)))
 
 
 def parse_connect_request(raw: bytes) -> tuple[int, int, int, str, int]:

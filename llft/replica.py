@@ -11,6 +11,7 @@ from pathlib import Path
 from llft import PRELOAD_LIBRARY
 from llft.members import start_time
 from llft.native import ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
+from llft.serving.channel import ProgramChannel
 
 
 def _child_setup(parent: int):
@@ -42,6 +43,7 @@ class Replica:
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
+        self.channel = ProgramChannel(self.index)   # the program's sockets reach the controller through it
 
     @property
     def pid(self) -> int | None:
@@ -53,10 +55,13 @@ class Replica:
         env["LD_PRELOAD"] = f"{PRELOAD_LIBRARY}{' ' + preload if preload else ''}"
         env["LLFT_SHM"] = self.stream.path
         env["LLFT_REPLICA"] = f"{self.index:03d}"   # one length for all: the same stack layout
+        env["LLFT_CHANNEL"] = f"{self.channel.child_fd():05d}"
         with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                          preexec_fn=functools.partial(_child_setup, os.getpid()),
-                                         start_new_session=True, close_fds=True)
+                                         start_new_session=True, close_fds=True,
+                                         pass_fds=(self.channel.child_fd(),))
+        self.channel.started()
         self.started = start_time(self.proc.pid)
 
     def poll(self) -> int | None:

@@ -2,6 +2,7 @@
  * divergence reports.  Uses raw system calls only: it runs before, and
  * underneath, the functions it wraps. */
 #include "shim.h"
+#include "channel.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -22,7 +23,6 @@ int llft_state;
 llft_ctl_t *llft_ctl;
 llft_ring_t *llft_ring;
 uint32_t llft_next_tid = 1;
-char llft_stream_name[64]; /* basename of the stream file: names this replica's sockets */
 
 void *llft_resolve(const char *name, const char *version)
 {
@@ -103,8 +103,7 @@ static void attach(const char *path)
     llft_ring = llft_shm_ring(base);
     llft_obj_reserve();
     llft_replay_reserve();
-    const char *slash = strrchr(path, '/');
-    snprintf(llft_stream_name, sizeof llft_stream_name, "%s", slash ? slash + 1 : path);
+    llft_channel_attach(ctl);
     if (ctl->role == LLFT_ROLE_BACKUP)
         llft_replay_setup();
     llft_self.tid = 0;

@@ -41,8 +41,10 @@ void llft_fd_forget(int fd)
 
 void llft_fd_copy(int from, int to)
 {
-    if ((unsigned)from < LLFT_FD_MAX && (unsigned)to < LLFT_FD_MAX && from != to)
+    if ((unsigned)from < LLFT_FD_MAX && (unsigned)to < LLFT_FD_MAX && from != to) {
         llft_fds[to] = llft_fds[from];
+        llft_fds[to].handover = 0; /* the original keeps it */
+    }
 }
 
 /* fd moved out of the way, to one of the highest numbers allowed: while

@@ -31,7 +31,8 @@ struct llft_fd {
     uint8_t addr[16];        /* bound address */
     llft_conn_header_t peer; /* FD_CONN: who the client (or the remote server) is */
     int32_t so_error;        /* a non-blocking connect's result, until SO_ERROR (or connect) reports it */
-    uint8_t reply_seen;      /* FD_DGRAM: a send reached the controller (its name is there) */
+    int32_t handover;        /* FD_VSOCK, FD_DGRAM: the controller's end of the program's socket, until the
+                              * channel hands it over (listen, bind, connect); 0: none */
     uint64_t *epoll_data;    /* FD_EPOLL: the program's epoll_data, indexed by fd */
 };
 
@@ -119,8 +120,13 @@ int llft_out_of_the_way(int fd, int cloexec);
 
 /* Addresses of virtual sockets (wrap_socket.c). */
 int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t port_host, const uint8_t *a);
-int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type);
 int llft_give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header_t *h);
+
+/* Hands the controller fd's other end (its handover) through the channel,
+ * as a socket of this kind (LLFT_CHAN_*): 0, or an errno.  A socket whose
+ * other end went already (a connect that failed, tried again) gets a new
+ * pair under its number first (wrap_socket.c). */
+int llft_hand_over(int fd, uint32_t kind, uint32_t type);
 
 /* Outgoing connections (wrap_connect.c): connect() on a TCP socket. */
 int llft_connect(int fd, const struct sockaddr *addr, socklen_t len);

@@ -16,7 +16,7 @@ _Static_assert(sizeof(llft_ctl_t) <= LLFT_CTL_BYTES, "the control block fits its
 
 enum { FREE = 0, LISTENING = 1, CLOSED = 2, WRITING = 3 };
 
-int llft_listener_publish(llft_ctl_t *c, uint16_t port, uint16_t family, uint32_t type, const char *name)
+int llft_listener_publish(llft_ctl_t *c, uint16_t port, uint16_t family, uint32_t type, const uint8_t *addr)
 {
     for (uint32_t i = 0; i < LLFT_MAX_LISTENERS; i++) {
         llft_listener_t *l = &c->listeners[i];
@@ -29,8 +29,7 @@ int llft_listener_publish(llft_ctl_t *c, uint16_t port, uint16_t family, uint32_
         l->port = port;
         l->family = family;
         l->type = type;
-        strncpy(l->name, name, sizeof l->name - 1);
-        l->name[sizeof l->name - 1] = 0;
+        memcpy(l->addr, addr, sizeof l->addr);
         STORE(&l->state, LISTENING, REL);
         uint32_t n = LOAD(&c->nlisteners, RLX);
         while (n < i + 1 && !__atomic_compare_exchange_n(&c->nlisteners, &n, i + 1, 1, REL, RLX))
@@ -65,7 +64,6 @@ int llft_listeners_read(const llft_ctl_t *c, uint32_t type, llft_listener_t *out
         __atomic_thread_fence(ACQ);
         if (LOAD(&l->state, RLX) != LISTENING || LOAD(&l->gen, RLX) != gen || copy.type != type)
             continue; /* rewritten meanwhile: the next look sees it whole */
-        copy.name[sizeof copy.name - 1] = 0;
         out[n++] = copy;
     }
     return n;

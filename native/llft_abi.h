@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 2u
+#define LLFT_ABI_VERSION 3u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -79,7 +79,7 @@ enum llft_op {
     LLFT_OP_MAX = 87
 };
 
-/* What the controller writes first on each connection it makes to a
+/* What the controller writes first on each connection it hands to a
  * program's listening socket: which client connection it is.  On a UDP
  * port it heads every datagram: in a client's datagram, its number on the
  * port (conn_id) and the client's address; in a reply, the destination. */
@@ -91,16 +91,41 @@ typedef struct llft_conn_header {
     uint8_t  addr[16];            /* client address, network byte order */
 } llft_conn_header_t;
 
+/* The replica's channel to its controller: one end of a SOCK_SEQPACKET
+ * socketpair the controller made and handed down at fd LLFT_CHANNEL (the
+ * environment; the control block's channel_fd once the shim has moved it
+ * out of the program's way).  No name: no other process can reach it, nor
+ * any socket the replica gets through it.  Each message carries one fd:
+ * the controller's end of a socketpair whose other end is the program's
+ * socket.
+ *
+ *   LISTEN   a TCP socket the program listens on (a SOCK_STREAM pair): per
+ *            client connection the controller sends one byte on it with
+ *            the connection's fd (SCM_RIGHTS), and writes an
+ *            llft_conn_header_t first on the connection itself;
+ *   DGRAM    a UDP socket the program bound (a SOCK_DGRAM pair): client
+ *            datagrams in, replies out, each headed by llft_conn_header_t;
+ *   CONNECT  an outgoing connection (a SOCK_STREAM pair) on which the shim
+ *            writes an llft_connect_request_t first. */
+enum llft_channel_kind { LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3 };
+typedef struct llft_channel_msg {
+    uint32_t kind;                /* enum llft_channel_kind */
+    uint16_t port;                /* LISTEN, DGRAM: host byte order */
+    uint16_t family;              /* AF_INET or AF_INET6 */
+    uint32_t type;                /* DGRAM: LLFT_LISTENER_ANY_PORT when bound to port 0 or by a send */
+    uint8_t  addr[16];            /* LISTEN, DGRAM: the address the program bound, network byte order */
+    uint32_t _pad;
+} llft_channel_msg_t;
+
 /* An outgoing connection (the program's connect() on a TCP socket): the
- * shim connects the AF_UNIX socket to the controller's name for this
- * replica (the stream's name + LLFT_OUTGOING_SUFFIX) and writes a request:
- * the program's conn_id-th outgoing connection and where to.  Only the
- * primary's request carries LLFT_CONNECT_ASK: the controller makes the real
- * connection (or finds the one it made for this number already) and
- * answers with a reply; a backup's request gets no answer.  Then the
- * connection carries the remote server's bytes to the replica and the
- * program's bytes to the controller. */
-#define LLFT_OUTGOING_SUFFIX "-out"
+ * shim hands the controller the other end of the program's socket
+ * (LLFT_CHAN_CONNECT) and writes a request on it: the program's conn_id-th
+ * outgoing connection and where to.  Only the primary's request carries
+ * LLFT_CONNECT_ASK: the controller makes the real connection (or finds the
+ * one it made for this number already) and answers with a reply; a
+ * backup's request gets no answer.  Then the connection carries the remote
+ * server's bytes to the replica and the program's bytes to the
+ * controller. */
 #define LLFT_CONNECT_ASK 1u
 typedef struct llft_connect_request {
     uint64_t conn_id;             /* 1, 2, ...: the same number at every replica */
@@ -119,28 +144,24 @@ typedef struct llft_connect_reply {
 } llft_connect_reply_t;
 
 #define LLFT_MAX_LISTENERS 16
-#define LLFT_LISTENER_NAME 48
 
-/* A TCP port the program listens on; the socket is really an AF_UNIX
- * socket bound to the abstract name, which the controller connects to.
- * A UDP port (type SOCK_DGRAM) is an AF_UNIX datagram socket bound to the
- * name; its replies go to the same name with LLFT_REPLY_SUFFIX, which the
- * controller binds. */
-#define LLFT_REPLY_SUFFIX "-gw"
-/* type flag: a UDP port bound to port 0, or implicitly by a send or a
- * connect (outgoing UDP): the controller serves it on any free port. */
-#define LLFT_LISTENER_ANY_PORT 0x100u
-/* Threads of the program publish at once and the controller reads while
- * they do: a slot is claimed (state 3) before it is written, and gen,
- * bumped at each claim, lets a reader tell a slot rewritten under it
+/* A TCP or UDP port the program listens on, for llft-status and for the
+ * gateway's choice of public ports (the sockets themselves come through
+ * the channel).  type: SOCK_STREAM or SOCK_DGRAM, with
+ * LLFT_LISTENER_ANY_PORT for a UDP port bound to port 0, or implicitly by a
+ * send or a connect (outgoing UDP): the controller serves it on any free
+ * port.  Threads of the program publish at once and the controller reads
+ * while they do: a slot is claimed (state 3) before it is written, and
+ * gen, bumped at each claim, lets a reader tell a slot rewritten under it
  * (native/listeners.c). */
+#define LLFT_LISTENER_ANY_PORT 0x100u
 typedef struct llft_listener {
     uint32_t state;               /* 0 free, 1 listening, 2 closed, 3 being written; written last */
     uint16_t port;                /* host byte order */
     uint16_t family;
     uint32_t type;                /* SOCK_STREAM (TCP) or SOCK_DGRAM (UDP) */
     uint32_t gen;                 /* claims of this slot so far */
-    char     name[LLFT_LISTENER_NAME]; /* abstract unix name, without the leading NUL */
+    uint8_t  addr[16];            /* the address the program bound, network byte order */
 } llft_listener_t;
 
 
@@ -210,7 +231,7 @@ typedef struct llft_ctl {
     uint16_t div_got_op;          /* what the primary's stream said */
     char     div_text[512];
     uint32_t nlisteners;
-    uint32_t _pad1;
+    int32_t  channel_fd;          /* the channel's fd once the shim has moved it (0: LLFT_CHANNEL's) */
     llft_listener_t listeners[LLFT_MAX_LISTENERS];
 } llft_ctl_t;
 

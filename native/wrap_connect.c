@@ -1,18 +1,19 @@
 /* Consistent Socket Communication Service, outgoing connections: connect()
  * on a TCP socket of the program (docs/serving.md, "Outgoing connections").
  *
- * The socket is an AF_UNIX stream socket.  connect() connects it to the
- * controller's outgoing name of this replica (<stream name>-out) and writes
- * an llft_connect_request_t: the program's k-th outgoing connection and the
- * address it asked for.  At the primary the controller makes the real TCP
- * connection and answers with an llft_connect_reply_t (the real connect's
- * error, the local address); the shim records the answer.  A backup returns
- * the recorded result and, when the primary's connect succeeded, connects
- * its own socket to connection k without waiting for an answer.  From then
- * on the socket is an FD_CONN like an accepted one: the controller gives
- * every replica the remote server's bytes in the same order, and sends the
- * remote only the primary's writes; reads and writes are recorded and
- * replayed as on any connection (wrap_io.c).
+ * The socket is one end of an AF_UNIX stream socketpair.  connect() hands
+ * the other end to the controller through the replica's private channel
+ * (LLFT_CHAN_CONNECT) and writes an llft_connect_request_t on it: the
+ * program's k-th outgoing connection and the address it asked for.  At the
+ * primary the controller makes the real TCP connection and answers with an
+ * llft_connect_reply_t (the real connect's error, the local address); the
+ * shim records the answer.  A backup returns the recorded result and, when
+ * the primary's connect succeeded, hands over its own socket for
+ * connection k without waiting for an answer.  From then on the socket is
+ * an FD_CONN like an accepted one: the controller gives every replica the
+ * remote server's bytes in the same order, and sends the remote only the
+ * primary's writes; reads and writes are recorded and replayed as on any
+ * connection (wrap_io.c).
  *
  * A non-blocking connect waits for the answer as well (the TCP handshake,
  * made by the controller), then says EINPROGRESS; the socket is writable at
@@ -31,12 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-DEFINE_REAL(connect)
 DEFINE_REAL(fcntl)
-
-extern char llft_stream_name[]; /* core.c: this replica's stream, e.g. llft-123-r01 */
-
-#define CONTROLLER_WAIT_MS 5000 /* the controller's name not there (yet): give up after this */
 
 /* The next outgoing connection's number at the primary.  A backup keeps it
  * past every number it replays, so that it continues the sequence should
@@ -72,25 +68,12 @@ static int parse_target(const struct sockaddr *addr, socklen_t len, llft_connect
     return 0;
 }
 
-/* Connects fd to the controller's outgoing name and writes the request;
- * 0 or an errno.  The name is bound before the replica starts, but the
- * backlog may be full for a moment: retry then, whatever fd's mode. */
+/* Hands fd's other end to the controller and writes the request on it;
+ * 0 or an errno. */
 static int reach_controller(int fd, const llft_connect_request_t *rq)
 {
-    struct sockaddr_un un = {.sun_family = AF_UNIX};
-    int n = snprintf(un.sun_path + 1, sizeof un.sun_path - 1, "%s%s", llft_stream_name, LLFT_OUTGOING_SUFFIX);
-    socklen_t ulen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-    uint64_t since = llft_now_ms();
-    while (REAL(connect)(fd, (struct sockaddr *)&un, ulen) != 0) {
-        if (errno == EINPROGRESS)
-            break; /* queued: writes wait for room below */
-        if ((errno != EAGAIN && errno != EINTR && errno != ECONNREFUSED) ||
-            llft_now_ms() - since > CONTROLLER_WAIT_MS)
-            return errno;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-    return llft_write_exact(fd, rq, sizeof *rq);
+    int err = llft_hand_over(fd, LLFT_CHAN_CONNECT, 0);
+    return err ? err : llft_write_exact(fd, rq, sizeof *rq);
 }
 
 /* fd is connected (or not) as the reply says: an FD_CONN whose peer is the

@@ -6,10 +6,12 @@
  * lowest free number, so a backup's thread would get another one.  A copy
  * of a file stays each replica's own, as the file does. */
 #include "atomics.h"
+#include "channel.h"
 #include "fdtable.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <time.h>
@@ -43,15 +45,32 @@ struct retire {
     int is_dup3;
 };
 
+/* What the shim keeps for fd goes with it: its listed port, the other end
+ * of a socket never handed to the controller. */
+static void forget(int fd)
+{
+    if ((unsigned)fd >= LLFT_FD_MAX)
+        return;
+    int kind = llft_fd_kind(fd);
+    if (kind == FD_LISTEN || (kind == FD_DGRAM && llft_fds[fd].port))
+        llft_listener_closed(fd);
+    int other = __atomic_exchange_n(&llft_fds[fd].handover, 0, __ATOMIC_ACQ_REL);
+    if (other > 0)
+        REAL(close)(other);
+    llft_fd_forget(fd); /* before the number is free for another thread's new fd */
+}
+
 static int retire_real(const struct retire *r)
 {
     if (r->from < 0) {
-        int kind = llft_fd_kind(r->fd);
-        if (kind == FD_LISTEN || kind == FD_DGRAM)
-            llft_listener_closed(r->fd);
-        llft_fd_forget(r->fd); /* before the number is free for another thread's new fd */
+        forget(r->fd);
         return REAL(close)(r->fd);
     }
+    if (llft_is_channel(r->fd) && llft_channel_move() != 0) {
+        errno = EMFILE;
+        return -1;
+    }
+    forget(r->fd);
     int res = r->is_dup3 ? REAL(dup3)(r->from, r->fd, r->flags) : REAL(dup2)(r->from, r->fd);
     if (res >= 0)
         llft_fd_copy(r->from, res);
@@ -123,7 +142,41 @@ static int retire(const struct retire *r)
 
 EXPORT int close(int fd)
 {
+    if (UNLIKELY(llft_is_channel(fd)))
+        return 0; /* the program closing what it did not open (a daemon's every fd): kept */
     return retire(&(struct retire){.fd = fd, .from = -1});
+}
+
+/* close_range and closefrom close many at once: each one the shim tracks,
+ * and the channel, goes through close(); the rest in a few ranges. */
+DEFINE_REAL(close_range)
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+    if (!replicated() || (flags & ~CLOSE_RANGE_CLOEXEC) != 0)
+        return REAL(close_range)(first, last, flags);
+    unsigned from = first;
+    for (unsigned fd = first; fd <= last && fd < LLFT_FD_MAX; fd++) {
+        if (!llft_is_channel((int)fd) && llft_fd_kind((int)fd) == FD_LOCAL && !llft_fds[fd].handover)
+            continue;
+        if (from < fd && REAL(close_range)(from, fd - 1, flags) != 0)
+            return -1;
+        if (!llft_is_channel((int)fd)) {
+            if (flags & CLOSE_RANGE_CLOEXEC)
+                fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+            else
+                close((int)fd);
+        }
+        from = fd + 1;
+        if (fd == last)
+            return 0;
+    }
+    return from <= last ? REAL(close_range)(from, last, flags) : 0;
+}
+
+EXPORT void closefrom(int first)
+{
+    close_range(first < 0 ? 0 : (unsigned)first, ~0u, 0);
 }
 
 struct dup_args {

@@ -1,15 +1,18 @@
 /* Consistent Socket Communication Service, the socket calls (LLFT §V-E).
  *
- * A TCP socket of the program is really an AF_UNIX stream socket: bind()
- * binds it to an abstract name of this replica and listen() publishes the
- * port in the control block.  For each client connection the controller
- * connects to that name and first writes an llft_conn_header_t; accept()
- * consumes it, so the program sees an ordinary TCP connection from the
- * client's address while its bytes come from the controller.  At the
- * primary the kernel decides readiness and ordering; the accept is recorded
- * with the connection id, and a backup accepts the same connection, checks
- * its id, and gives it the primary's fd number. */
+ * A TCP socket of the program is really one end of an AF_UNIX stream
+ * socketpair; the shim keeps the other end (its handover) until listen()
+ * or connect() hands it to the controller through the replica's private
+ * channel (channel.c), which no other process can reach.  For each client
+ * connection the controller sends one byte on a listening socket with the
+ * connection's fd, and writes an llft_conn_header_t first on the
+ * connection; accept() takes both, so the program sees an ordinary TCP
+ * connection from the client's address while its bytes come from the
+ * controller.  At the primary the kernel decides readiness and ordering;
+ * the accept is recorded with the connection id, and a backup accepts the
+ * same connection, checks its id, and gives it the primary's fd number. */
 #include "atomics.h"
+#include "channel.h"
 #include "fdtable.h"
 
 #include <arpa/inet.h>
@@ -32,7 +35,9 @@ DEFINE_REAL(bind)
 DEFINE_REAL(listen)
 DEFINE_REAL(accept)
 DEFINE_REAL(accept4)
+DEFINE_REAL(recvmsg)
 DEFINE_REAL(connect)
+DEFINE_REAL(dup3)
 DEFINE_REAL(getsockname)
 DEFINE_REAL(getpeername)
 DEFINE_REAL(setsockopt)
@@ -40,8 +45,6 @@ DEFINE_REAL(getsockopt)
 DEFINE_REAL(close)
 DEFINE_REAL(poll)
 DEFINE_REAL(fcntl)
-
-extern char llft_stream_name[]; /* core.c: this replica's stream, e.g. llft-123-r01 */
 
 static inline int replicated(void)
 {
@@ -55,17 +58,33 @@ static inline int virtual_kind(int kind)
     return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN || kind == FD_DGRAM;
 }
 
+/* The controller's end of the socket make_socket made last on this thread. */
+static __thread int made_handover TLS_IE;
+
 struct socket_args { int type; };
-static int make_socket(void *a) { return REAL(socket)(AF_UNIX, ((struct socket_args *)a)->type, 0); }
+
+/* A pair: the program's socket, returned, and its handover, moved out of
+ * the numbers the program's fds take (it is never the program's). */
+static int make_socket(void *a)
+{
+    int sv[2];
+    if (REAL(socketpair)(AF_UNIX, ((struct socket_args *)a)->type | SOCK_CLOEXEC, 0, sv) != 0)
+        return -1;
+    made_handover = llft_out_of_the_way(sv[1], 1);
+    if (!(((struct socket_args *)a)->type & SOCK_CLOEXEC))
+        REAL(fcntl)(sv[0], F_SETFD, 0);
+    return sv[0];
+}
 
 /* TCP and UDP sockets are made under the primary's fd number (see llft_new_fd). */
-static int virtual_tcp_socket(int domain, int type)
+static int virtual_socket(int domain, int type, int kind)
 {
     struct socket_args a = {type};
     int fd = llft_new_fd(make_socket, &a, type & SOCK_CLOEXEC);
     if (fd >= 0) {
-        llft_fd_set(fd, FD_VSOCK);
+        llft_fd_set(fd, kind);
         llft_fds[fd].family = (uint8_t)domain;
+        llft_fds[fd].handover = made_handover;
     }
     return fd;
 }
@@ -73,18 +92,38 @@ static int virtual_tcp_socket(int domain, int type)
 EXPORT int socket(int domain, int type, int protocol)
 {
     if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_STREAM && replicated())
-        return virtual_tcp_socket(domain, type);
+        return virtual_socket(domain, type, FD_VSOCK);
     if ((domain == AF_INET || domain == AF_INET6) && (type & 0xff) == SOCK_DGRAM &&
-        (protocol == 0 || protocol == IPPROTO_UDP) && replicated()) {
-        struct socket_args a = {type}; /* a UDP socket: see wrap_udp.c */
-        int fd = llft_new_fd(make_socket, &a, type & SOCK_CLOEXEC);
-        if (fd >= 0) {
-            llft_fd_set(fd, FD_DGRAM);
-            llft_fds[fd].family = (uint8_t)domain;
-        }
-        return fd;
-    }
+        (protocol == 0 || protocol == IPPROTO_UDP) && replicated())
+        return virtual_socket(domain, type, FD_DGRAM); /* a UDP socket: see wrap_udp.c */
     return REAL(socket)(domain, type, protocol);
+}
+
+int llft_hand_over(int fd, uint32_t kind, uint32_t type)
+{
+    struct llft_fd *f = &llft_fds[fd];
+    int other = __atomic_exchange_n(&f->handover, 0, __ATOMIC_ACQ_REL);
+    if (other <= 0) { /* handed over before (a failed connect): a new pair under fd's number */
+        int sv[2];
+        int sotype = f->kind == FD_DGRAM ? SOCK_DGRAM : SOCK_STREAM;
+        if (REAL(socketpair)(AF_UNIX, sotype | SOCK_CLOEXEC, 0, sv) != 0)
+            return errno;
+        int fl = REAL(fcntl)(fd, F_GETFL), fdfl = REAL(fcntl)(fd, F_GETFD);
+        int r = REAL(dup3)(sv[0], fd, (fdfl > 0 && (fdfl & FD_CLOEXEC)) ? O_CLOEXEC : 0);
+        REAL(close)(sv[0]);
+        if (r < 0) {
+            REAL(close)(sv[1]);
+            return errno;
+        }
+        if (fl >= 0)
+            REAL(fcntl)(fd, F_SETFL, fl);
+        other = sv[1];
+    }
+    llft_channel_msg_t m = {.kind = kind, .port = f->port, .family = f->family, .type = type};
+    memcpy(m.addr, f->addr, sizeof m.addr);
+    int err = llft_channel_send(&m, other);
+    REAL(close)(other);
+    return err;
 }
 
 static int make_socketpair(void *a, int *sv)
@@ -129,23 +168,7 @@ int llft_give_addr(struct sockaddr *addr, socklen_t *len, int family, uint16_t p
     return 0;
 }
 
-/* This replica's name for a listening port: IPv4 and IPv6 may share a
- * port, and so may TCP (p) and UDP (u). */
-int llft_listener_name(char *out, size_t cap, uint16_t port, int family, int type)
-{
-    return snprintf(out, cap, "%s-%c%u%s", llft_stream_name, type == SOCK_DGRAM ? 'u' : 'p', port,
-                    family == AF_INET6 ? "-6" : "");
-}
-
 static inline int fd_socktype(int fd) { return llft_fd_kind(fd) == FD_DGRAM ? SOCK_DGRAM : SOCK_STREAM; }
-
-static socklen_t abstract_name(uint16_t port, int family, int type, struct sockaddr_un *un)
-{
-    memset(un, 0, sizeof *un);
-    un->sun_family = AF_UNIX;
-    int n = llft_listener_name(un->sun_path + 1, sizeof un->sun_path - 1, port, family, type);
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-}
 
 /* ---- bind / listen -------------------------------------------------- */
 
@@ -178,7 +201,19 @@ static uint16_t ephemeral_port(void)
     return (uint16_t)(EPHEMERAL_FIRST + n % EPHEMERAL_COUNT);
 }
 
-static void publish_listener(const struct llft_fd *f, int type);
+static int publish_listener(int fd, uint32_t type);
+
+/* Whether this replica listens on port already (TCP), or has bound it
+ * (UDP): two sockets on one port is EADDRINUSE, as the kernel says. */
+static int port_in_use(uint16_t port, int family, int type)
+{
+    llft_listener_t l[LLFT_MAX_LISTENERS];
+    int n = llft_listeners_read(llft_ctl, (uint32_t)type, l, LLFT_MAX_LISTENERS);
+    for (int i = 0; i < n; i++)
+        if (l[i].port == port && l[i].family == family)
+            return 1;
+    return 0;
+}
 
 EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 {
@@ -187,39 +222,53 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         return REAL(bind)(fd, addr, len);
     struct llft_fd *f = &llft_fds[fd];
     uint16_t port;
+    uint8_t a[16] = {0};
+    if (!addr) {
+        errno = EFAULT;
+        return -1;
+    }
     if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
-        port = ntohs(a->sin_port);
-        memcpy(f->addr, &a->sin_addr, 4);
+        port = ntohs(((const struct sockaddr_in *)addr)->sin_port);
+        memcpy(a, &((const struct sockaddr_in *)addr)->sin_addr, 4);
     } else if (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
-        port = ntohs(a->sin6_port);
-        memcpy(f->addr, &a->sin6_addr, 16);
+        port = ntohs(((const struct sockaddr_in6 *)addr)->sin6_port);
+        memcpy(a, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
     } else {
         errno = EAFNOSUPPORT;
+        return -1;
+    }
+    if (f->port != 0) { /* bound already */
+        errno = EINVAL;
         return -1;
     }
     int any_port = port == 0;
     if (any_port)
         port = ephemeral_port();
-    struct sockaddr_un un;
-    socklen_t ulen = abstract_name(port, addr->sa_family, fd_socktype(fd), &un);
-    int r = REAL(bind)(fd, (struct sockaddr *)&un, ulen);
-    if (r == 0) {
-        f->port = port;
-        f->family = (uint8_t)addr->sa_family;
-        if (kind == FD_DGRAM) /* a bound UDP socket receives at once: no listen() */
-            publish_listener(f, SOCK_DGRAM | (any_port ? (int)LLFT_LISTENER_ANY_PORT : 0));
+    else if (port_in_use(port, addr->sa_family, fd_socktype(fd))) {
+        errno = EADDRINUSE;
+        return -1;
     }
-    return r;
+    f->port = port;
+    f->family = (uint8_t)addr->sa_family;
+    memcpy(f->addr, a, sizeof a);
+    if (kind == FD_DGRAM) /* a bound UDP socket receives at once: no listen() */
+        return publish_listener(fd, SOCK_DGRAM | (any_port ? LLFT_LISTENER_ANY_PORT : 0));
+    return 0;
 }
 
-static void publish_listener(const struct llft_fd *f, int type)
+/* Hands the socket's other end to the controller and lists the port. */
+static int publish_listener(int fd, uint32_t type)
 {
-    char name[LLFT_LISTENER_NAME];
-    llft_listener_name(name, sizeof name, f->port, f->family, type & 0xff);
-    if (llft_listener_publish(llft_ctl, f->port, f->family, (uint32_t)type, name) != 0)
-        llft_log("llft: more than %d listening ports; port %u is not reachable", LLFT_MAX_LISTENERS, f->port);
+    const struct llft_fd *f = &llft_fds[fd];
+    int err = llft_hand_over(fd, (type & 0xff) == SOCK_DGRAM ? LLFT_CHAN_DGRAM : LLFT_CHAN_LISTEN, type);
+    if (err) {
+        llft_log("llft: port %u cannot be served: the controller's channel failed (error %d)", f->port, err);
+        errno = EADDRNOTAVAIL;
+        return -1;
+    }
+    if (llft_listener_publish(llft_ctl, f->port, f->family, type, f->addr) != 0)
+        llft_log("llft: more than %d listening ports; port %u is not listed", LLFT_MAX_LISTENERS, f->port);
+    return 0;
 }
 
 void llft_listener_closed(int fd)
@@ -230,6 +279,8 @@ void llft_listener_closed(int fd)
 
 EXPORT int listen(int fd, int backlog)
 {
+    if (llft_fd_kind(fd) == FD_LISTEN)
+        return 0; /* listening already: a new backlog */
     if (llft_fd_kind(fd) != FD_VSOCK)
         return REAL(listen)(fd, backlog);
     struct llft_fd *f = &llft_fds[fd];
@@ -240,12 +291,10 @@ EXPORT int listen(int fd, int backlog)
         if (bind(fd, (struct sockaddr *)&ss, n) != 0)
             return -1;
     }
-    int r = REAL(listen)(fd, backlog);
-    if (r == 0) {
-        f->kind = FD_LISTEN;
-        publish_listener(f, SOCK_STREAM);
-    }
-    return r;
+    if (publish_listener(fd, SOCK_STREAM) != 0)
+        return -1;
+    f->kind = FD_LISTEN;
+    return 0;
 }
 
 /* ---- accept --------------------------------------------------------- */
@@ -264,12 +313,45 @@ int llft_give_peer(struct sockaddr *addr, socklen_t *len, const llft_conn_header
     return llft_give_addr(addr, len, h->family, ntohs(h->port), h->addr);
 }
 
+/* The next connection the controller handed to listening socket lfd: one
+ * byte with the connection's fd.  As accept4 would: EAGAIN when lfd does
+ * not block and none is there, flags applied to the connection. */
+static int take_conn(int lfd, int flags)
+{
+    char byte;
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } c;
+    struct iovec v = {&byte, 1};
+    for (;;) {
+        struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = c.buf, .msg_controllen = sizeof c.buf};
+        ssize_t r = REAL(recvmsg)(lfd, &m, (flags & SOCK_CLOEXEC) ? MSG_CMSG_CLOEXEC : 0);
+        if (r < 0)
+            return -1;
+        if (r == 0) { /* the controller is gone */
+            errno = ECONNABORTED;
+            return -1;
+        }
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        if (!h || h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS || h->cmsg_len != CMSG_LEN(sizeof(int)))
+            continue; /* no connection with it: nothing to accept */
+        int fd;
+        memcpy(&fd, CMSG_DATA(h), sizeof fd);
+        if (flags & SOCK_NONBLOCK) {
+            int fl = REAL(fcntl)(fd, F_GETFL);
+            REAL(fcntl)(fd, F_SETFL, fl | O_NONBLOCK);
+        }
+        return fd;
+    }
+}
+
 /* Backup: the next connection the controller made, however the listening
  * socket is set to block. */
 static int accept_blocking(int lfd, int flags)
 {
     for (;;) {
-        int fd = REAL(accept4)(lfd, NULL, NULL, flags);
+        int fd = take_conn(lfd, flags);
         if (fd >= 0 || (errno != EAGAIN && errno != EINTR))
             return fd;
         struct pollfd p = {.fd = lfd, .events = POLLIN};
@@ -366,7 +448,7 @@ static int accept_primary(struct llft_thread *t, int lfd, struct sockaddr *addr,
             fd = moved;
         }
     } else {
-        fd = REAL(accept4)(lfd, NULL, NULL, flags);
+        fd = take_conn(lfd, flags);
     }
     if (fd >= 0 && !h.conn_id && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
         REAL(close)(fd); /* the controller gave up on it before saying who it is */

@@ -1,15 +1,15 @@
 /* Consistent Socket Communication Service, UDP sockets (LLFT §V-E).
  *
- * A UDP socket of the program is really an AF_UNIX datagram socket.  bind()
- * binds it to an abstract name of this replica (llft-<run>-rNN-u<port>) and
- * publishes the port, with type SOCK_DGRAM, in the control block.  The
- * controller sends every client datagram, in the same order, to each
- * replica's socket, headed by an llft_conn_header_t: the datagram's number
- * on the port and the client's address.  A receive strips the header and
- * gives the program the client's address, so datagram boundaries are the
- * client's own.  A send (sendto/sendmsg with the client's address) goes to
- * the controller's socket at the same name + LLFT_REPLY_SUFFIX, headed by
- * the destination; only the primary's replies leave the host.
+ * A UDP socket of the program is really one end of an AF_UNIX datagram
+ * socketpair.  bind() hands the other end to the controller through the
+ * replica's private channel and lists the port, with type SOCK_DGRAM, in
+ * the control block.  The controller sends every client datagram, in the
+ * same order, to each replica's socket, headed by an llft_conn_header_t:
+ * the datagram's number on the port and the client's address.  A receive
+ * strips the header and gives the program the client's address, so
+ * datagram boundaries are the client's own.  A send (sendto/sendmsg with
+ * the client's address) goes to the controller, headed by the destination;
+ * only the primary's replies leave the host.
  *
  * A socket that sends or connects before any bind (outgoing UDP) is bound
  * to port 0 first, as the kernel would: the controller serves that port on
@@ -40,8 +40,6 @@ DEFINE_REAL(poll)
 
 #define HDR sizeof(llft_conn_header_t)
 #define MAX_IOV 64
-
-static uint64_t foreign_drops; /* datagrams too short to come from the controller */
 
 /* The header's buffer first, then the program's. */
 static int with_header(struct iovec *v, llft_conn_header_t *h, const struct msghdr *m)
@@ -85,11 +83,11 @@ static ssize_t recv_real(int fd, struct msghdr *m, int flags, llft_conn_header_t
             *mflags = k.msg_flags & ~MSG_CTRUNC;
             return r - (ssize_t)HDR;
         }
-        /* Anyone on this host can send to an abstract name: drop it, counted. */
+        /* Only the controller holds the other end, and it heads every
+         * datagram: a shorter one is a bug there; dropped. */
         if (flags & MSG_PEEK)
             (void)REAL(recvmsg)(fd, &k, (flags & ~MSG_PEEK) | MSG_DONTWAIT);
-        if (__atomic_add_fetch(&foreign_drops, 1, __ATOMIC_RELAXED) == 1)
-            llft_log("llft: dropped a datagram of %zd bytes on a UDP socket: not from llft's gateway", r);
+        llft_log("llft: dropped a datagram of %zd bytes without its header on a UDP socket", r);
     }
 }
 
@@ -237,44 +235,18 @@ int llft_dgram_connect(int fd, const struct sockaddr *addr, socklen_t len)
     return 0;
 }
 
-/* Sends the datagram to the controller; returns the payload length.  Until
- * one has reached it, wait for the controller's name (it serves a new port
- * within milliseconds); after that, a datagram the controller is not there
- * to take is lost, as UDP allows. */
-#define REPLY_NAME_WAIT_MS 2000
+/* Sends the datagram to the controller; returns the payload length. */
 static ssize_t send_real(int fd, const struct msghdr *m, int flags, llft_conn_header_t *h)
 {
     struct iovec v[MAX_IOV];
     int n = with_header(v, h, m);
     if (n < 0)
         return -1;
-    struct sockaddr_un un = {.sun_family = AF_UNIX};
-    struct llft_fd *f = &llft_fds[fd];
-    int len = llft_listener_name(un.sun_path + 1, sizeof un.sun_path - 1, f->port, f->family, SOCK_DGRAM);
-    len += snprintf(un.sun_path + 1 + len, sizeof un.sun_path - 1 - (size_t)len, "%s", LLFT_REPLY_SUFFIX);
-    struct msghdr k = {.msg_name = &un,
-                       .msg_namelen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len),
-                       .msg_iov = v,
-                       .msg_iovlen = (size_t)n};
-    uint64_t since = 0;
-    for (;;) {
-        ssize_t r = REAL(sendmsg)(fd, &k, flags | MSG_NOSIGNAL);
-        if (r >= 0) {
-            f->reply_seen = 1;
-            return r - (ssize_t)HDR;
-        }
-        if (errno != ECONNREFUSED && errno != ENOENT)
-            return r;
-        if (f->reply_seen)
-            return (ssize_t)payload_len(m);
-        uint64_t now = llft_now_ms();
-        if (!since)
-            since = now;
-        if (now - since > REPLY_NAME_WAIT_MS)
-            return (ssize_t)payload_len(m);
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
+    struct msghdr k = {.msg_iov = v, .msg_iovlen = (size_t)n};
+    ssize_t r = REAL(sendmsg)(fd, &k, flags | MSG_NOSIGNAL);
+    if (r < 0 && (errno == ECONNREFUSED || errno == EPIPE || errno == ECONNRESET))
+        return (ssize_t)payload_len(m); /* the controller is gone: lost, as UDP allows */
+    return r < 0 ? r : r - (ssize_t)HDR;
 }
 
 /* Backup: send this replica's copy (the controller digests it) and return

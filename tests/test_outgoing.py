@@ -274,24 +274,6 @@ def test_python_http_client_behind_a_replicated_http_server(real_python, tmp_pat
         backend.server_close()
 
 
-def test_a_malformed_request_is_dropped_and_counted(examples, tmp_path, backend):
-    """Anyone on the host can connect to a replica's outgoing name: what is
-    not a request from the shim is dropped, counted, and harms nothing."""
-    import json
-    import os
-    group = proxy_group(tmp_path, examples, backend.port)
-    st = json.loads((group.run_dir / "llft-run.json").read_text())
-    name = os.path.basename(st["replicas"][0]["stream"]) + "-out"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect("\0" + name)
-        s.sendall(b"\xff" * 32)        # address family 0xffff
-        assert s.recv(64) == b"", "closed without an answer"
-    with group.connect() as s:
-        assert line_client(s, ["still works"])[0] == ["1 still works"]
-    state = finish(group, dropped=1)
-    assert "bad request" in state["outgoing"]["errors"][0]
-
-
 class RecordingUdpServer:
     """A UDP service outside the group: answers each datagram with "<n> <text>"
     and keeps every datagram it got."""

@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", metavar="[PROG:]PUBLIC", action="append", default=[],
                    help="serve clients on PUBLIC instead of the port the program binds; PROG:PUBLIC maps one "
                         "of several ports (default: the program's own ports)")
-    p.add_argument("--host", metavar="ADDR", help="address the gateway listens on (default: all)")
+    p.add_argument("--listen", "--host", dest="host", metavar="ADDR",
+                   help="address the gateway listens on (default: the address the program bound, so that a "
+                        "program bound to 127.0.0.1 is served on loopback only; 0.0.0.0 or :: widen it)")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",

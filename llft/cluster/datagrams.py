@@ -257,9 +257,7 @@ class MemberDatagrams:
         while True:
             for port, p in self.ports.items():
                 if p.sock is None and self.replica.alive():
-                    for bound, _family, name in self.replica.stream.datagram_listeners():
-                        if bound == port:
-                            p.attach(name)
+                    p.attach()
             await asyncio.sleep(WATCH_S)
 
     def rebase(self, cid: ConnId, later: list[bytes]):

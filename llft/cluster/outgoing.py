@@ -2,7 +2,7 @@
 "Outgoing connections"): the program's connect() to a server outside the
 group, made by the gateway on the group's behalf.
 
-    replica --AF_UNIX <stream>-out--> this member
+    replica --its channel (llft/serving/channel.py)--> this member
     primary --Reply [XOPEN k host port] on the gateway's control connection--> gateway --TCP--> remote
     gateway --Requests [XRESULT ...] [DATA] [EOF] on connection k--> every member --> its replica
     replica's writes --> Replies [DATA offset] [CLOSE] on connection k (ReplyStream, as for clients)
@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import socket
 
 from llft.cluster import payload
 from llft.cluster.outgoing_udp import MemberOutgoingUdp
 from llft.messaging.ids import ConnId
 from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
-from llft.serving.outgoing import MAX_ERRORS, READ_CHUNK, outgoing_name
+from llft.serving.outgoing import MAX_ERRORS, READ_CHUNK
 
 log = logging.getLogger("llft.cluster.outgoing")
 
@@ -74,26 +73,16 @@ class MemberOutgoing:
         self.stats = {"connections": 0, "failed": 0, "bytes_in": 0, "bytes_out": 0, "dropped": 0}
         self.errors: list[str] = []
         self.tasks: set[asyncio.Task] = set()
-        self.server = None
         self.udp = MemberOutgoingUdp(replica, ep, outbox, lambda: self.control, primary)
-        # Bound before the replica starts, so that its first connect() finds it.
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind("\0" + outgoing_name(replica))
-        self.sock.listen(128)
-        self.sock.setblocking(False)
 
     async def run(self):
-        self.server = await asyncio.start_unix_server(self._replica_connection, sock=self.sock)
+        self.replica.channel.serve_connects(self._replica_connection)
         while True:
             self.udp.watch()
             await asyncio.sleep(WATCH_S)
 
     def close(self):
         self.udp.close()
-        if self.server is not None:
-            self.server.close()
-        else:
-            self.sock.close()
         for t in self.tasks:
             t.cancel()
 

@@ -94,8 +94,8 @@ class MemberOutgoingUdp:
         """Attaches to the ports the replica has bound since, and ends those
         it has closed (called every few ms: the shim's first send waits for
         the attachment)."""
-        listed = {port: (family, name) for port, family, name in self.replica.stream.any_port_datagram_listeners()}
-        for port, (family, name) in listed.items():
+        listed = {port: family for port, family, _addr in self.replica.stream.any_port_datagram_listeners()}
+        for port, family in listed.items():
             p = self.open.get(port)
             if p is None:
                 p = self.open[port] = self.unnumbered.pop(port, None) or _Port(self._replica_port(port), family)
@@ -105,7 +105,7 @@ class MemberOutgoingUdp:
                     else:
                         self.unnumbered[port] = p
             if p.rp.sock is None and self.replica.alive():
-                p.rp.attach(name)
+                p.rp.attach()
         for port, p in list(self.open.items()):
             if p.rp.sock is not None and port not in listed:
                 p.rp._readable()   # what it sent last

@@ -26,7 +26,6 @@ from llft.native import CONN_HEADER_SIZE, conn_header, parse_conn_header
 
 log = logging.getLogger("llft.datagrams")
 
-REPLY_SUFFIX = "-gw"        # LLFT_REPLY_SUFFIX in native/llft_abi.h
 MAX_DATAGRAM = 65536
 QUEUE_LIMIT = 4 << 20       # bytes waiting for one replica before client datagrams are dropped
 KEEP_LIMIT = 4096           # replies a backup keeps for a failover
@@ -50,9 +49,9 @@ class DatagramLog:
 
 
 class ReplicaPort:
-    """One replica's side of one UDP port: a datagram socket bound to the
-    reply name and connected to the program's socket (so that a full queue
-    there reads as not writable here)."""
+    """One replica's side of one UDP port: the other end of the program's
+    datagram socket (so that a full queue there reads as not writable
+    here)."""
 
     def __init__(self, replica, port: int, on_reply, stats: dict):
         self.replica = replica
@@ -65,15 +64,11 @@ class ReplicaPort:
         self.out = DatagramLog()
         self.kept: deque[tuple[int, bytes, tuple]] = deque()
 
-    def attach(self, name: str) -> bool:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.setblocking(False)
-        try:
-            s.bind("\0" + name + REPLY_SUFFIX)
-            s.connect("\0" + name)
-        except OSError as e:
-            s.close()
-            log.debug("replica %d UDP port %d: %s", self.replica.index, self.port, e)
+    def attach(self) -> bool:
+        """Takes the replica's socket for this port once its program has
+        bound it (the shim hands it over through the replica's channel)."""
+        s = self.replica.channel.take_datagram(self.port)
+        if s is None:
             return False
         self.sock = s
         asyncio.get_running_loop().add_reader(s.fileno(), self._readable)
@@ -191,11 +186,11 @@ class PublicPort(asyncio.DatagramProtocol):
             log.debug("UDP port %d: reply to %s lost: %s", self.port, dest, e)
 
 
-def public_address(port_map: dict[int, int], host: str | None, port: int, family: int) -> tuple[str, int]:
+def public_address(port_map: dict[int, int], host: str | None, port: int, bound: str) -> tuple[str, int]:
     """Where the gateway serves the program's port: --port's mapping (0: any
-    port), else the same port; --host, else every address of the family."""
-    return (host or ("::" if family == socket.AF_INET6 else "0.0.0.0"),
-            port_map.get(port, port_map.get(0, port)))
+    port), else the same port; on --host, else on the address the program
+    bound (a service its author kept to loopback stays there)."""
+    return host or bound, port_map.get(port, port_map.get(0, port))
 
 
 class DatagramService:
@@ -217,21 +212,18 @@ class DatagramService:
     async def watch_once(self):
         """Serves new UDP ports of the primary; connects replicas whose
         program has bound them since."""
-        for port, family, _name in self.listed(self.primary.stream):
+        for port, family, bound in self.listed(self.primary.stream):
             if port not in self.ports:
-                await self._serve(port, family)
+                await self._serve(port, family, bound)
         for port, public in self.ports.items():
             if public is None:
                 continue
             for m in public.members.values():
                 if m.sock is None and m.replica.alive():
-                    for p, _family, name in self.listed(m.replica.stream):
-                        if p == port:
-                            m.attach(name)
-                            break
+                    m.attach()
 
-    async def _serve(self, port: int, family: int):
-        host, public = public_address(self.port_map, self.host, port, family)
+    async def _serve(self, port: int, family: int, bound: str):
+        host, public = public_address(self.port_map, self.host, port, bound)
         proto = PublicPort(self, port, family)
         try:
             await asyncio.get_running_loop().create_datagram_endpoint(lambda: proto, local_addr=(host, public))

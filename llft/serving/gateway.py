@@ -69,9 +69,9 @@ class Gateway:
         or binds (UDP); says so if it has none after NO_PORT_NOTICE_S."""
         since = asyncio.get_running_loop().time()
         while True:
-            for port, family, _name in stream.listeners():
+            for port, _family, bound in stream.listeners():
                 if port not in self.servers:
-                    await self._serve(port, family)
+                    await self._serve(port, bound)
             await self.datagrams.watch_once()
             self._notice_no_port(asyncio.get_running_loop().time() - since)
             await asyncio.sleep(interval)
@@ -87,8 +87,8 @@ class Gateway:
             log.warning(msg)
             self.notices.append(msg)
 
-    async def _serve(self, port: int, family: int):
-        host, public = public_address(self.port_map, self.host, port, family)
+    async def _serve(self, port: int, bound: str):
+        host, public = public_address(self.port_map, self.host, port, bound)
         try:
             socks = listen(host, public)
         except OSError as e:

@@ -1,10 +1,10 @@
 """Outgoing connections: the program's connect() to a server outside the
 group (docs/serving.md, "Outgoing connections").
 
-Each replica's shim connects a virtual TCP socket to the replica's
-outgoing name (its stream's name + "-out", bound here before the replica
-starts) and writes a request: the program's k-th outgoing connection and
-the address (native/wrap_connect.c).  The primary's request asks: this
+Each replica's shim hands the other end of a virtual TCP socket to this
+service through the replica's channel (llft/serving/channel.py) and writes
+a request on it: the program's k-th outgoing connection and the address
+(native/wrap_connect.c).  The primary's request asks: this
 service makes the real TCP connection, or finds the one it made for k
 already (a failed primary's successor repeats a connect the failed primary
 had not recorded), and answers with the result.  A backup's request only
@@ -22,9 +22,8 @@ port of their own, flagged LLFT_LISTENER_ANY_PORT; the gateway leaves those
 alone and a DatagramService of this service's serves them on any free
 port, closing each once every live replica has closed it.
 
-Integration points (kept small: the relay's byte path is being rewritten
-separately): LocalGroup calls listen() for each replica before starting
-it, serve() in its event loop, promote() at a failover, close() at the
+Integration points: LocalGroup calls listen() for each replica, serve() in
+its event loop, promote() at a failover, close() at the
 end, and puts stats and summary() in the state file.  From serving/ it
 uses relay.OutputLog (the per-connection digest) and
 datagrams.DatagramService (with its `listed` argument); it changes neither
@@ -34,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import socket
 from dataclasses import dataclass, field
 
@@ -47,12 +45,6 @@ log = logging.getLogger("llft.outgoing")
 READ_CHUNK = 65536
 UDP_WATCH_S = 0.01  # how often new outgoing UDP ports are looked for
 MAX_ERRORS = 20     # the last ones, for the state file
-
-
-def outgoing_name(replica) -> str:
-    """The abstract AF_UNIX name (without its NUL) the replica's shim
-    connects to: LLFT_OUTGOING_SUFFIX after its stream's name."""
-    return os.path.basename(replica.stream.path) + "-out"
 
 
 @dataclass
@@ -76,8 +68,7 @@ class OutgoingService:
         self.replicas: dict[int, object] = {}
         self.members: list = []                     # the replicas in start order (for UDP ports)
         self.udp: DatagramService | None = None     # outgoing UDP, once serving
-        self.listeners: dict[int, socket.socket] = {}
-        self.servers: dict[int, asyncio.AbstractServer] = {}
+        self.served: set[int] = set()
         self.remotes: dict[int, RemoteConnection] = {}
         self.connecting: dict[int, asyncio.Future] = {}
         self.tasks: set[asyncio.Task] = set()
@@ -86,22 +77,16 @@ class OutgoingService:
 
     # -- what LocalGroup calls ------------------------------------------
     def listen(self, replica):
-        """Binds the replica's outgoing name, before the replica starts, so
-        that its first connect() finds it; serve() then accepts on it."""
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind("\0" + outgoing_name(replica))
-        s.listen(128)
-        s.setblocking(False)
-        self.listeners[replica.index] = s
+        """Takes replica's outgoing connections once serve() runs."""
         self.replicas[replica.index] = replica
         self.members.append(replica)
 
     async def serve(self):
-        """Accepts on every name bound and not yet served."""
-        for k, s in list(self.listeners.items()):
-            if k not in self.servers:
-                self.servers[k] = await asyncio.start_unix_server(
-                    lambda r, w, k=k: self._replica_connection(k, r, w), sock=s)
+        """Serves every replica listed and not yet served."""
+        for k, r in list(self.replicas.items()):
+            if k not in self.served:
+                self.served.add(k)
+                r.channel.serve_connects(lambda rd, w, k=k: self._replica_connection(k, rd, w))
         if self.udp is None and self.primary is not None:
             # UDP ports bound to port 0, or by a send or connect before any
             # bind: the gateway's datagram service, on any free port.
@@ -138,8 +123,6 @@ class OutgoingService:
     def close(self):
         if self.udp is not None:
             self.udp.close()
-        for s in self.servers.values():
-            s.close()
         for rc in self.remotes.values():
             rc.writer.close()
         for t in self.tasks:

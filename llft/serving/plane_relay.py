@@ -14,7 +14,6 @@ from pathlib import Path
 
 from llft.native import conn_header
 from llft.serving.dataplane import DataPlane
-from llft.serving.program import connect_to_program
 
 log = logging.getLogger("llft.relay")
 
@@ -50,17 +49,10 @@ class PlaneRelay:
         self.plane.remove_replica(self.slot)
 
     async def run(self):
-        loop = asyncio.get_running_loop()
         while True:
             conn_id, port, host, client_port = await self.opens.get()
-            sock = await connect_to_program(self.replica, port)
-            if sock is not None:
-                try:
-                    await loop.sock_sendall(sock, conn_header(conn_id, host, client_port))
-                except OSError as e:
-                    log.debug("replica %d connection %d: %s", self.replica.index, conn_id, e)
-                    sock.close()
-                    sock = None
+            sock = await self.replica.channel.hand_connection(port, conn_header(conn_id, host, client_port),
+                                                              self.replica.alive)
             self.plane.attach(self.slot, conn_id, sock)
 
     async def drained(self, timeout: float):

@@ -3,10 +3,10 @@ a member of a group across hosts (llft/cluster/member.py), whose input
 arrives over the messaging protocol.  (On one host, llft-run's relays are
 llft/serving/plane_relay.py, with the native data plane moving the bytes.)
 
-For each client connection, in connection order, the relay connects to the
-program's virtual listener (an abstract AF_UNIX name the preload library
-publishes in the replica's control block), writes the connection header,
-then the client's bytes.  Whatever the program sends is collected: the
+For each client connection, in connection order, the relay hands the
+program's virtual listener a new connection through the replica's channel
+(llft/serving/channel.py), the connection header first on it, then writes
+the client's bytes.  Whatever the program sends is collected: the
 primary's goes back to the client; a backup's is only digested (and logged
 with --log-output), as semi-active replication requires, and kept for
 comparison with the primary's."""
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 from llft.native import conn_header
-from llft.serving.program import connect_to_program
 
 log = logging.getLogger("llft.relay")
 
@@ -179,11 +178,11 @@ class ReplicaRelay:
             self.inbox.pop(conn_id, None)
 
     async def _open(self, conn_id: int, port: int, host: str, client_port: int):
-        sock = await connect_to_program(self.replica, port)
+        sock = await self.replica.channel.hand_connection(port, conn_header(conn_id, host, client_port),
+                                                          self.replica.alive)
         if sock is None:
             return
         reader, writer = await asyncio.open_unix_connection(sock=sock)
-        writer.write(conn_header(conn_id, host, client_port))
         self.writers[conn_id] = writer
         self.outputs[conn_id] = self.open_outputs[conn_id] = OutputLog()
         self.opened += 1
