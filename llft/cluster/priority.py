@@ -64,6 +64,7 @@ class BackupNaps:
         self.napping = napping
         self._due = False
         self._quiet_from = 0.0
+        self.taken = 0        # naps so far
 
     def hold_off(self) -> None:
         """A membership message came: no naps for a while."""
@@ -76,4 +77,5 @@ class BackupNaps:
 
     def _nap(self) -> None:
         time.sleep(BACKUP_NAP_S)   # (lets go of the GIL: the record feeder goes on meanwhile)
+        self.taken += 1
         self._due = False
