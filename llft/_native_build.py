@@ -53,6 +53,8 @@ ffibuilder.cdef("""
         char div_text[512];
         uint32_t nlisteners;
         llft_listener_t listeners[16];
+        uint32_t stopped_for_good;
+        char div_where[1536];
         ...;
     } llft_ctl_t;
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from llft import rundir
 from llft.determinizer.catchup import CatchUpFeeder
+from llft.follow import STALL_S, FollowWatch
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
                                        stream_path)
@@ -24,6 +25,7 @@ from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
 from llft.serving.plane_relay import PlaneRelay
 from llft.serving.outgoing import OutgoingService
+from llft.stdout_check import stdout_problem
 
 log = logging.getLogger("llft.group")
 
@@ -42,6 +44,7 @@ class GroupOptions:
     host: str | None = None
     log_output: bool = False
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
+    stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
@@ -72,6 +75,8 @@ class LocalGroup:
         self.exited = asyncio.Event()   # set as soon as any replica exits (pidfd)
         self.tasks: list[asyncio.Task] = []
         self.failovers: list[dict] = []   # each view change: who failed, who took over, when (time.monotonic)
+        self.follow = FollowWatch(options.stall_alarm)
+        self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -139,6 +144,7 @@ class LocalGroup:
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
+                          "follow": self.follow.view(r.index) if r.role == "backup" else None,
                           "outputs": rl.output_summary() if rl else {},
                           "outgoing": self.outgoing.summary(r.index),
                           "datagrams": self.gateway.datagrams.summary(r.index) if self.gateway else {}}
@@ -233,10 +239,37 @@ class LocalGroup:
     def _backup_failed(self, r: Replica, why: str):
         log.warning("replica %d (backup) %s; removed from the group", r.index, why)
         r.role = "failed"
+        self.follow.forget(r.index)
         self.sinks[r.index].dead = True
         if self.gateway is not None:
             self.gateway.remove_relay(self._relay_of(r))
         self.write_state("running")
+
+    def _backup_lost(self, r: Replica):
+        """A backup stopped while its primary runs: it diverged, or its
+        stream broke.  Said at once, on llft-run's stderr and in the log,
+        with the diagnostic kept in the run dir whatever the program did
+        with its stderr; the run's exit status will say so too."""
+        what, report = r.report_divergence()
+        left = sum(1 for x in self.replicas if x.role in ("primary", "backup") and x is not r and x.alive())
+        log.error("replica %d (backup) diverged from the primary and left the group: %s.  %d replica%s left%s.  "
+                  "The report is in %s.  A program whose threads share memory outside the locks llft orders "
+                  "(atomics, unlocked variables) diverges so (docs/determinizer.md)", r.index, what, left,
+                  "" if left == 1 else "s", ": no backup to fail over to" if left <= 1 else "", report)
+        self.lost.append(f"replica {r.index} diverged: {what}")
+        r.problems.append(what)
+        self._backup_failed(r, "diverged")
+
+    def _check_following(self):
+        for r in self.replicas:
+            sink = self.sinks.get(r.index)
+            if r.role != "backup" or sink is None or sink.dead or not r.alive():
+                continue
+            change = self.follow.check(r.index, sink.delivered, r.stream.records)
+            if change == "stalled":
+                log.error("replica %d (backup) %s", r.index, self.follow.describe(r.index))
+            elif change == "moving":
+                log.warning("replica %d (backup) replays again: it follows the primary", r.index)
 
     # -- re-adding replicas (--respawn) -----------------------------------
     def _respawn(self):
@@ -336,8 +369,13 @@ class LocalGroup:
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish(primary.status)
             for r in self.replicas:
-                if r.role == "backup" and not r.alive() and r.status >= 128 and not self.source.finished():
-                    self._backup_failed(r, f"was killed (status {r.status})")
+                if r.role == "backup" and not r.alive() and not self.source.finished():
+                    if r.status >= 128:
+                        self._backup_failed(r, f"was killed (status {r.status})")
+                    else:
+                        self._backup_lost(r)
+            if primary is not None and not self.source.finished():
+                self._check_following()
             self._respawn()
             self._check_caught_up()
             if deadline is None and self.source.finished():
@@ -367,7 +405,9 @@ class LocalGroup:
 
     def _verdict(self, primary: Replica | None) -> int:
         if self.interrupted is not None:
-            return 128 + self.interrupted
+            # Stopped by a signal: the group did not finish, but a replica it
+            # lost on the way is still news, and so is the status.
+            return EXIT_DIVERGED if self.lost else 128 + self.interrupted
         if self.failed is not None:
             return 1
         if self.forwarder.error:
@@ -386,6 +426,10 @@ class LocalGroup:
                 r.problems.append("stopped: its record stream is missing or incomplete (see its stderr)")
             elif expected is not None and r.status != expected and not r.killed_by_llft:
                 r.problems.append(f"exited with status {r.status}, the primary with {expected}")
+            elif expected is not None and r.status == expected and not r.stream.stopped_for_good:
+                problem = stdout_problem(primary.out_dir / "stdout", r.out_dir / "stdout")
+                if problem:
+                    r.problems.append(problem)
         bad = [r for r in self.replicas if r.problems]
         for r in self.replicas:
             replayed = "" if r is primary else f", replayed {r.stream.records} records"

@@ -211,6 +211,17 @@ class StreamFile:
     def divergence(self) -> str:
         return ffi.string(self.ctl.div_text).decode(errors="replace")
 
+    @property
+    def divergence_where(self) -> str:
+        """The diverged backup's backtrace, a frame per line."""
+        return ffi.string(self.ctl.div_where).decode(errors="replace")
+
+    @property
+    def stopped_for_good(self) -> bool:
+        """A backup exited once its threads stopped where the primary's were,
+        without its program's exit path: what its stdio held is not out."""
+        return bool(self.ctl.stopped_for_good)
+
     def set_timeouts(self, *, stall_ms: int | None = None, end_grace_ms: int | None = None):
         if stall_ms is not None:
             self.ctl.stall_timeout_ms = stall_ms

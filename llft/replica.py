@@ -94,6 +94,17 @@ class Replica:
         fields = stat[stat.rindex(")") + 2:].split()
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)
 
+    def report_divergence(self) -> tuple[str, Path]:
+        """What stopped this backup, kept in its dir (divergence.txt) with
+        its backtrace, whatever the program did with its stderr."""
+        if self.stream.diverged:
+            what, where = self.stream.divergence, self.stream.divergence_where
+        else:
+            what, where = f"exited with status {self.status} while its primary ran (see its stderr)", ""
+        report = self.out_dir / "divergence.txt"
+        report.write_text(what + ("\n\nwhere the backup was (innermost first):\n" + where if where else "\n"))
+        return what, report
+
     def signal(self, sig: int):
         if self.alive():
             try:

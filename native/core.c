@@ -138,6 +138,29 @@ EXPORT pid_t fork(void)
     return p;
 }
 
+/* The frames as text, one per line (function+offset, object), without
+ * allocating: the controller keeps it in the run dir. */
+static void where_into(char *out, size_t cap, void *const *frames, int n)
+{
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && len + 1 < cap; i++) {
+        Dl_info info;
+        int w;
+        if (dladdr(frames[i], &info) && info.dli_sname)
+            w = snprintf(out + len, cap - len, "#%d %s+%#lx (%s)\n", i, info.dli_sname,
+                         (unsigned long)((char *)frames[i] - (char *)info.dli_saddr), info.dli_fname);
+        else if (dladdr(frames[i], &info) && info.dli_fname)
+            w = snprintf(out + len, cap - len, "#%d %p (%s+%#lx)\n", i, frames[i], info.dli_fname,
+                         (unsigned long)((char *)frames[i] - (char *)info.dli_fbase));
+        else
+            w = snprintf(out + len, cap - len, "#%d %p\n", i, frames[i]);
+        if (w < 0 || (size_t)w >= cap - len)
+            break;
+        len += (size_t)w;
+    }
+}
+
 void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
                   int exit_code, const char *fmt, ...)
 {
@@ -173,6 +196,8 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     int n = backtrace(frames, 24);
     llft_log("llft: where the backup was (innermost first):");
     backtrace_symbols_fd(frames, n, 2);
+    if (c)
+        where_into(c->div_where, sizeof c->div_where, frames, n);
     _exit(exit_code);
 }
 

@@ -233,6 +233,11 @@ typedef struct llft_ctl {
     uint32_t nlisteners;
     int32_t  channel_fd;          /* the channel's fd once the shim has moved it (0: LLFT_CHANNEL's) */
     llft_listener_t listeners[LLFT_MAX_LISTENERS];
+    uint32_t stopped_for_good;    /* backup: exited once its threads stopped where the primary's were (its
+                                   * stdio buffers not flushed: its stdout may be short) */
+    uint32_t _pad2;
+    char     div_where[1536];     /* a diverged backup's backtrace, a frame per line: kept in the run dir
+                                   * whatever the program did with its stderr */
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

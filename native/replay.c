@@ -384,6 +384,7 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
                          "the primary's were when it exited (in a call it never finished, or before their "
                          "next one): exiting with the primary's status %lld",
                          llft_ctl->replica, LOAD(&live_threads, SEQ), (long long)primary_status);
+                STORE(&llft_ctl->stopped_for_good, 1, SEQ);
                 _exit((int)primary_status);
             }
             if (all || ((primary_status < 0 || !replayed) &&

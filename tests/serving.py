@@ -36,13 +36,15 @@ LIVE: list["ServingGroup"] = []  # stopped after each test (conftest), pass or f
 class ServingGroup:
     """llft-run in the background, serving on a free public port."""
 
-    def __init__(self, run_dir: Path, argv, replicas=3, extra=(), wait_tcp=True):
+    def __init__(self, run_dir: Path, argv, replicas=3, extra=(), wait_tcp=True, env=None):
+        import os
         LIVE.append(self)
         self.port = free_port()
         self.run_dir = run_dir
         cmd = [tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(run_dir),
                "--port", str(self.port), *extra, "--", *map(str, argv)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         if wait_tcp:
             wait_for_port(self.port, self.proc)
 

@@ -16,6 +16,7 @@ from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
 from llft.cluster.member import FAULT_TIMEOUT_ORDINARY_S, FAULT_TIMEOUT_S, HostMember, MemberOptions
 from llft.cluster.membership import JoinRefused
+from llft.follow import STALL_S
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
 
@@ -33,9 +34,13 @@ backups replay them, so every replica computes the same thing.
 Each replica's stdout and stderr go to RUN_DIR/replica-K/{stdout,stderr};
 the controller's log goes to RUN_DIR/llft.log.
 
+A backup that diverges, or stops replaying, is reported at once on stderr
+and in the log, with its report in RUN_DIR/replica-K/divergence.txt.
+
 Exit status: the primary's, once every replica has finished; 86 if a backup
-diverged from the primary or its record stream was incomplete (the reason is
-printed); 2 for a bad command line; 128+N if stopped by signal N."""
+diverged from the primary, its record stream was incomplete, or its stdout
+differs from the primary's (the reason is printed), also when stopped by a
+signal; 2 for a bad command line; 128+N if stopped by signal N."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the primary exits, how long a backup may take to replay the records "
                         "it still lacks before its stream is called incomplete; threads with no "
                         "record left stop where the primary's were (default 3)")
+    p.add_argument("--stall-alarm", type=float, default=STALL_S, metavar="SECONDS",
+                   help="a backup that replays no record this long while records wait for it no longer follows "
+                        "the primary: llft-run logs it (on stderr too) and llft-status flags it, since the group "
+                        "can no longer fail over to it (default %(default)g)")
     p.add_argument("--backup-exit-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="after the primary exits, how long backups may take to finish (default 60)")
     p.add_argument("--save-stream", type=Path, metavar="FILE",
@@ -147,7 +156,8 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--ring-slots must be a power of two >= 8192 (got {slots})")
     if args.fault_timeout is None and not args.join:
         args.fault_timeout = 30.0              # with --join the member chooses (llft/cluster/member.py)
-    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout", "history_limit"):
+    for name in ("divergence_timeout", "end_grace", "backup_exit_timeout", "fault_timeout", "history_limit",
+                 "stall_alarm"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.respawn and (args.replay_from is not None or args.join):
@@ -178,7 +188,7 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          fault_timeout=args.fault_timeout and max(args.fault_timeout, MIN_FAULT_TIMEOUT_MS) / 1000,
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
                          rejoin=not args.no_rejoin, realtime=not args.no_realtime,
-                         history_limit=int(args.history_limit * (1 << 20)))
+                         history_limit=int(args.history_limit * (1 << 20)), stall_alarm=args.stall_alarm)
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):
@@ -218,7 +228,8 @@ def main(argv=None) -> int:
                            backup_exit_timeout=args.backup_exit_timeout,
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
-                           fault_timeout=args.fault_timeout / 1000, respawn=args.respawn)
+                           fault_timeout=args.fault_timeout / 1000, respawn=args.respawn,
+                           stall_alarm=args.stall_alarm)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
               f"{m['records'] if m['records'] is not None else '-':>10} "
               f"{m['threads'] if m['threads'] is not None else '-':>7}  "
               f"{sent_text:>26}  "
-              f"{m['divergence'] or output_problem(m) or rejoin_note(m)}")
+              f"{m['divergence'] or follow_problem(m) or output_problem(m) or rejoin_note(m)}")
     gw = report["gateway"]
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
@@ -88,6 +88,15 @@ def add_output_views(replicas: list[dict]):
             m["sent"] = output_digest(outputs)
             if primary is not None and m is not primary and primary.get("outputs"):
                 m["output_differs"] = output_differs(primary["outputs"], outputs)
+
+
+def follow_problem(m: dict) -> str:
+    """A backup that has stopped replaying while records wait for it."""
+    f = m.get("follow") or {}
+    if not f.get("stalled"):
+        return ""
+    return (f"STALLED: no record replayed for {f['still_s']:.0f} s, {f['behind']} waiting; "
+            "the group cannot fail over to it")
 
 
 def output_problem(m: dict) -> str:

@@ -38,6 +38,7 @@ from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.removal import BackupRemoval, follow_removal
 from llft.determinizer.streams import PrimarySource, stream_path
+from llft.follow import STALL_S, FollowWatch
 from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
@@ -93,6 +94,7 @@ class MemberOptions:
     rejoin: bool = True             # a member left out of the group resets and applies again
     history_limit: int = DEFAULT_HISTORY_LIMIT   # bytes of history kept for newcomers (history.py)
     realtime: bool = True           # controller at real-time priority where permitted (priority.py)
+    stall_alarm: float = STALL_S    # its replica, a backup, replaying nothing this long while records wait
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
     config: Config = field(default_factory=lambda: Config(liveness=0.005))
@@ -139,6 +141,7 @@ class HostMember:
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
         self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
+        self.follow = FollowWatch(self.opts.stall_alarm)
         self.naps = priority.BackupNaps(lambda: self.realtime and self.ep is not None and not self.ep.is_primary)
 
     # -- joining -----------------------------------------------------------
@@ -240,7 +243,7 @@ class HostMember:
         if joined is None:
             self._become_primary()
         else:
-            self.feeder = RecordFeeder(stream, self.replica.alive)
+            self.feeder = RecordFeeder(index, stream, self.replica.alive)
             for client, server, seq, consumed, acked, reqs in joined.conns:
                 cid = ConnId(client, server, seq)
                 if consumed < 0:
@@ -566,6 +569,7 @@ class HostMember:
                     self.must_reset = True
                     return EXIT_EXCLUDED
                 if time.monotonic() >= next_state:
+                    self._check_following()
                     self.write_state("running")
                     next_state = time.monotonic() + STATE_EVERY_S
                 try:
@@ -601,6 +605,18 @@ class HostMember:
             self.datagrams.close()
             self.outgoing.close()
             self.write_state("finished")
+
+    def _check_following(self):
+        """A backup's replica that replays nothing while records wait no
+        longer follows: this member could not take over; say so now."""
+        feeder = getattr(self, "feeder", None)
+        if self.ep.is_primary or feeder is None:
+            return
+        change = self.follow.check(self.replica.index, feeder.sink.delivered, self.replica.stream.records)
+        if change == "stalled":
+            log.error("replica %d (backup) %s", self.replica.index, self.follow.describe(self.replica.index))
+        elif change == "moving":
+            log.warning("replica %d (backup) replays again: it follows the primary", self.replica.index)
 
     def _check_replica_frozen(self):
         """A replica stopped (SIGSTOP, a debugger) longer than the fault
@@ -728,11 +744,9 @@ class HostMember:
         log.info("replica %d (%s) exited with status %s", r.index, r.role, status)
         if r.role == "primary":
             return status
-        if r.stream.diverged:
-            log.error("replica %d diverged: %s", r.index, r.stream.divergence)
-            return EXIT_DIVERGED
-        if status == EXIT_DIVERGED:
-            log.error("replica %d stopped on a divergence (see its stderr)", r.index)
+        if r.stream.diverged or status == EXIT_DIVERGED:
+            what, report = r.report_divergence()
+            log.error("replica %d diverged from the primary: %s.  The report is in %s", r.index, what, report)
             return EXIT_DIVERGED
         if self.primary_status is not None and status != self.primary_status:
             log.error("replica %d exited with status %s, the primary with %s", r.index, status,
@@ -800,6 +814,7 @@ class HostMember:
             "members": members,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
                           "stream": r.stream.path, "status": r.status, "records": r.stream.records,
+                          "follow": None if self.ep.is_primary else self.follow.view(r.index),
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
                           "outputs_kept": len(self.relay.outputs) if hasattr(self, "relay") else 0,

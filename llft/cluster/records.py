@@ -14,7 +14,8 @@ from collections import deque
 
 from llft.cluster import priority
 from llft.cluster.payload import records_blob
-from llft.native import REC_SIZE, ROLE_PRIMARY, StreamError, split_groups
+from llft.determinizer.streams import BackupSink
+from llft.native import ROLE_PRIMARY, StreamError, split_groups
 
 log = logging.getLogger("llft.records")
 
@@ -125,11 +126,11 @@ class RecordFeeder(threading.Thread):
     END = object()
     PROMOTE = object()
 
-    def __init__(self, stream, alive):
+    def __init__(self, index: int, stream, alive):
         super().__init__(name="llft-feeder", daemon=True)
         self.stream, self.alive = stream, alive
+        self.sink = BackupSink(index, stream, alive)   # its ring: what it has been given, counted
         self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.slots = 0
         self.exit_status: int | None = None
         self.promoted = threading.Event()       # PROMOTE is in the ring
         self.promoted_at: float | None = None   # measurement (bench/cluster.py)
@@ -163,10 +164,5 @@ class RecordFeeder(threading.Thread):
                 if self.alive() and not self.stream.write_end(self.exit_status, timeout_ms=2000):
                     log.warning("could not mark the end of the replica's stream")
                 return
-            view = memoryview(item)
-            while view:
-                n = self.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
-                self.slots += n
-                view = view[n * REC_SIZE:]
-                if n == 0 and not self.alive():
-                    return
+            if not self.sink.feed(item, WRITE_TIMEOUT_MS):
+                return

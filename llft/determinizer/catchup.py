@@ -14,7 +14,7 @@ import threading
 import time
 
 from llft.determinizer.streams import SavedStreamWriter, read_frames
-from llft.native import REC_SIZE, StreamError, count_groups
+from llft.native import StreamError, count_groups
 
 log = logging.getLogger("llft.catchup")
 
@@ -57,13 +57,8 @@ class CatchUpFeeder(threading.Thread):
 
     def _write(self, chunk: bytes):
         self.records += count_groups(chunk)
-        view = memoryview(chunk)
-        while view and not self.sink.dead:
-            n = self.sink.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
-            view = view[n * REC_SIZE:]
-            if n == 0 and not self.sink.alive():
-                self.sink.dead = True
-                log.info("replica %d died while catching up", self.sink.replica)
+        if not self.sink.dead and not self.sink.feed(chunk, WRITE_TIMEOUT_MS):
+            log.info("replica %d died while catching up", self.sink.replica)
 
     def _write_end(self):
         if not self.sink.stream.write_end(self.forwarder.source.exit_status, timeout_ms=2000):

@@ -107,10 +107,5 @@ class RecordForwarder(threading.Thread):
                 self.saver.write(chunk)
             sinks = list(self.sinks)
         for sink in sinks:
-            view = memoryview(chunk)
-            while view and not sink.dead:
-                n = sink.stream.write(view, timeout_ms=WRITE_TIMEOUT_MS)
-                view = view[n * REC_SIZE:]
-                if n == 0 and not sink.alive():
-                    sink.dead = True
-                    log.info("replica %d is gone; no longer feeding it", sink.replica)
+            if not sink.dead and not sink.feed(chunk, WRITE_TIMEOUT_MS):
+                log.info("replica %d is gone; no longer feeding it", sink.replica)

@@ -147,13 +147,29 @@ class SavedStreamSource:
 
 
 class BackupSink:
+    """A backup's ring, as the forwarder and a catch-up feeder fill it."""
+
     def __init__(self, replica: int, stream: StreamFile, alive):
         self.replica = replica
         self.stream = stream
         self.alive = alive
         self.dead = False
+        self.delivered = 0                # records written into its ring (what it has to replay)
         self.joined = threading.Event()   # the forwarder feeds it (set at once but for late joiners)
         self.joined.set()
+
+    def feed(self, chunk: bytes, timeout_ms: int) -> bool:
+        """Writes whole record groups into the ring, waiting for room as
+        long as the replica lives; False once it is gone (dead)."""
+        view = memoryview(chunk)
+        while view and not self.dead:
+            n = self.stream.write(view, timeout_ms=timeout_ms)
+            view = view[n * REC_SIZE:]
+            if n == 0 and not self.alive():
+                self.dead = True
+        if not self.dead:
+            self.delivered += count_groups(chunk)
+        return not self.dead
 
 
 def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:
