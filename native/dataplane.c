@@ -3,6 +3,7 @@
  * bytes are written straight from the read buffer to every leg whose queue
  * is empty, so the common case copies nothing. */
 #include "dataplane.h"
+#include "idmap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,7 +45,7 @@ static int bytes_put(struct bytes *b, const void *data, size_t n)
         b->off = 0;
     }
     if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
+        size_t cap = b->cap ? b->cap * 2 : 256;   /* most requests are small: a 4 KiB start cost 4 KiB a leg */
         while (cap < b->len + n)
             cap *= 2;
         char *p = realloc(b->p, cap);
@@ -80,6 +81,7 @@ struct leg {
     bool eof_wanted;         /* the client's input ended: shut down writing once pending is out */
     bool rd_paused;          /* the client has too much queued: not read (primary only) */
     bool out_ended;          /* the program closed it (or the replica died) */
+    bool waiting;            /* a new connection its replica's relay has yet to hand over (counted) */
     uint32_t events;
     struct bytes pending;    /* input not written yet */
     int replay_fd;           /* a joining replica's logged input, sent before pending */
@@ -107,6 +109,7 @@ struct conn {
     int in_fd;               /* the input log file while the client's input lasts */
     struct leg **legs;       /* by replica slot; NULL: the replica was not live when it opened */
     int nlegs;
+    bool replayed;           /* brought back for a joining replica after it was done */
 };
 
 struct replica {
@@ -115,6 +118,19 @@ struct replica {
     char *log_dir;
     uint64_t queued;         /* input bytes queued in its legs */
     int open_legs;
+    uint64_t waiting;        /* new connections its relay has yet to hand it (not a joiner's catch-up) */
+    /* Connections done on every side and freed (conn_settle): how many, the
+     * bytes this replica sent on them, and the XOR of a SHA-256 per
+     * connection (id, bytes, digest): one value whatever the order they
+     * were done in, equal at two replicas that sent the same. */
+    uint64_t closed_conns, closed_bytes;
+    unsigned char closed_xor[32];
+};
+
+/* What a replica joining later needs of a connection that is done and
+ * freed: its logged input (with an input directory only). */
+struct gone {
+    uint64_t id, in_bytes;
 };
 
 struct llft_dp {
@@ -125,8 +141,9 @@ struct llft_dp {
     char *input_dir;
     uint64_t queue_limit;
     bool paused;             /* clients are not read: a replica is too far behind */
-    struct conn **conns;     /* by connection id */
-    uint64_t nconns;         /* conns[0..nconns) */
+    llft_idmap_t conns;      /* the connections not done yet, by id */
+    struct gone *gone;       /* with an input directory: the connections done, for joiners */
+    size_t ngone, capgone;
     struct replica *reps;
     int nreps;
     int primary;
@@ -136,7 +153,7 @@ struct llft_dp {
     char buf[READ_CHUNK];
 };
 
-static struct conn *conn_get(llft_dp_t *dp, uint64_t id) { return id < dp->nconns ? dp->conns[id] : NULL; }
+static struct conn *conn_get(llft_dp_t *dp, uint64_t id) { return llft_idmap_get(&dp->conns, id); }
 
 static struct leg *leg_get(struct conn *c, int slot) { return slot >= 0 && slot < c->nlegs ? c->legs[slot] : NULL; }
 
@@ -645,14 +662,98 @@ static void client_readable(llft_dp_t *dp, struct conn *c, uint32_t events)
         client_close(dp, c);
 }
 
+/* -- connections done ----------------------------------------------------- */
+
+/* Done on every side: the client is closed and every live replica's
+ * program has closed its side (a leg that could not be made counts as
+ * closed).  A failed replica's legs hold nothing back. */
+static bool conn_done(const llft_dp_t *dp, const struct conn *c)
+{
+    if (c->cfd >= 0)
+        return false;
+    for (int s = 0; s < c->nlegs; s++) {
+        const struct leg *l = c->legs[s];
+        if (l != NULL && dp->reps[s].live && !l->out_ended)
+            return false;
+    }
+    return true;
+}
+
+static void fold_closed(struct replica *r, uint64_t id, const struct leg *l)
+{
+    char line[128];
+    unsigned char md[32];
+    unsigned int n = 0;
+    int len = snprintf(line, sizeof line, "%llu %llu %s", (unsigned long long)id, (unsigned long long)l->out_bytes,
+                       l->hex);
+    EVP_Digest(line, (size_t)len, md, &n, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        r->closed_xor[i] ^= md[i];
+    r->closed_conns++;
+    r->closed_bytes += l->out_bytes;
+}
+
+static void leg_free(llft_dp_t *dp, struct leg *l)
+{
+    if (l->registered)
+        epoll_ctl(dp->ep, EPOLL_CTL_DEL, l->fd, NULL);
+    if (l->fd >= 0)
+        close(l->fd);
+    if (l->replay_fd >= 0)
+        close(l->replay_fd);
+    if (l->log_fd >= 0)
+        close(l->log_fd);
+    EVP_MD_CTX_free(l->sha);
+    bytes_free(&l->pending);
+    bytes_free(&l->unsent);
+    free(l);
+}
+
+/* A connection done on every side is folded into each replica's closed
+ * summary and freed: what the plane holds follows the connections open,
+ * not every connection the group has served.  With an input directory
+ * its id and input length stay, for a replica that joins later. */
+static void conn_settle(llft_dp_t *dp, struct conn *c)
+{
+    if (!conn_done(dp, c))
+        return;
+    for (int s = 0; s < c->nlegs; s++) {
+        struct leg *l = c->legs[s];
+        if (l == NULL)
+            continue;
+        if (l->attached && l->out_ended && dp->reps[s].live)
+            fold_closed(&dp->reps[s], c->id, l);
+        if (l->fd >= 0)
+            dp->reps[s].open_legs--;
+        if (l->waiting)
+            dp->reps[s].waiting--;
+        if (bytes_size(&l->pending))
+            queued_less(dp, s, bytes_size(&l->pending));
+        leg_free(dp, l);
+    }
+    if (dp->input_dir != NULL && !c->replayed) {
+        if (dp->ngone == dp->capgone) {
+            size_t cap = dp->capgone ? dp->capgone * 2 : 256;
+            struct gone *g = realloc(dp->gone, cap * sizeof *g);
+            if (g != NULL) {
+                dp->gone = g;
+                dp->capgone = cap;
+            }
+        }
+        if (dp->ngone < dp->capgone)   /* (out of memory: a replica joining later would lack it) */
+            dp->gone[dp->ngone++] = (struct gone){c->id, c->in_bytes};
+    }
+    if (c->in_fd >= 0)
+        close(c->in_fd);
+    llft_idmap_del(&dp->conns, c->id);
+    free(c->legs);
+    free(c);
+}
+
 /* -- the thread --------------------------------------------------------- */
 
-static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
+static void dispatch_conn(llft_dp_t *dp, struct conn *c, int slot, uint32_t events)
 {
-    struct conn *c = conn_get(dp, tag & TAG_ID_MASK);
-    if (c == NULL)
-        return;
-    int slot = (int)(tag >> TAG_SLOT_SHIFT) - 1;
     if (slot < 0) {
         if (c->cfd >= 0 && (events & EPOLLOUT))
             client_writable(dp, c);
@@ -667,6 +768,15 @@ static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
         leg_writable(dp, c, slot);
     if (l->fd >= 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
         leg_readable(dp, c, slot);
+}
+
+static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
+{
+    struct conn *c = conn_get(dp, tag & TAG_ID_MASK);
+    if (c == NULL)
+        return;   /* settled earlier in this batch */
+    dispatch_conn(dp, c, (int)(tag >> TAG_SLOT_SHIFT) - 1, events);
+    conn_settle(dp, c);
 }
 
 static void *dp_main(void *arg)
@@ -745,10 +855,10 @@ void llft_dp_stop(llft_dp_t *dp)
         return;
     if (dp->started)
         pthread_join(dp->thread, NULL);
-    for (uint64_t id = 0; id < dp->nconns; id++) {
-        struct conn *c = dp->conns[id];
-        if (c == NULL)
+    for (uint64_t i = 0; i < dp->conns.cap; i++) {
+        if (!llft_idmap_at(&dp->conns, i))
             continue;
+        struct conn *c = dp->conns.vals[i];
         if (c->cfd >= 0) {
             close(c->cfd);
             c->cfd = -1;
@@ -787,10 +897,10 @@ void llft_dp_free(llft_dp_t *dp)
     if (dp == NULL)
         return;
     llft_dp_stop(dp);
-    for (uint64_t id = 0; id < dp->nconns; id++) {
-        struct conn *c = dp->conns[id];
-        if (c == NULL)
+    for (uint64_t i = 0; i < dp->conns.cap; i++) {
+        if (!llft_idmap_at(&dp->conns, i))
             continue;
+        struct conn *c = dp->conns.vals[i];
         for (int s = 0; s < c->nlegs; s++)
             free(c->legs[s]);
         free(c->legs);
@@ -805,7 +915,8 @@ void llft_dp_free(llft_dp_t *dp)
         close(dp->ep);
     if (dp->wake >= 0)
         close(dp->wake);
-    free(dp->conns);
+    llft_idmap_free(&dp->conns);
+    free(dp->gone);
     free(dp->reps);
     free(dp->paused_ids);
     free(dp->input_dir);
@@ -834,6 +945,32 @@ static int catch_up_leg(llft_dp_t *dp, struct conn *c, int slot)
     return 0;
 }
 
+/* Legs for a joining replica: on each connection not done yet, and on
+ * each one done, brought back with its input log and a leg for it alone. */
+static int catch_up(llft_dp_t *dp, int slot)
+{
+    for (uint64_t i = 0; i < dp->conns.cap; i++)
+        if (llft_idmap_at(&dp->conns, i) && catch_up_leg(dp, dp->conns.vals[i], slot) < 0)
+            return -1;
+    for (size_t k = 0; k < dp->ngone; k++) {
+        struct conn *c = calloc(1, sizeof *c);
+        if (c == NULL)
+            return -1;
+        c->id = dp->gone[k].id;
+        c->cfd = c->in_fd = -1;
+        c->in_bytes = dp->gone[k].in_bytes;
+        c->in_ended = c->closing = c->replayed = true;
+        c->sent = UINT64_MAX;   /* its client had it all */
+        if (catch_up_leg(dp, c, slot) < 0 || llft_idmap_put(&dp->conns, c->id, c) < 0) {
+            free(c->legs ? c->legs[slot] : NULL);
+            free(c->legs);
+            free(c);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
 {
     pthread_mutex_lock(&dp->mu);
@@ -849,13 +986,10 @@ int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
     r->live = true;
     r->log_dir = log_dir ? strdup(log_dir) : NULL;
     slot = dp->nreps++;
-    if (dp->input_dir != NULL)
-        for (uint64_t id = 0; id < dp->nconns; id++)
-            if (dp->conns[id] != NULL && catch_up_leg(dp, dp->conns[id], slot) < 0) {
-                errno = ENOMEM;
-                slot = -1;   /* the replica stays without those connections; the caller fails it */
-                break;
-            }
+    if (dp->input_dir != NULL && catch_up(dp, slot) < 0) {
+        errno = ENOMEM;
+        slot = -1;   /* the replica stays without those connections; the caller fails it */
+    }
 out:
     pthread_mutex_unlock(&dp->mu);
     return slot;
@@ -866,10 +1000,13 @@ void llft_dp_remove_replica(llft_dp_t *dp, int slot)
     pthread_mutex_lock(&dp->mu);
     if (slot >= 0 && slot < dp->nreps && dp->reps[slot].live) {
         dp->reps[slot].live = false;
-        for (uint64_t id = 0; id < dp->nconns; id++) {
-            struct conn *c = dp->conns[id];
-            if (c != NULL && leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
+        for (uint64_t i = 0; i < dp->conns.cap; i++) {
+            if (!llft_idmap_at(&dp->conns, i))
+                continue;
+            struct conn *c = dp->conns.vals[i];
+            if (leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
                 leg_input_failed(dp, c, slot);
+            conn_settle(dp, c);   /* it may have waited for this replica alone */
         }
         dp->reps[slot].queued = 0;
         queued_less(dp, slot, 0);   /* it no longer holds the clients back */
@@ -881,10 +1018,10 @@ void llft_dp_set_primary(llft_dp_t *dp, int slot)
 {
     pthread_mutex_lock(&dp->mu);
     dp->primary = slot;
-    for (uint64_t id = 0; id < dp->nconns; id++) {
-        struct conn *c = dp->conns[id];
-        if (c == NULL)
+    for (uint64_t i = 0; i < dp->conns.cap; i++) {
+        if (!llft_idmap_at(&dp->conns, i))
             continue;
+        struct conn *c = dp->conns.vals[i];
         resume_legs(dp, c);   /* an old primary's paused leg is only digested now */
         struct leg *l = leg_get(c, slot);
         if (l == NULL || !l->attached)
@@ -897,6 +1034,7 @@ void llft_dp_set_primary(llft_dp_t *dp, int slot)
         }
         if (l->out_ended)
             client_close_when_sent(dp, c);
+        conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }
@@ -914,17 +1052,6 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
         errno = EEXIST;
         goto out;
     }
-    if (conn_id >= dp->nconns) {
-        uint64_t n = dp->nconns ? dp->nconns : 64;
-        while (n <= conn_id)
-            n *= 2;
-        struct conn **conns = realloc(dp->conns, n * sizeof *conns);
-        if (conns == NULL)
-            goto out;
-        memset(conns + dp->nconns, 0, (n - dp->nconns) * sizeof *conns);
-        dp->conns = conns;
-        dp->nconns = n;
-    }
     c = calloc(1, sizeof *c);
     if (c == NULL)
         goto out;
@@ -940,10 +1067,16 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
             goto fail;
         }
     }
+    for (int s = 0; s < c->nlegs; s++)
+        if (c->legs[s] != NULL) {
+            c->legs[s]->waiting = true;
+            dp->reps[s].waiting++;
+        }
     if (dp->input_dir != NULL && (c->in_fd = open_conn_file(dp->input_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC)) < 0)
         goto fail;
+    if (llft_idmap_put(&dp->conns, conn_id, c) < 0)
+        goto fail;
     set_nonblocking(client_fd);
-    dp->conns[conn_id] = c;
     dp->st.connections++;
     dp->st.open_clients++;
     client_events(dp, c);
@@ -972,9 +1105,15 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         goto out;
     }
     rc = 0;
+    if (l->waiting) {
+        l->waiting = false;
+        dp->reps[slot].waiting--;
+    }
     if (fd < 0) {
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
+        l->out_ended = true;   /* nothing will come: as closed */
+        conn_settle(dp, c);
         goto out;
     }
     l->sha = EVP_MD_CTX_new();
@@ -984,6 +1123,8 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         close(fd);
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
+        l->out_ended = true;
+        conn_settle(dp, c);
         errno = ENOMEM;
         rc = -1;
         goto out;
@@ -1006,9 +1147,12 @@ long llft_dp_summary(llft_dp_t *dp, int slot, char *out, long cap)
     pthread_mutex_lock(&dp->mu);
     long len = 0;
     EVP_MD_CTX *tmp = EVP_MD_CTX_new();
-    for (uint64_t id = 0; id < dp->nconns && tmp != NULL; id++) {
-        struct conn *c = dp->conns[id];
-        struct leg *l = c ? leg_get(c, slot) : NULL;
+    for (uint64_t i = 0; i < dp->conns.cap && tmp != NULL; i++) {
+        if (!llft_idmap_at(&dp->conns, i))
+            continue;
+        struct conn *c = dp->conns.vals[i];
+        uint64_t id = c->id;
+        struct leg *l = leg_get(c, slot);
         if (l == NULL || !l->attached)
             continue;
         char hex[65];
@@ -1025,9 +1169,32 @@ long llft_dp_summary(llft_dp_t *dp, int slot, char *out, long cap)
             memcpy(out + len, line, (size_t)n);
         len += n;
     }
+    if (slot >= 0 && slot < dp->nreps && dp->reps[slot].closed_conns) {
+        const struct replica *r = &dp->reps[slot];
+        char line[160];
+        int n = snprintf(line, sizeof line, "closed %llu %llu ", (unsigned long long)r->closed_conns,
+                         (unsigned long long)r->closed_bytes);
+        for (int k = 0; k < 32; k++)
+            n += snprintf(line + n, sizeof line - (size_t)n, "%02x", r->closed_xor[k]);
+        line[n++] = '\n';
+        if (len + n <= cap)
+            memcpy(out + len, line, (size_t)n);
+        len += n;
+    }
     EVP_MD_CTX_free(tmp);
     pthread_mutex_unlock(&dp->mu);
     return len;
+}
+
+int llft_dp_accepting(llft_dp_t *dp, uint64_t max_waiting)
+{
+    pthread_mutex_lock(&dp->mu);
+    int ok = 1;
+    for (int k = 0; k < dp->nreps; k++)
+        if (dp->reps[k].live && dp->reps[k].waiting >= max_waiting)
+            ok = 0;
+    pthread_mutex_unlock(&dp->mu);
+    return ok;
 }
 
 int llft_dp_open_legs(llft_dp_t *dp, int slot)
@@ -1041,9 +1208,14 @@ int llft_dp_open_legs(llft_dp_t *dp, int slot)
 void llft_dp_close_clients(llft_dp_t *dp)
 {
     pthread_mutex_lock(&dp->mu);
-    for (uint64_t id = 0; id < dp->nconns; id++)
-        if (dp->conns[id] != NULL && dp->conns[id]->cfd >= 0)
-            client_close_when_sent(dp, dp->conns[id]);
+    for (uint64_t i = 0; i < dp->conns.cap; i++) {
+        if (!llft_idmap_at(&dp->conns, i))
+            continue;
+        struct conn *c = dp->conns.vals[i];
+        if (c->cfd >= 0)
+            client_close_when_sent(dp, c);
+        conn_settle(dp, c);
+    }
     pthread_mutex_unlock(&dp->mu);
 }
 

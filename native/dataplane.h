@@ -57,9 +57,17 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd);
 int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd);
 
 /* "conn_id bytes closed sha256hex\n" per connection of slot that was
- * attached, in connection order, into out (at most cap bytes).  Returns the
- * length needed: call again with more room if it is larger than cap. */
+ * attached and is not done yet, then "closed count bytes xorhex\n" for
+ * the connections done and freed (when any), into out (at most cap
+ * bytes).  Returns the length needed: call again with more room if it is
+ * larger than cap. */
 long llft_dp_summary(llft_dp_t *dp, int slot, char *out, long cap);
+/* 1 while every live replica has fewer than max_waiting connections not
+ * yet attached (its relay hands them over in order, as its program
+ * accepts them); 0 when one lags that far: new clients then wait in the
+ * gateway's listen backlog, and the plane holds a bounded amount per
+ * connection the slowest replica is behind. */
+int llft_dp_accepting(llft_dp_t *dp, uint64_t max_waiting);
 /* slot's attached connections whose output has not ended yet. */
 int llft_dp_open_legs(llft_dp_t *dp, int slot);
 /* Closes every client connection once what it was sent has gone out. */

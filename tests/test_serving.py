@@ -12,23 +12,33 @@ import pytest
 
 from serving import concurrently, ServingGroup, line_client, sha, free_port
 from conftest import tool, PROGRAMS_DIR
+from llft.members import output_digest
 
 SERVERS = ["echo_server", "epoll_server", "poll_server"]
 
 
-def assert_replicas_agree(state: dict, client_bytes: list[bytes]):
+def logged_outputs(run_dir, k: int) -> dict[str, bytes]:
+    """What replica k sent on each connection (llft-run --log-output)."""
+    return {p.name: p.read_bytes() for p in (run_dir / f"replica-{k}" / "output").iterdir()}
+
+
+def assert_replicas_agree(state: dict, client_bytes: list[bytes], run_dir):
+    """Every replica sent what the primary sent (the state's summaries, and
+    --log-output's files byte for byte), and the clients got exactly that."""
     outputs = [r["outputs"] for r in state["replicas"]]
     assert all(r["status"] == 0 for r in state["replicas"]), [r["status"] for r in state["replicas"]]
+    logs = [logged_outputs(run_dir, r["index"]) for r in state["replicas"]]
     for k, out in enumerate(outputs[1:], start=1):
         assert out == outputs[0], f"replica {k} sent something else than the primary"
-    sent = Counter(v["sha256"] for v in outputs[0].values() if v["bytes"])
+        assert logs[k] == logs[0], f"replica {k} sent something else than the primary"
+    sent = Counter(sha(b) for b in logs[0].values() if b)
     seen = Counter(sha(b) for b in client_bytes if b)
     assert seen == sent, "clients did not receive exactly what the primary sent"
 
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_server_replicas_agree_under_concurrent_clients(server, examples, tmp_path):
-    group = ServingGroup(tmp_path / "rd", [examples / server, 7000])
+    group = ServingGroup(tmp_path / "rd", [examples / server, 7000], extra=["--log-output"])
     results = {}
 
     def client(i):
@@ -47,7 +57,7 @@ def test_server_replicas_agree_under_concurrent_clients(server, examples, tmp_pa
     counts = sorted(int(r.split()[0]) for replies, _ in results.values() for r in replies)
     assert counts == list(range(1, 151)), "every line served exactly once"
     assert final[0].startswith("DIGEST ") and final[1].startswith("TIME ") and final[2] == "BYE"
-    assert_replicas_agree(state, [raw for _, raw in results.values()] + [final_raw])
+    assert_replicas_agree(state, [raw for _, raw in results.values()] + [final_raw], group.run_dir)
 
 
 def test_threading_http_server(real_python, tmp_path):
@@ -159,11 +169,12 @@ def test_python_http_server_serving_files(real_python, tmp_path):
         while time.monotonic() < deadline:
             outs, problems = outputs()
             assert not problems, problems
-            if len(outs[0]) == 121 and outs[1] == outs[0] and outs[2] == outs[0]:   # (and the port probe)
+            done = output_digest(outs[0])["connections"]
+            if done == 121 and outs[1] == outs[0] and outs[2] == outs[0]:   # (and the port probe)
                 break
             time.sleep(0.5)
         else:
-            raise AssertionError(f"the backups did not send what the primary sent: {len(outs[0])} connections, "
+            raise AssertionError(f"the backups did not send what the primary sent: {done} connections, "
                                  f"{sum(o == outs[0] for o in outs[1:])} backups agree")
     finally:
         group.stop()
@@ -241,7 +252,7 @@ def test_redis_server(tmp_path):
     assert int(answers["DBSIZE"]) > 0 and len(answers["DEBUG"]) == 40
     outputs = [r["outputs"] for r in state["replicas"]]
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0], "a backup would have answered differently"
-    last = max(outputs[0], key=int)
+    last = max(int(name.split("-")[1]) for name in logged_outputs(tmp_path / "rd", 0))
     for k in range(3):  # each replica's own log holds the primary's DEBUG DIGEST answer
         logged = (tmp_path / "rd" / f"replica-{k}" / "output" / f"conn-{last}").read_bytes()
         assert answers["DEBUG"].encode() in logged and answers["TIME"][0].encode() in logged
@@ -286,7 +297,7 @@ def test_kv_server_with_expiry(examples, tmp_path):
     """Thread per connection, striped mutexes, keys expiring under a sweeper
     thread's timed waits: what a client reads depends on time and on the
     interleaving, and every replica must read the same."""
-    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000])
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], extra=["--log-output"])
     replies = {}
 
     def client(i):
@@ -308,4 +319,4 @@ def test_kv_server_with_expiry(examples, tmp_path):
     assert final[0].startswith("DIGEST ") and final[1] == "BYE"
     gets = [r for replies_i, _ in replies.values() for r in replies_i if r.startswith(("VALUE", "NONE"))]
     assert any(r == "NONE" for r in gets) and any(r.startswith("VALUE") for r in gets)
-    assert_replicas_agree(state, [raw_i for _, raw_i in replies.values()] + [raw])
+    assert_replicas_agree(state, [raw_i for _, raw_i in replies.values()] + [raw], group.run_dir)

@@ -33,7 +33,7 @@ def test_sendfile_replicas_send_the_same_bytes(examples, tmp_path):
     content = os.urandom(1_000_000)
     path = tmp_path / "served.bin"
     path.write_bytes(content)
-    group = ServingGroup(tmp_path / "rd", [examples / "file_server", 7000, path])
+    group = ServingGroup(tmp_path / "rd", [examples / "file_server", 7000, path], extra=["--log-output"])
     raw = {}
 
     def client(i):
@@ -67,7 +67,7 @@ def test_sendfile_replicas_send_the_same_bytes(examples, tmp_path):
     assert group.proc.returncode == 0, group.stderr
     assert final[2] == "BYE"
     assert int(final[0].split()[1]) > 0, "sendfile always sent everything: the test shows nothing"
-    assert_replicas_agree(state, list(raw.values()) + [final_raw])
+    assert_replicas_agree(state, list(raw.values()) + [final_raw], group.run_dir)
     total = sum(v["bytes"] for v in state["replicas"][0]["outputs"].values())
     assert total > 4 * 3 * len(content), "the files went through the primary's connections"
 

@@ -132,6 +132,20 @@ def test_short_connections_across_a_failover(examples, tmp_path):
     finish(group, 2)
 
 
+def test_connections_done_everywhere_are_folded_and_freed(examples, tmp_path):
+    """What the controller keeps per connection goes once the connection is
+    done at every replica: the state lists only a "closed" summary, equal
+    at every replica, however many connections there were."""
+    group = start(examples, tmp_path)
+    for i in range(300):
+        one_request(group, i)
+    state = finish(group, 3)
+    for r in state["replicas"]:
+        outputs = r["outputs"]
+        assert list(outputs) == ["closed"], f"replica {r['index']} still lists {len(outputs) - 1} connections"
+        assert outputs["closed"]["connections"] == 302   # with the final one and the port probe
+
+
 def test_a_connection_closed_by_the_client_without_a_request(examples, tmp_path):
     """Connections opened and closed with nothing sent, among served ones."""
     group = start(examples, tmp_path)

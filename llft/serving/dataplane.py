@@ -60,7 +60,9 @@ class DataPlane:
         lib.llft_dp_attach(self._dp, slot, conn_id, sock.detach() if sock is not None else -1)
 
     def summary(self, slot: int) -> dict[str, dict]:
-        """Per connection of slot: bytes the program sent, their SHA-256, closed."""
+        """Per connection of slot not done yet: bytes the program sent, their
+        SHA-256, closed; and "closed": the connections done, summed up (how
+        many, bytes, and a digest equal at replicas that sent the same)."""
         cap = 1 << 16
         while True:
             buf = ffi.new("char[]", cap)
@@ -70,9 +72,16 @@ class DataPlane:
             cap = n + 4096   # connections opened meanwhile
         out = {}
         for line in ffi.buffer(buf, n)[:].decode().splitlines():
-            conn, nbytes, closed, sha = line.split()
-            out[conn] = {"bytes": int(nbytes), "sha256": sha, "closed": closed == "1"}
+            conn, count, nbytes, sha = line.split()
+            if conn == "closed":   # every connection done, summed up
+                out[conn] = {"connections": int(count), "bytes": int(nbytes), "sha256": sha, "closed": True}
+            else:
+                out[conn] = {"bytes": int(count), "sha256": sha, "closed": nbytes == "1"}
         return out
+
+    def accepting(self, max_waiting: int) -> bool:
+        """False while a live replica lags max_waiting connections behind."""
+        return bool(lib.llft_dp_accepting(self._dp, max_waiting))
 
     def open_legs(self, slot: int) -> int:
         return lib.llft_dp_open_legs(self._dp, slot)

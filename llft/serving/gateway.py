@@ -17,6 +17,11 @@ log = logging.getLogger("llft.gateway")
 
 NO_PORT_NOTICE_S = 3.0   # after this long without a port, say that clients cannot reach the program
 CLOSE_POLL_S = 0.01
+# A replica this many connections behind (its relay has yet to hand them to
+# its program): new clients wait in the listen backlog until it catches up,
+# so that the plane holds a bounded amount for the connections it lags.
+MAX_WAITING = 256
+RESUME_POLL_S = 0.002
 
 
 class Gateway:
@@ -35,6 +40,7 @@ class Gateway:
         self.datagrams = DatagramService([r.replica for r in relays], primary_relay.replica, host, self.port_map,
                                          self.errors)
         self.notices: list[str] = []      # shown by llft-status while they hold
+        self.holding = False              # not accepting: a replica lags (MAX_WAITING)
         plane.set_primary(primary_relay.slot)
 
     @property
@@ -103,10 +109,35 @@ class Gateway:
         self.servers[port] = socks
         log.info("serving clients on %s port %d (the program's port %d)", host, public, port)
 
+    def _hold_clients(self):
+        """A replica lags MAX_WAITING connections: stop accepting until it
+        has fewer."""
+        loop = asyncio.get_running_loop()
+        for socks in self.servers.values():
+            for s in socks or ():
+                loop.remove_reader(s.fileno())
+        self.holding = True
+        loop.call_later(RESUME_POLL_S, self._maybe_resume)
+
+    def _maybe_resume(self):
+        if not self.holding:
+            return
+        loop = asyncio.get_running_loop()
+        if not self.plane.accepting(MAX_WAITING):
+            loop.call_later(RESUME_POLL_S, self._maybe_resume)
+            return
+        self.holding = False
+        for port, socks in self.servers.items():
+            for s in socks or ():
+                loop.add_reader(s.fileno(), self._accept, s, port)
+
     def _accept(self, server: socket.socket, port: int):
         """A client connection: numbered, handed to the data plane (with a
         leg for every live replica), and each relay connects its leg."""
         for _ in range(64):   # a burst of connections, without starving the loop
+            if not self.plane.accepting(MAX_WAITING):
+                self._hold_clients()
+                return
             try:
                 sock, peer = server.accept()
             except (BlockingIOError, InterruptedError):
@@ -129,6 +160,7 @@ class Gateway:
         """Stops accepting, then closes client connections once what they
         were sent has gone out (bounded by timeout), and stops the plane."""
         loop = asyncio.get_running_loop()
+        self.holding = False
         for socks in self.servers.values():
             for s in socks or ():
                 loop.remove_reader(s.fileno())
