@@ -13,6 +13,7 @@
 #include "shim.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>
@@ -75,10 +76,17 @@ static void chunk_free(struct qchunk *c)
     spin_unlock(&pool_lock);
 }
 
-/* ---- per-thread queues --------------------------------------------- */
+/* ---- per-thread queues ---------------------------------------------
+ * Slots of a fixed table, found from the thread id (tid & mask, then the
+ * next ones): threads are numbered in creation order, one per client
+ * connection in many servers, and an ended thread's slot is taken again
+ * by a later one, so that what a backup holds follows the threads alive,
+ * not every thread the program ever made.  An ended thread's slot says so
+ * until it is taken again (a record for it then is a divergence). */
 
-#define MAX_TIDS (1u << 20)
-enum { Q_UNUSED = 0, Q_LIVE = 1, Q_DEAD = 2 };
+#define QSLOTS (1u << 16)         /* threads alive at once, at most */
+#define QMASK (QSLOTS - 1)
+enum { Q_FREE = 0, Q_LIVE = 1, Q_DEAD = 2 };
 
 struct tqueue {
     struct qchunk *rd_chunk;      /* consumer (the owning thread) */
@@ -89,10 +97,14 @@ struct tqueue {
     uint64_t popped;              /* slots this thread has taken (calls it has started) */
     uint64_t to_finish;           /* of those, calls that must end before a takeover (must_finish) */
     uint64_t finished;            /* ...that this thread has ended (try_promote reads these) */
-    uint64_t _pad;
+    uint32_t tid;                 /* whose queue this slot is (state != Q_FREE) */
+    uint16_t gen;                 /* times the slot was taken: tells a later thread's from this one's */
+    uint16_t _pad;
 };
 
 static struct tqueue *queues;
+static uint32_t *live_slots;      /* slots of the live queues, in no order (dispatch lock) */
+static uint32_t nlive_slots;
 static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
 static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (tid_bit) */
@@ -116,17 +128,51 @@ static uint32_t stopped_futex;    /* bumped when either count changes */
 static inline uint32_t tid_bit(uint32_t tid) { return 1u << (tid & 31); }
 #define ALL_THREADS (~0u)
 
+/* tid's queue (live or ended), or NULL (dispatch lock held). */
+static struct tqueue *queue_find(uint32_t tid)
+{
+    for (uint32_t i = 0; i < QSLOTS; i++) {
+        struct tqueue *q = &queues[(tid + i) & QMASK];
+        if (q->state == Q_FREE)
+            return NULL;
+        if (q->tid == tid)
+            return q;
+    }
+    return NULL;
+}
+
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
 {
-    if (tid >= MAX_TIDS)
-        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "thread id %u is beyond %u threads", tid, MAX_TIDS);
-    struct tqueue *q = &queues[tid];
-    if (q->state == Q_UNUSED) {
-        q->rd_chunk = q->wr_chunk = chunk_alloc();
-        q->rd = 0;
-        STORE(&q->state, Q_LIVE, REL);
+    struct tqueue *q = queue_find(tid);
+    if (q != NULL)
+        return q;
+    for (uint32_t i = 0; i < QSLOTS && q == NULL; i++) {
+        struct tqueue *c = &queues[(tid + i) & QMASK];
+        if (c->state != Q_LIVE)
+            q = c;   /* free, or an ended thread's */
     }
+    if (q == NULL)
+        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u threads at once", QSLOTS);
+    q->rd_chunk = q->wr_chunk = chunk_alloc();
+    q->rd = 0;
+    q->pushed = q->popped = q->to_finish = q->finished = 0;
+    q->tid = tid;
+    q->gen++;
+    live_slots[nlive_slots++] = (uint32_t)(q - queues);
+    STORE(&q->state, Q_LIVE, REL);
     return q;
+}
+
+/* The thread of q has ended (dispatch lock held). */
+static void queue_ended(struct tqueue *q)
+{
+    uint32_t slot = (uint32_t)(q - queues);
+    for (uint32_t i = 0; i < nlive_slots; i++)
+        if (live_slots[i] == slot) {
+            live_slots[i] = live_slots[--nlive_slots];
+            break;
+        }
+    STORE(&q->state, Q_DEAD, REL);
 }
 
 static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
@@ -154,7 +200,8 @@ static inline int must_finish(const llft_rec_t *r)
     return r->op != LLFT_OP_DATA && r->turn;
 }
 
-static int q_pop(struct tqueue *q, llft_rec_t *out)
+/* The thread's next record into out: taken (consume), or only looked at. */
+static int q_take(struct tqueue *q, llft_rec_t *out, int consume)
 {
     struct qchunk *c = q->rd_chunk;
     if (q->rd == CHUNK_RECS) {
@@ -168,7 +215,10 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
     }
     if (q->rd >= LOAD(&c->count, ACQ))
         return 0;
-    memcpy(out, &c->recs[q->rd++], LLFT_REC_SIZE);
+    memcpy(out, &c->recs[q->rd], LLFT_REC_SIZE);
+    if (!consume)
+        return 1;
+    q->rd++;
     /* Counted before the record counts as taken, so that try_promote never
      * sees every record taken and this call not pending.  Only this thread
      * writes these counts: the hot path shares no line. */
@@ -177,6 +227,8 @@ static int q_pop(struct tqueue *q, llft_rec_t *out)
     STORE(&q->popped, q->popped + 1, REL);
     return 1;
 }
+
+static int q_pop(struct tqueue *q, llft_rec_t *out) { return q_take(q, out, 1); }
 
 /* ---- dispatcher ----------------------------------------------------- */
 
@@ -232,7 +284,7 @@ static long drain(void)
          * the new primary's next pthread_create would hand the same id out
          * again (llft_next_tid = max_tid + 1), and the backups would get two
          * threads' calls, each numbered from #1, in one thread's queue. */
-        if (h->op == LLFT_OP_THREAD_CREATE && h->ret == 0 && h->val > (int64_t)max_tid && h->val < MAX_TIDS)
+        if (h->op == LLFT_OP_THREAD_CREATE && h->ret == 0 && h->val > (int64_t)max_tid && h->val <= (int64_t)UINT32_MAX)
             max_tid = (uint32_t)h->val;
         uint32_t n = h->nslots, i;
         for (i = 1; i < n; i++) {
@@ -319,15 +371,15 @@ static void adopt_objects(void);
  * so a thread found finished stays so. */
 static int all_replayed(void)
 {
-    for (uint32_t tid = 0; tid <= max_tid; tid++) {
-        const struct tqueue *q = &queues[tid];
-        if (LOAD(&q->popped, ACQ) != q->pushed)
-            return 0;
-        uint64_t done = LOAD(&q->finished, ACQ);
-        if (done != LOAD(&q->to_finish, RLX))
-            return 0;
+    int all = 1;
+    spin_lock(&dispatch_lock);
+    for (uint32_t i = 0; i < nlive_slots && all; i++) {
+        const struct tqueue *q = &queues[live_slots[i]];
+        if (LOAD(&q->popped, ACQ) != q->pushed || LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX))
+            all = 0;
     }
-    return 1;
+    spin_unlock(&dispatch_lock);
+    return all;
 }
 
 /* Takes over as primary once every thread has taken every record of the
@@ -397,13 +449,13 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
 
 /* Blocks until this thread's next record is in its queue; returns
  * LLFT_PROMOTED instead when this replica has become the primary. */
-static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int consume)
 {
     unsigned spins = 0;
     int waited_on_ring = 0;
     for (;;) {
         uint32_t ep = LOAD(&epoch, SEQ);
-        if (q_pop(t->q, out)) {
+        if (q_take(t->q, out, consume)) {
             if (waited_on_ring)
                 hand_over_the_ring();
             return 0;
@@ -418,7 +470,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
         }
         if (LOAD(&stream_ended, ACQ)) {
             /* Every record before END is queued by now: none is coming. */
-            if (q_pop(t->q, out))
+            if (q_take(t->q, out, consume))
                 return 0;
             stop_for_good(t, op);
         }
@@ -446,7 +498,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     t->depth++;
-    if (pop_wait(t, op, out) == LLFT_PROMOTED) {
+    if (pop_wait(t, op, out, 1) == LLFT_PROMOTED) {
         t->depth--;
         return LLFT_PROMOTED;
     }
@@ -470,13 +522,25 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
     return 0;
 }
 
+int llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out)
+{
+    t->depth++;
+    int r = pop_wait(t, op, out, 0);
+    t->depth--;
+    if (r == LLFT_PROMOTED)
+        return LLFT_PROMOTED;
+    if (out->op != op)
+        return LLFT_NOT_NEXT;
+    return llft_replay_next(t, op, out);
+}
+
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
 {
     llft_rec_t slot;
     uint64_t off = 0;
     t->depth++;
     while (off < len) {
-        pop_wait(t, LLFT_OP_DATA, &slot); /* a group is whole: never promoted in its middle */
+        pop_wait(t, LLFT_OP_DATA, &slot, 1); /* a group is whole: never promoted in its middle */
         const llft_data_t *d = (const llft_data_t *)&slot;
         if (d->op != LLFT_OP_DATA)
             llft_diverge(t, LLFT_OP_DATA, &slot, LLFT_EXIT_NOSTREAM, "a data record is missing");
@@ -506,7 +570,8 @@ struct turnstile {
     uintptr_t addr;               /* where the last turn acquired the object here */
     uint64_t stamp;               /* when (the taker's llft_thread.stamp) */
     uint32_t nsleepers;
-    uint32_t crowd;               /* waiters that found no sleeper slot */
+    uint32_t overflowed;          /* of them, parked in the overflow table (no sleeper slot was free) */
+    uint32_t crowd;               /* ...or not even there */
     uint32_t crowd_futex;
     uint16_t turn_count_seen;     /* dispatcher: a turn of this object was queued */
     uint16_t _pad;
@@ -538,6 +603,58 @@ static struct turnstile *ts_get(uint64_t obj)
     llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u ordered objects", TS_SLOTS);
 }
 
+/* Waiters a turnstile's own sleeper slots cannot hold (a thread per
+ * connection, thousands of them waiting on one lock): one table for all
+ * turnstiles, each waiter in one of OVERFLOW_PROBE slots from the home of
+ * (turnstile, turn), where the thread finishing the turn before looks.
+ * Waking the whole crowd at every turn instead made a backup of 3,000
+ * threads on one mutex crawl (every waiter woke for each turn). */
+#define OVERFLOW_SLOTS (1u << 16)
+#define OVERFLOW_PROBE 16
+#define OVERFLOW_BUSY ((uintptr_t)1)   /* key while its waiter writes the entry */
+struct overflow {
+    uintptr_t key;                /* the turnstile's address; 0 = free */
+    uint64_t want;
+    uint32_t *park;
+};
+static struct overflow *overflow;
+
+static inline uint32_t overflow_home(const struct turnstile *ts, uint64_t want)
+{
+    return (uint32_t)((((uintptr_t)ts >> 6) ^ (want * 0x9E3779B97F4A7C15ull)) * 0x9E3779B97F4A7C15ull >> 48) &
+           (OVERFLOW_SLOTS - 1);
+}
+
+static struct overflow *overflow_register(const struct turnstile *ts, uint64_t want)
+{
+    uint32_t h = overflow_home(ts, want);
+    for (uint32_t i = 0; i < OVERFLOW_PROBE; i++) {
+        struct overflow *o = &overflow[(h + i) & (OVERFLOW_SLOTS - 1)];
+        uintptr_t free_key = 0;
+        if (LOAD(&o->key, RLX) == 0 &&
+            __atomic_compare_exchange_n(&o->key, &free_key, OVERFLOW_BUSY, 0, ACQ, RLX)) {
+            o->want = want;
+            o->park = &park_word;
+            STORE(&o->key, (uintptr_t)ts, REL);
+            return o;
+        }
+    }
+    return NULL;
+}
+
+static void overflow_wake(const struct turnstile *ts, uint64_t turn)
+{
+    uint32_t h = overflow_home(ts, turn);
+    for (uint32_t i = 0; i < OVERFLOW_PROBE; i++) {
+        const struct overflow *o = &overflow[(h + i) & (OVERFLOW_SLOTS - 1)];
+        if (LOAD(&o->key, ACQ) == (uintptr_t)ts && o->want == turn) {
+            __atomic_fetch_add(o->park, 1, SEQ);
+            llft_futex_wake(o->park);
+            return;
+        }
+    }
+}
+
 /* Parks until ts->done may equal want (or 50 ms pass).  Returns after a
  * wake-up, a timeout, or immediately if done moved meanwhile. */
 static void park_until(struct turnstile *ts, uint64_t want)
@@ -552,11 +669,19 @@ static void park_until(struct turnstile *ts, uint64_t want)
                 slot = &ts->sleepers[i];
         }
     }
-    if (slot) {
+    struct overflow *o = NULL;
+    if (!slot) {
+        __atomic_fetch_add(&ts->overflowed, 1, SEQ);
+        o = overflow_register(ts, want);
+    }
+    if (slot || o) {
         uint32_t v = LOAD(&park_word, SEQ);
         if (LOAD(&ts->done, SEQ) != want)
             llft_futex_wait(&park_word, v, 50);
-        STORE(&slot->park, NULL, SEQ);
+        if (slot)
+            STORE(&slot->park, NULL, SEQ);
+        else
+            STORE(&o->key, 0, REL);
     } else {
         uint32_t f = LOAD(&ts->crowd_futex, SEQ);
         __atomic_fetch_add(&ts->crowd, 1, SEQ);
@@ -564,6 +689,8 @@ static void park_until(struct turnstile *ts, uint64_t want)
             llft_futex_wait(&ts->crowd_futex, f, 5);
         __atomic_fetch_sub(&ts->crowd, 1, SEQ);
     }
+    if (!slot)
+        __atomic_fetch_sub(&ts->overflowed, 1, SEQ);
     __atomic_fetch_sub(&ts->nsleepers, 1, SEQ);
 }
 
@@ -571,15 +698,21 @@ static void park_until(struct turnstile *ts, uint64_t want)
  * previous turn and how many of its records precede this one in the
  * primary's stream.  The copy in the queue carries it in seq and check,
  * which are spent once the record has been validated. */
-#define NO_TID 0xffffffffu
+#define NO_HOLDER 0xffffffffu
 static void annotate_turn(llft_rec_t *rec)
 {
     struct turnstile *ts = ts_get(rec->obj);
-    uint32_t prev = ts->turn_count_seen ? ts->last_tid : NO_TID;
+    uint32_t prev = ts->turn_count_seen ? ts->last_tid : rec->tid;
     ts->turn_count_seen = 1;
     ts->last_tid = rec->tid;
-    rec->check = prev;
-    rec->seq = (prev != NO_TID && prev != rec->tid) ? queues[prev].pushed : 0;
+    const struct tqueue *q = prev != rec->tid ? queue_find(prev) : NULL;
+    if (q == NULL || q->state != Q_LIVE) { /* none, itself, or ended: nothing to wait for */
+        rec->check = NO_HOLDER;
+        rec->seq = 0;
+        return;
+    }
+    rec->check = (uint32_t)(q - queues) | (uint32_t)q->gen << 16;   /* the slot, and which thread in it */
+    rec->seq = q->pushed;
 }
 
 /* The previous holder may read memory the program shares without a lock
@@ -588,11 +721,13 @@ static void annotate_turn(llft_rec_t *rec)
  * here too: wait until it has taken those records. */
 static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
 {
-    if (!e->seq || e->check == NO_TID || e->check >= MAX_TIDS)
+    if (!e->seq || e->check == NO_HOLDER)
         return;
-    const struct tqueue *q = &queues[e->check];
+    const struct tqueue *q = &queues[e->check & QMASK];
+    uint16_t gen = (uint16_t)(e->check >> 16);
     uint64_t since = 0;
-    for (unsigned spins = 0; LOAD(&q->popped, ACQ) < e->seq; spins++) {
+    /* Its slot taken by a later thread (gen): it ended, having taken all. */
+    for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < e->seq; spins++) {
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 80) {
@@ -603,9 +738,45 @@ static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
                 since = now;
             if (now - since > llft_ctl->stall_timeout_ms)
                 llft_diverge(t, e->op, e, LLFT_EXIT_DIVERGED,
-                             "stalled waiting for thread %u to reach its call before this one", e->check);
+                             "stalled waiting for thread %u to reach its call before this one (it has taken %llu "
+                             "of its records, %llu of them by then; it %s)", q->tid,
+                             (unsigned long long)q->popped, (unsigned long long)e->seq,
+                             q->state == Q_DEAD ? "has ended" : "runs");
             struct timespec us = {0, 50000};
             nanosleep(&us, NULL);
+        }
+    }
+}
+
+/* For a stall report: whose queued record takes turn `turn` of obj, and
+ * how far that thread is (the queues are read without the lock: a
+ * report, not a decision). */
+static void describe_turn_taker(uint64_t obj, uint64_t turn, char *out, size_t cap)
+{
+    snprintf(out, cap, "no thread here has that turn queued; %llu slots in the ring not dispatched%s",
+             (unsigned long long)(llft_ring_head(llft_ring) - llft_ring_tail(llft_ring)),
+             LOAD(&stream_ended, ACQ) ? "; the stream has ended" : "");
+    for (uint32_t i = 0; i < LOAD(&nlive_slots, ACQ); i++) {
+        const struct tqueue *q = &queues[live_slots[i]];
+        if (q->rd_chunk == NULL)
+            continue;
+        if (q->rd > 0 && q->rd_chunk->recs[q->rd - 1].obj == obj && q->rd_chunk->recs[q->rd - 1].turn == turn) {
+            snprintf(out, cap, "thread %u took its record (call #%u) and has not taken the turn", q->tid,
+                     q->rd_chunk->recs[q->rd - 1].tn);
+            return;
+        }
+        uint64_t seen = 0;
+        for (const struct qchunk *c = q->rd_chunk; c != NULL; c = c->next) {
+            uint32_t from = c == q->rd_chunk ? q->rd : 0, n = LOAD(&c->count, ACQ);
+            for (uint32_t k = from; k < n; k++, seen++) {
+                const llft_rec_t *r = &c->recs[k];
+                if (r->op != LLFT_OP_DATA && r->obj == obj && r->turn == turn) {
+                    snprintf(out, cap, "it is thread %u's call #%u, %llu record(s) ahead of where that thread is; "
+                             "it has taken %llu of %llu", q->tid, r->tn, (unsigned long long)seen,
+                             (unsigned long long)q->popped, (unsigned long long)q->pushed);
+                    return;
+                }
+            }
         }
     }
 }
@@ -636,12 +807,15 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
             if (!since)
                 since = now;
             uint32_t limit = LOAD(&stream_ended, ACQ) ? llft_ctl->end_grace_ms : llft_ctl->stall_timeout_ms;
-            if (now - since > limit)
+            if (now - since > limit) {
+                char who[160];
+                describe_turn_taker(obj, d + 1, who, sizeof who);
                 llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
                              "stalled %llu ms waiting for turn %llu of object %#llx (%llu turns done): "
-                             "the thread that should take the previous turn never did",
+                             "the thread that should take the previous turn never did (%s)",
                              (unsigned long long)(now - since), (unsigned long long)turn,
-                             (unsigned long long)obj, (unsigned long long)d);
+                             (unsigned long long)obj, (unsigned long long)d, who);
+            }
             park_until(ts, want);
         }
         d = LOAD(&ts->done, ACQ);
@@ -670,6 +844,8 @@ void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const voi
             llft_futex_wake(p);
         }
     }
+    if (LOAD(&ts->overflowed, SEQ))
+        overflow_wake(ts, turn);
     if (LOAD(&ts->crowd, SEQ)) {
         __atomic_fetch_add(&ts->crowd_futex, 1, SEQ);
         llft_futex_wake(&ts->crowd_futex);
@@ -712,8 +888,10 @@ void llft_replay_exec_failed(void)
  * address spaces match whatever their role and replay timing. */
 void llft_replay_reserve(void)
 {
-    queues = map_anon(sizeof(struct tqueue) * MAX_TIDS, "replay queues");
+    queues = map_anon(sizeof(struct tqueue) * QSLOTS, "replay queues");
+    live_slots = map_anon(sizeof(uint32_t) * QSLOTS, "replay queues");
     turnstiles = map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
+    overflow = map_anon(sizeof(struct overflow) * OVERFLOW_SLOTS, "turnstiles");
     ts_used = map_anon(sizeof(uint32_t) * TS_SLOTS, "turnstiles");
     pool_base = map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
 }
@@ -749,7 +927,7 @@ void llft_replay_thread_end(struct llft_thread *t)
             c = n;
         }
         q->rd_chunk = q->wr_chunk = NULL;
-        STORE(&q->state, Q_DEAD, REL);
+        queue_ended(q);
     }
     spin_unlock(&dispatch_lock);
     if (more)
@@ -764,15 +942,16 @@ void llft_replay_thread_end(struct llft_thread *t)
  * and finished each one that must_finish (a transfer on a connection). */
 static int others_replayed(const struct llft_thread *t)
 {
-    for (uint32_t tid = 0; tid <= LOAD(&max_tid, RLX); tid++) {
-        const struct tqueue *q = &queues[tid];
-        if (tid == t->tid || LOAD(&q->state, ACQ) == Q_UNUSED)
-            continue;
-        if (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
-            LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX))
-            return 0;
+    int all = 1;
+    spin_lock(&dispatch_lock);
+    for (uint32_t i = 0; i < nlive_slots && all; i++) {
+        const struct tqueue *q = &queues[live_slots[i]];
+        if (q != t->q && (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
+                          LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX)))
+            all = 0;
     }
-    return 1;
+    spin_unlock(&dispatch_lock);
+    return all;
 }
 
 /* The thread calling exit() waits until the primary's stream has ended: a

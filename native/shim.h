@@ -107,6 +107,10 @@ void llft_replay_setup(void);
  * has just become the primary and the caller must do the call as one. */
 #define LLFT_PROMOTED 1
 int  llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
+/* ...only if the thread's next record is that call: LLFT_NOT_NEXT (the
+ * record stays) when it is another. */
+#define LLFT_NOT_NEXT 2
+int  llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out);
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
 struct turnstile;
 struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);

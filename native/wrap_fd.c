@@ -103,15 +103,25 @@ static void wait_transfers(int fd)
 
 /* An fd whose object takes turns (llft_ordered_kind) is retired in a turn
  * of its own: at a backup after every transfer the primary made on it
- * before, and before any on the next fd to get its number. */
+ * before, and before any on the next fd to get its number.  A backup's
+ * thread whose next record is another call closes unordered: at the
+ * primary this thread never got here (its process ended first, as when a
+ * racy shutdown flag let the backup's thread leave its loop one turn
+ * earlier), and its next recorded call says whether it diverged. */
 static int retire_ordered(const struct retire *r)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
-        ssize_t res;
-        if (!llft_replay_head(t, LLFT_OP_CLOSE, r->fd, &e, &res)) {
+        int next = llft_replay_next_if(t, LLFT_OP_CLOSE, &e);
+        if (next == LLFT_NOT_NEXT)
+            return retire_real(r);
+        ssize_t res = (ssize_t)e.ret;
+        if (next == 0) {
+            if (UNLIKELY(e.aux != (uint32_t)r->fd))
+                llft_diverge(t, LLFT_OP_CLOSE, &e, LLFT_EXIT_DIVERGED, "closed fd %d where the primary closed fd %u",
+                             r->fd, e.aux);
             struct turnstile *ts = llft_turn_wait(t, &e);
             retire_real(r);
             llft_turn_done(t, ts, llft_fd_object(r->fd), e.turn);
