@@ -14,7 +14,7 @@ import pytest
 
 from conftest import tool
 import serving
-from serving import ServingGroup, concurrently, line_client, line_clients
+from serving import Progress, ServingGroup, concurrently, kill_after, line_client, line_clients
 from test_serving import read_resp, resp
 
 
@@ -22,13 +22,14 @@ def kill_primary(group: ServingGroup):
     serving.kill_primary(group.run_dir)
 
 
-def run_clients(group, nclients, nlines, kills, kill_after=0.3):
-    """Clients send numbered lines; the primary is killed `kills` times meanwhile."""
-    def kill_some():
-        for _ in range(kills):
-            time.sleep(kill_after)
-            kill_primary(group)
-    return line_clients(group, nclients, lambda i: [f"c{i}-{j}" for j in range(nlines)], kill_some, pause=0.001)
+def run_clients(group, nclients, nlines, kills):
+    """Clients send numbered lines; the primary is killed `kills` times
+    meanwhile, spread over the workload by the replies the clients have had."""
+    total = nclients * nlines
+    progress = Progress()
+    at = [total * (k + 1) // (kills + 2) for k in range(kills)]
+    return line_clients(group, nclients, lambda i: [f"c{i}-{j}" for j in range(nlines)],
+                        kill_after(group, progress, *at), pause=0.001, progress=progress)
 
 
 def check_exactly_once(results, nclients, nlines):
@@ -64,7 +65,7 @@ def test_primary_crash_loses_and_repeats_nothing(server, examples, tmp_path):
 
 def test_cascading_failures_down_to_one_replica(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
-    results = run_clients(group, nclients=3, nlines=300, kills=2, kill_after=0.25)
+    results = run_clients(group, nclients=3, nlines=300, kills=2)
     check_exactly_once(results, 3, 300)
     state = finish_and_check(group)
     assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"]
@@ -112,6 +113,7 @@ def test_redis_counter_survives_primary_crash(tmp_path):
     group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
                                            "--appendonly", "no", "--enable-debug-command", "yes"])
     seen = {}
+    progress = Progress()
 
     def client(i):
         with group.connect() as s:
@@ -121,11 +123,9 @@ def test_redis_counter_survives_primary_crash(tmp_path):
                 f.write(resp("INCR", "counter"))
                 f.flush()
                 seen[i].append(int(read_resp(f)))
+                progress.tick()
 
-    def kill_once():
-        time.sleep(0.3)
-        kill_primary(group)
-    concurrently(client, 3, kill_once)
+    concurrently(client, 3, kill_after(group, progress, 250))
     values = sorted(v for vs in seen.values() for v in vs)
     assert values == list(range(1, 601)), "an INCR was lost or applied twice"
     with group.connect() as s:
@@ -145,19 +145,47 @@ def test_frozen_primary_is_fenced_and_replaced(examples, tmp_path):
     """A timing fault: the primary stopped (SIGSTOP) past the fault timeout
     is fenced and a backup takes over; the clients notice only a pause."""
     group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
-    results = {}
-
-    def client(i):
-        with group.connect() as s:
-            results[i] = line_client(s, [f"c{i}-{j}" for j in range(200)])[0]
+    progress = Progress()
 
     def freeze_primary():
-        time.sleep(0.3)
+        progress.wait(200)
         p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary", "--signal", "STOP"],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 0 and "SIGSTOP" in p.stdout
-    concurrently(client, 3, freeze_primary)
+    results = line_clients(group, 3, lambda i: [f"c{i}-{j}" for j in range(200)], freeze_primary,
+                           progress=progress)
     check_exactly_once(results, 3, 200)
     state = finish_and_check(group)
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
     assert state["replicas"][0]["status"] == 137, "the frozen primary must be fenced, not resumed"
+
+
+def test_new_primary_killed_right_after_the_view_change(examples, tmp_path):
+    """A cascade: the primary is killed at the 300th reply, and its
+    successor the moment it has taken over (its first view), with clients
+    still sending; the last backup serves on, nothing lost or repeated."""
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    progress = Progress()
+
+    def cascade():
+        progress.wait(300)
+        first = primary_pid(group)
+        kill_primary(group)
+        end = time.monotonic() + 30
+        while primary_pid(group) in (first, None):
+            assert time.monotonic() < end, "no backup took over"
+            time.sleep(0.001)
+        kill_primary(group)
+    results = line_clients(group, 3, lambda i: [f"c{i}-{j}" for j in range(300)], cascade, progress=progress)
+    check_exactly_once(results, 3, 300)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"]
+
+
+def primary_pid(group) -> int | None:
+    import json
+    try:
+        state = json.loads((group.run_dir / "llft-run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return next((r["pid"] for r in state["replicas"] if r["role"] == "primary"), None)
