@@ -1,0 +1,31 @@
+"""python -m bench run | analyze: see --help of each."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a suite of workloads, writing JSON lines (bench/SCHEMA.md)")
+    r.add_argument("--suite", choices=["paper", "smoke"], default="paper")
+    r.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for WORKLOAD.jsonl")
+    r.add_argument("--only", nargs="+", metavar="WORKLOAD", help="these workloads of the suite only")
+    a = sub.add_parser("analyze", help="PySpark: tables (CSV, Markdown) and plots from JSON-lines logs")
+    a.add_argument("inputs", nargs="+", help="files, directories (their *.jsonl) or globs")
+    a.add_argument("--out", type=Path, default=Path("bench/report"), help="directory for the report")
+    a.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    a.add_argument("--readme", type=Path, help="rewrite the block between <!-- bench:begin --> and "
+                   "<!-- bench:end --> in this Markdown file with the report's tables and plots")
+    args = ap.parse_args(argv)
+    if args.command == "run":
+        from bench.runner import run
+        return run(args.suite, args.out, args.only)
+    from bench.analyze import main as analyze
+    return analyze(args.inputs, args.out, args.master, args.readme)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`python -m bench run`: the workloads of a suite, in turn, each writing
+its records to OUT/WORKLOAD.jsonl, with a progress bar per workload.
+
+Ctrl-C (or SIGTERM) stops the run where it is: every record written so
+far stays (each is flushed as it is written), the servers the workload
+started are stopped by its own clean-up, and the exit status is 130."""
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.records import Recorder, new_run
+from bench.suites import plan
+
+
+class Context:
+    """What a workload gets: the recorder, a scratch directory, and its progress bar."""
+
+    def __init__(self, rec: Recorder, tmp: Path, bar: tqdm):
+        self.rec, self.tmp, self.bar = rec, tmp, bar
+        self.skipped: str | None = None
+
+    def plan(self, steps: int):
+        """Announces `steps` more steps of work (the bar's length)."""
+        self.bar.total = (self.bar.total or 0) + steps
+        self.bar.refresh()
+
+    def step(self):
+        self.bar.update(1)
+
+    def skip(self, reason: str):
+        self.skipped = reason
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run(suite: str, out: Path, only: list[str] | None = None) -> int:
+    # SIGTERM ends a run as Ctrl-C does: the servers a workload started are
+    # in sessions of their own, out of reach of a signal to this process group.
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        todo = plan(suite, only)
+    except ValueError as e:
+        print(f"bench run: {e}", file=sys.stderr)
+        return 2
+    if not todo:
+        print(f"bench run: suite {suite} has none of {', '.join(only)}", file=sys.stderr)
+        return 2
+    info = new_run(suite)
+    print(f"run {info['run']} on {info['host']} at {info['commit']}: {', '.join(n for n, _, _ in todo)} -> {out}/")
+    failed = []
+    started = time.monotonic()
+    for name, fn, kwargs in todo:
+        rec = Recorder(out / f"{name}.jsonl", info)
+        bar = tqdm(desc=f"{name:13}", unit="step", dynamic_ncols=True, leave=True)
+        ctx = Context(rec, None, bar)
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"llft-bench-{name}-") as tmp:
+                ctx.tmp = Path(tmp)
+                fn(ctx, **kwargs)
+        except KeyboardInterrupt:
+            bar.close()
+            rec.close()
+            print(f"\ninterrupted in {name}: {rec.count} records of it kept in {rec.path}; "
+                  f"the workloads before it are complete", file=sys.stderr)
+            return 130
+        except Exception:   # one workload failing leaves the others' records to measure
+            bar.close()
+            failed.append(name)
+            tqdm.write(f"{name} failed after {rec.count} records:\n{traceback.format_exc()}", file=sys.stderr)
+        else:
+            bar.close()
+        rec.close()
+        if ctx.skipped:
+            if rec.count == 0:
+                rec.path.unlink()
+            tqdm.write(f"{name}: skipped: {ctx.skipped}")
+        else:
+            tqdm.write(f"{name}: {rec.count} records in {rec.path}")
+    print(f"done in {time.monotonic() - started:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
