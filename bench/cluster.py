@@ -251,7 +251,7 @@ def serving(ctx, hosts, sizes, clients, count: int, secs: float, rounds: int):
         stack.callback(plain.terminate)
         target = f"{hosts[0][1]}:{PLAIN_PORT}"
         for _ in range(100):                       # until it listens
-            if subprocess.run([*prefix, BIN / "msg_client", "latency", target, 16, 1],
+            if subprocess.run([*prefix, str(BIN / "msg_client"), "latency", target, "16", "1"],
                               capture_output=True).returncode == 0:
                 break
             time.sleep(0.05)
