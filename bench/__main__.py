@@ -13,6 +13,8 @@ def main(argv=None) -> int:
     r.add_argument("--suite", choices=["paper", "smoke"], default="paper")
     r.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for WORKLOAD.jsonl")
     r.add_argument("--only", nargs="+", metavar="WORKLOAD", help="these workloads of the suite only")
+    r.add_argument("--gzip", action="store_true", help="compress each workload's log once it is complete "
+                   "(WORKLOAD.jsonl.gz; bench analyze reads either)")
     a = sub.add_parser("analyze", help="PySpark: tables (CSV, Markdown) and plots from JSON-lines logs")
     a.add_argument("inputs", nargs="+", help="files, directories (their *.jsonl) or globs")
     a.add_argument("--out", type=Path, default=Path("bench/report"), help="directory for the report")
@@ -22,7 +24,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.command == "run":
         from bench.runner import run
-        return run(args.suite, args.out, args.only)
+        return run(args.suite, args.out, args.only, args.gzip)
     from bench.analyze import main as analyze
     return analyze(args.inputs, args.out, args.master, args.readme)
 

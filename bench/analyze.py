@@ -39,11 +39,12 @@ class NoInput(Exception):
 
 
 def expand(inputs: list[str]) -> list[str]:
-    """Files named, *.jsonl in directories named, and the files globs match."""
+    """Files named, *.jsonl and *.jsonl.gz in directories named, and the
+    files globs match (Spark reads a file ending in .gz as gzip)."""
     files, unmatched = [], []
     for item in inputs:
         if os.path.isdir(item):
-            found = sorted(glob.glob(os.path.join(item, "*.jsonl")))
+            found = sorted(glob.glob(os.path.join(item, "*.jsonl")) + glob.glob(os.path.join(item, "*.jsonl.gz")))
         elif glob.has_magic(item):
             found = sorted(f for f in glob.glob(item, recursive=True) if os.path.isfile(f))
         else:
@@ -221,6 +222,7 @@ def analyze(spark, files: list[str], out: Path) -> dict:
               "runs": rows(records.groupBy("run", "host", "commit", "suite").agg(
                   F.count("*").alias("records"), F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts")),
                   ["first_ts"])}
+    spark.catalog.clearCache()     # the parsed input load() kept for these queries
     out.mkdir(parents=True, exist_ok=True)
     for name, data in tables.items():
         write_csv(out / f"{name}.csv", data)
@@ -228,21 +230,24 @@ def analyze(spark, files: list[str], out: Path) -> dict:
     return tables
 
 
-def main(inputs: list[str], out: Path, master: str, readme: Path | None = None) -> int:
+def main(inputs: list[str], out: Path, master: str = "local[*]", readme: Path | None = None, spark=None) -> int:
+    """The whole job; with `spark`, in that session (left running), else in one of its own on `master`."""
     try:
         files = expand(inputs)
     except NoInput as e:
         print(f"bench analyze: {e}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    spark = session(master)
+    own = spark is None
+    spark = session(master) if own else spark
     try:
         tables = analyze(spark, files, out)
     except NoInput as e:
         print(f"bench analyze: {e}", file=sys.stderr)
         return 2
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     from bench import plots, report
     figures = plots.draw(tables, out)
     report.write(tables, figures, out, readme)

@@ -48,6 +48,19 @@ def save(fig, out: Path, name: str, title: str, rows: list[dict], figures: list)
     figures.append({"name": name, "title": title, "path": path, "net": rows[0]["net"]})
 
 
+def finish(ax, xlabel: str, ylabel: str, logx=None):
+    """The axes every plot shares: from zero up, a light grid, a legend."""
+    if logx == "log2":
+        ax.set_xscale("log", base=2)
+    elif logx == "symlog":
+        ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def latency_lines(ax, rows, x: str, backends=("plain", "llft")):
     for b in backends:
         xs, p50 = series(rows, x, "p50_us", backend=b)
@@ -55,61 +68,53 @@ def latency_lines(ax, rows, x: str, backends=("plain", "llft")):
             ax.plot(xs, p50, "o-", color=COLORS.get(b), label=f"{b} p50")
             ax.plot(*series(rows, x, "p99_us", backend=b), "x--", color=COLORS.get(b), alpha=0.6,
                     label=f"{b} p99")
-    ax.set_ylabel("round trip (µs)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+
+
+def each_net(tables, out, figures, table: str, where: dict, name: str, title: str, draw, ncols: int = 1):
+    """One figure per network of the newest run with rows of `table` matching `where`: draw(axes, rows)."""
+    for net, rows in newest(tables, table, **where).items():
+        fig, axes = plt.subplots(1, ncols, figsize=(6.4 * (1 + 0.6 * (ncols - 1)), 4))
+        draw(axes, rows)
+        save(fig, out, f"{name}_{net}", f"{title} ({net})", rows, figures)
 
 
 def fig12(tables, out, figures):
-    for net, rows in newest(tables, "latency", scenario="serving/latency").items():
-        fig, ax = plt.subplots(figsize=(6.4, 4))
+    def draw(ax, rows):
         latency_lines(ax, rows, "size")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("request and reply size (bytes)")
-        save(fig, out, f"fig12_latency_vs_size_{net}", f"Fig. 12: end-to-end latency vs message size ({net})",
-             rows, figures)
+        finish(ax, "request and reply size (bytes)", "round trip (µs)", "log2")
+    each_net(tables, out, figures, "latency", {"scenario": "serving/latency"}, "fig12_latency_vs_size",
+             "Fig. 12: end-to-end latency vs message size", draw)
 
 
 def fig13(tables, out, figures):
-    for net, rows in newest(tables, "throughput", scenario="serving/throughput").items():
-        fig, ax = plt.subplots(figsize=(6.4, 4))
+    def draw(ax, rows):
         for b in ("plain", "llft", "ceiling"):
             xs, ys = series(rows, "clients", "rps", backend=b)
             if xs:
                 ax.plot(xs, ys, "o-", color=COLORS[b], label=b + (" (zero-cost replication)" if b == "ceiling"
                                                                   else ""))
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients (1 KiB requests)")
-        ax.set_ylabel("requests / s")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        save(fig, out, f"fig13_throughput_vs_clients_{net}", f"Fig. 13: throughput vs concurrent clients ({net})",
-             rows, figures)
+        finish(ax, "concurrent clients (1 KiB requests)", "requests / s", "log2")
+    each_net(tables, out, figures, "throughput", {"scenario": "serving/throughput"}, "fig13_throughput_vs_clients",
+             "Fig. 13: throughput vs concurrent clients", draw)
 
 
 def fig14(tables, out, figures):
-    for net, rows in newest(tables, "latency", scenario="serving/replicas").items():
-        fig, ax = plt.subplots(figsize=(6.4, 4))
+    def draw(ax, rows):
         latency_lines(ax, rows, "replicas", backends=("llft",))
         for r in rows:
             if r["backend"] == "plain":
                 ax.axhline(r["p50_us"], color=COLORS["plain"], ls=":", label="plain p50")
-        ax.legend(fontsize=8)
-        ax.set_xlabel("replicas (1 KiB)")
-        save(fig, out, f"fig14_latency_vs_replicas_{net}", f"Fig. 14: end-to-end latency vs replicas ({net})",
-             rows, figures)
+        finish(ax, "replicas (1 KiB)", "round trip (µs)")
+    each_net(tables, out, figures, "latency", {"scenario": "serving/replicas"}, "fig14_latency_vs_replicas",
+             "Fig. 14: end-to-end latency vs replicas", draw)
 
 
 def fig15(tables, out, figures):
-    for net, rows in newest(tables, "latency", scenario="serving/nondet").items():
-        fig, ax = plt.subplots(figsize=(6.4, 4))
+    def draw(ax, rows):
         latency_lines(ax, rows, "nondet")
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlabel("gettimeofday calls per request (1 KiB)")
-        save(fig, out, f"fig15_latency_vs_nondet_{net}",
-             f"Fig. 15: end-to-end latency vs non-deterministic operations ({net})", rows, figures)
+        finish(ax, "gettimeofday calls per request (1 KiB)", "round trip (µs)", "symlog")
+    each_net(tables, out, figures, "latency", {"scenario": "serving/nondet"}, "fig15_latency_vs_nondet",
+             "Fig. 15: end-to-end latency vs non-deterministic operations", draw)
 
 
 def event_lines(ax, rows, x: str, metric: str, label):
@@ -122,52 +127,42 @@ def event_lines(ax, rows, x: str, metric: str, label):
         if xs:
             ax.errorbar(xs, p50, yerr=[[0] * len(xs), [b - a for a, b in zip(p50, p99)]], fmt="o-", capsize=3,
                         label=label(replicas, variant))
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
 
 
 def fig16(tables, out, figures):
-    for net, rows in newest(tables, "events", scenario="failover/view_change").items():
-        fig, ax = plt.subplots(figsize=(6.4, 4))
+    def draw(ax, rows):
         event_lines(ax, rows, "replicas", "view_change_ms", lambda n, v: f"p50, bar to p99 ({v})")
-        ax.set_xlabel("replicas (no clients)")
-        ax.set_ylabel("primary view change (ms)")
-        save(fig, out, f"fig16_view_change_vs_replicas_{net}", f"Fig. 16: primary view change ({net})", rows,
-             figures)
+        finish(ax, "replicas (no clients)", "primary view change (ms)")
+    each_net(tables, out, figures, "events", {"scenario": "failover/view_change"}, "fig16_view_change_vs_replicas",
+             "Fig. 16: primary view change", draw)
 
 
 def fig17(tables, out, figures):
-    for net, rows in newest(tables, "events", scenario="failover/recovery").items():
-        metrics = {r["metric"] for r in rows}
-        left = "recovery_ms" if "recovery_ms" in metrics else "crash_to_reply_ms"
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for ax, metric, what in ((axes[0], left, "recovery" if left == "recovery_ms" else "crash to every "
-                                  "client's next reply"), (axes[1], "stall_ms", "client-visible stall")):
-            event_lines(ax, rows, "clients", metric, lambda n, v: f"{n} replicas" + (f" ({v})" if "timeout" in
-                                                                                      str(v) else ""))
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrent clients (1 KiB)")
-            ax.set_ylabel(f"{what} (ms), p50, bar to p99")
-        save(fig, out, f"fig17_recovery_vs_clients_{net}", f"Fig. 17: recovery and stall vs clients ({net})", rows,
-             figures)
+    def draw(axes, rows):
+        left = "recovery_ms" if any(r["metric"] == "recovery_ms" for r in rows) else "crash_to_reply_ms"
+        for ax, metric, what in ((axes[0], left, "recovery" if left == "recovery_ms" else
+                                  "crash to every client's next reply"), (axes[1], "stall_ms", "client-visible stall")):
+            event_lines(ax, rows, "clients", metric,
+                        lambda n, v: f"{n} replicas" + (f" ({v})" if "timeout" in str(v) else ""))
+            finish(ax, "concurrent clients (1 KiB)", f"{what} (ms), p50, bar to p99", "log2")
+    each_net(tables, out, figures, "events", {"scenario": "failover/recovery"}, "fig17_recovery_vs_clients",
+             "Fig. 17: recovery and stall vs clients", draw, ncols=2)
 
 
 def determinizer(tables, out, figures):
-    for net, rows in newest(tables, "events", metric="ns_per_op").items():
+    def draw(ax, rows):
         calls = sorted({r["scenario"].split("/", 1)[1] for r in rows})
-        fig, ax = plt.subplots(figsize=(7.5, 4))
         width = 0.27
         for k, (backend, variant, label) in enumerate((("plain", None, "plain"), ("llft", "primary", "primary"),
                                                        ("llft", "backup", "backup"))):
             vals = [next((r["p50"] for r in rows if r["scenario"] == f"determinizer/{c}" and r["backend"] == backend
                           and r["variant"] == variant), 0) for c in calls]
             ax.bar([i + (k - 1) * width for i in range(len(calls))], vals, width, label=label)
-        ax.set_xticks(range(len(calls)), [c.replace("_", " ") for c in calls], fontsize=8)
-        ax.set_ylabel("ns per call (median)")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-        save(fig, out, "determinizer_cost_per_call", "Determinizer: cost per call", rows, figures)
+        ax.set_xticks(range(len(calls)), [c.replace("_", " ") for c in calls], fontsize=8, rotation=15,
+                      ha="right")
+        finish(ax, "", "ns per call (median)")
+    each_net(tables, out, figures, "events", {"metric": "ns_per_op"}, "determinizer_cost_per_call",
+             "Determinizer: cost per call", draw)
 
 
 def draw(tables: dict, out: Path) -> list[dict]:

@@ -65,7 +65,7 @@ def title(scenario: str, net: str, rows: list[dict]) -> str:
 
 
 def latency_md(rows: list[dict]) -> str:
-    keys = varying(rows, ["variant", "size", "clients", "nondet", "replicas", "backend"]) or ["backend"]
+    keys = varying(rows, ["variant", "size", "clients", "nondet", "replicas"]) + ["backend"]
     body = [[str(r.get(k)) for k in keys] + [f"{r['count']:,}", num(r["mean_us"]), num(r["p50_us"]),
                                               num(r["p90_us"]), num(r["p99_us"]), num(r["p999_us"]),
                                               num(r["added_p50_us"]) if r["backend"] != "plain" else "",
@@ -77,7 +77,7 @@ def latency_md(rows: list[dict]) -> str:
 
 
 def throughput_md(rows: list[dict]) -> str:
-    keys = varying(rows, ["size", "clients", "replicas", "backend"]) or ["backend"]
+    keys = varying(rows, ["size", "clients", "replicas"]) + ["backend"]
     body = [[str(r.get(k)) for k in keys] + [num(r["rps"]), f"{r['windows']}", num(r["rps_min"]), num(r["rps_max"]),
                                               ratio(r["ratio_rps"]) if r["backend"] != "plain" else "",
                                               ratio(r["ratio_ceiling"]) if r.get("ceiling_rps") and
@@ -93,7 +93,7 @@ def events_md(rows: list[dict]) -> str:
         configs.setdefault((r["variant"], r["replicas"], r["clients"]), {})[r["metric"]] = r
     keys = ["variant", "replicas", "clients"]
     body = []
-    for cfg in sorted(configs, key=str):
+    for cfg in sorted(configs, key=lambda c: (str(c[0]), c[1] or 0, c[2] or 0)):
         got = configs[cfg]
         n = max(r["count"] for r in got.values())
         failed = max(r["failed"] for r in got.values())

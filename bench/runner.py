@@ -1,11 +1,15 @@
 """`python -m bench run`: the workloads of a suite, in turn, each writing
-its records to OUT/WORKLOAD.jsonl, with a progress bar per workload.
+its records to OUT/WORKLOAD.jsonl (replacing that workload's log from an
+earlier run; with --gzip compressed once complete), with a progress bar
+per workload.
 
 Ctrl-C (or SIGTERM) stops the run where it is: every record written so
 far stays (each is flushed as it is written), the servers the workload
 started are stopped by its own clean-up, and the exit status is 130."""
 from __future__ import annotations
 
+import gzip
+import shutil
 import signal
 import sys
 import tempfile
@@ -42,7 +46,16 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run(suite: str, out: Path, only: list[str] | None = None) -> int:
+def compress(path: Path) -> Path:
+    """WORKLOAD.jsonl -> WORKLOAD.jsonl.gz, once it is complete (a log kept in git)."""
+    gz = path.with_name(path.name + ".gz")
+    with open(path, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return gz
+
+
+def run(suite: str, out: Path, only: list[str] | None = None, gz: bool = False) -> int:
     # SIGTERM ends a run as Ctrl-C does: the servers a workload started are
     # in sessions of their own, out of reach of a signal to this process group.
     signal.signal(signal.SIGTERM, interrupt)
@@ -59,6 +72,8 @@ def run(suite: str, out: Path, only: list[str] | None = None) -> int:
     failed = []
     started = time.monotonic()
     for name, fn, kwargs in todo:
+        # A workload's new log replaces its old one, plain or compressed: one log per workload in `out`.
+        (out / f"{name}.jsonl.gz").unlink(missing_ok=True)
         rec = Recorder(out / f"{name}.jsonl", info)
         bar = tqdm(desc=f"{name:13}", unit="step", dynamic_ncols=True, leave=True)
         ctx = Context(rec, None, bar)
@@ -69,7 +84,8 @@ def run(suite: str, out: Path, only: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             bar.close()
             rec.close()
-            print(f"\ninterrupted in {name}: {rec.count} records of it kept in {rec.path}; "
+            print(f"\ninterrupted in {name}: {rec.count} records of it kept in "
+                  f"{compress(rec.path) if gz else rec.path}; "
                   f"the workloads before it are complete", file=sys.stderr)
             return 130
         except Exception:   # one workload failing leaves the others' records to measure
@@ -79,11 +95,11 @@ def run(suite: str, out: Path, only: list[str] | None = None) -> int:
         else:
             bar.close()
         rec.close()
-        if ctx.skipped:
-            if rec.count == 0:
-                rec.path.unlink()
+        if ctx.skipped and rec.count == 0:
+            rec.path.unlink()
             tqdm.write(f"{name}: skipped: {ctx.skipped}")
         else:
-            tqdm.write(f"{name}: {rec.count} records in {rec.path}")
+            tqdm.write(f"{name}: {rec.count} records in {compress(rec.path) if gz else rec.path}"
+                       + (f" (then skipped: {ctx.skipped})" if ctx.skipped else ""))
     print(f"done in {time.monotonic() - started:.0f} s" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
