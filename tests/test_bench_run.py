@@ -65,3 +65,29 @@ def test_overview_notebook_executes_headless(smoke_logs, monkeypatch):
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert len(images) >= 2
+
+
+def test_ctrl_c_keeps_every_record_and_stops_the_servers(tmp_path, examples):
+    import signal
+    import time
+
+    import psutil
+    out = tmp_path / "res"
+    # SIGINT as a terminal sends it (a runner started in the background may have it ignored)
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "run", "--suite", "paper", "--only", "throughput",
+                             "--out", out], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log = out / "throughput.jsonl"
+    deadline = time.monotonic() + 60
+    while (not log.exists() or log.read_text().count("\n") < 3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    assert any("llft-run" in " ".join(p.cmdline()) for p in started)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted in throughput" in err
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) >= 3 and all(r["kind"] == "window" for r in records)
+    alive = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [p.cmdline() for p in alive]
