@@ -75,6 +75,8 @@ def session(master: str):
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "16")
              .config("spark.driver.memory", os.environ.get("BENCH_DRIVER_MEMORY", "4g"))
+             .config("spark.driver.extraJavaOptions",
+                     f"-Dlog4j2.configurationFile=file:{Path(__file__).with_name('log4j2.properties')}")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
