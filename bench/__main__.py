@@ -5,14 +5,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench.suites import SUITES, WORKLOADS
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a suite of workloads, writing JSON lines (bench/SCHEMA.md)")
-    r.add_argument("--suite", choices=["paper", "smoke"], default="paper")
+    r.add_argument("--suite", choices=SUITES, default="paper",
+                   help="paper: the README's figures (as root, the cross-host part too); smoke: tiny, one host")
     r.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for WORKLOAD.jsonl")
-    r.add_argument("--only", nargs="+", metavar="WORKLOAD", help="these workloads of the suite only")
+    r.add_argument("--only", nargs="+", metavar="WORKLOAD",
+                   help=f"these workloads of the suite only: {', '.join(WORKLOADS)}")
     r.add_argument("--gzip", action="store_true", help="compress each workload's log once it is complete "
                    "(WORKLOAD.jsonl.gz; bench analyze reads either)")
     a = sub.add_parser("analyze", help="PySpark: tables (CSV, Markdown) and plots from JSON-lines logs")
