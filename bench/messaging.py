@@ -27,8 +27,9 @@ WARMUP = 20
 UDP_MAX = 65507
 
 
-def free_ports(k: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(k)]
+def free_ports(k: int, kind: int = socket.SOCK_DGRAM) -> list[int]:
+    """k ports free on loopback for sockets of `kind` (a free UDP port may be a busy TCP one)."""
+    socks = [socket.socket(socket.AF_INET, kind) for _ in range(k)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in socks]
@@ -177,7 +178,14 @@ async def baseline_client(kind: str, port: int, sizes: list[int], count: int) ->
             t.sendto(payload)
             await q.get()
     else:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for attempt in range(100):      # until the server process listens
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except ConnectionRefusedError:
+                if attempt == 99:
+                    raise
+                await asyncio.sleep(0.05)
 
         async def rt(payload):
             writer.write(payload)
@@ -194,7 +202,7 @@ async def baseline_client(kind: str, port: int, sizes: list[int], count: int) ->
 
 
 def run_baseline(kind: str, sizes: list[int], count: int) -> list[dict]:
-    port = free_ports(1)[0]
+    port = free_ports(1, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)[0]
     server = mp.Process(target=baseline_server, args=(kind, port), daemon=True)
     server.start()
     time.sleep(0.3)
