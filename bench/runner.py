@@ -9,6 +9,7 @@ started are stopped by its own clean-up, and the exit status is 130."""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 import signal
 import sys
@@ -42,7 +43,14 @@ class Context:
         self.skipped = reason
 
 
+RUNNER = os.getpid()
+
+
 def interrupt(signum, frame):
+    if os.getpid() != RUNNER:
+        # A worker process a workload forked (messaging's members) ends as SIGTERM ends it by default.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     raise KeyboardInterrupt
 
 
