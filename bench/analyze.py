@@ -102,6 +102,7 @@ def load(spark, files: list[str]):
               .when((c("kind") == "window") & (c("outcome") == "ok")
                     & (c("requests").isNull() | c("duration_s").isNull() | (c("duration_s") <= 0)),
                     "window without requests or duration_s"))
+    # Parsed once and kept: every table of the report queries it again.
     tagged = raw.withColumn("malformed", reason).persist()
     records = tagged.filter(c("malformed").isNull()).drop("_corrupt", "malformed")
     malformed = tagged.filter(c("malformed").isNotNull()).groupBy("file", "malformed").count()
@@ -113,10 +114,11 @@ def percentiles(column: str):
     return F.expr(f"percentile({column}, array({', '.join(map(str, QUANTILES))}))")
 
 
-def split_quantiles(df, prefix: str = ""):
+def split_quantiles(df):
+    """The array column q of percentiles() as one column per quantile (p50...)."""
     from pyspark.sql import functions as F
     for k, name in enumerate(QNAMES):
-        df = df.withColumn(prefix + name, F.col("q")[k])
+        df = df.withColumn(name, F.col("q")[k])
     return df.drop("q")
 
 
