@@ -15,8 +15,12 @@ SIGKILL (a crash), or SIGSTOP (a timing fault, detected after
   recovery_ms     the decision -> every client has a reply from the new
                   primary (view change + virtual synchrony + the resent
                   output reaching the clients), LLFT Fig. 17
-  stall_ms        the longest gap between two replies any client saw in the
-                  run (the client-visible stall)
+  stall_ms        the longest gap between two replies of one client across
+                  the failover: a gap that ends after the fault and begins
+                  before the successor was primary + 50 ms (the client-visible
+                  stall; bench/cluster.py's definition too)
+  max_gap_ms      the longest gap between two replies anywhere in the run,
+                  failover or not (this shared machine's own hiccups)
 
 Workloads (bench/suites.py): view_change (LLFT Fig. 16: vs replicas, no
 clients), recovery (LLFT Fig. 17: vs concurrent clients, 2 and 3
@@ -115,9 +119,11 @@ def trial(replicas: int, clients: int, sig: signal.Signals, tmp: Path) -> dict:
         if load:
             firsts = [next(t for t in c.stamps if t >= promoted) for c in load]
             gaps = [b - a for c in load for a, b in zip(c.stamps, c.stamps[1:])]
+            across = [b - a for c in load for a, b in zip(c.stamps, c.stamps[1:])
+                      if b > killed and a < promoted + 0.05]
             before = [b - a for c in load for a, b in zip(c.stamps, c.stamps[1:]) if b < killed]
             row.update(recovery_ms=round((max(firsts) - decided) * 1000, 3),
-                       stall_ms=round(max(gaps) * 1000, 3),
+                       stall_ms=round(max(across) * 1000, 3), max_gap_ms=round(max(gaps) * 1000, 3),
                        requests=sum(len(c.stamps) for c in load),
                        steady_gap_us=round(statistics.median(before) * 1e6, 1))
         return row
