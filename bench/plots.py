@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 COLORS = {"plain": "tab:gray", "llft": "tab:blue", "ceiling": "tab:green", "tcp": "tab:orange"}
 
@@ -54,6 +55,8 @@ def finish(ax, xlabel: str, ylabel: str, logx=None):
         ax.set_xscale("log", base=2)
     elif logx == "symlog":
         ax.set_xscale("symlog", linthresh=1)
+    elif xlabel:                    # counts (replicas): whole numbers only
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
