@@ -23,46 +23,38 @@ acknowledgment received, elected = the proposer saw every acknowledgment,
 took_over = virtual synchrony reached, serving),
 the clients' reply stamps.
 
-Writes JSON lines to bench/results/cluster.jsonl and prints tables.
-usage: sudo .venv/bin/python bench/cluster.py [--quick] [--trials N]
+Workload `cluster` of `python -m bench run` (root; skipped otherwise).
+Records: scenarios serving/latency, serving/throughput, redis/*,
+memcached/set, failover/view_change and failover/recovery, as on one host,
+with net "netns"; the failover events' variant names the fault timeout.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = REPO / "examples" / "bin"
+from bench.records import REPO
+from bench.servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps
+from bench.serving import BIN, interleaved, latency_measure, real_server, window_measure
+from llft.cluster.member import FAULT_TIMEOUT_S
+from llft.rundir import STATE_FILE
+
 sys.path.insert(0, str(REPO / "tests"))      # the netns hosts and the Cluster harness of the tests
 from netns import bridged_hosts, in_ns  # noqa: E402
 from test_multihost import Cluster  # noqa: E402
-
-from servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps  # noqa: E402
-
-from llft.cluster.member import FAULT_TIMEOUT_S  # noqa: E402
-from llft.rundir import STATE_FILE  # noqa: E402
 
 GATEWAY_HOST = 5          # hosts 0..4 hold members, 5 the gateway and the clients
 PORT = 7000               # the gateway's port (and the program's)
 PLAIN_PORT = 7100         # the unreplicated server's
 STARTUP_GRACE_S = 1.3     # a member suspects nobody in its first second (llft/cluster/detector.py)
 DEFAULT_TIMEOUT_MS = FAULT_TIMEOUT_S * 1000  # the members' default fault timeout, as root
-
-
-def git_rev() -> str:
-    """The commit, with "+dirty" when tracked files differ from it."""
-    r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty=+dirty", "--abbrev=7"],
-                       capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
+NET = "netns"
 
 
 class BenchCluster(Cluster):
@@ -187,15 +179,6 @@ def ms(x: float) -> float:
     return round(x * 1000, 3)
 
 
-def failover_trial(hosts, tmp: Path, n: int, clients: int, fault_timeout: float | None) -> dict:
-    try:
-        return one_failover(hosts, tmp, n, clients, fault_timeout)
-    except (AssertionError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
-        print(f"failover trial ({n} replicas, {clients} clients) failed: {e!r}"[:2000], file=sys.stderr)
-        return {"replicas": n, "clients": clients, "fault_timeout_ms": fault_timeout or DEFAULT_TIMEOUT_MS,
-                "error": repr(e)[:500]}
-
-
 def one_failover(hosts, tmp: Path, n: int, clients: int, fault_timeout: float | None) -> dict:
     """One group of n members, `clients` closed-loop 1 KiB clients (0: none,
     no gateway), the primary host crashed; what it cost."""
@@ -216,9 +199,7 @@ def one_failover(hosts, tmp: Path, n: int, clients: int, fault_timeout: float | 
         time.sleep(max(0.0, formed + STARTUP_GRACE_S - time.monotonic()))
         t0 = c.crash_primary()
         marks = c.took_over()
-        row = {"replicas": n, "clients": clients,
-               "fault_timeout_ms": fault_timeout or DEFAULT_TIMEOUT_MS,
-               "detection_ms": ms(marks["suspected"] - t0),
+        row = {"detection_ms": ms(marks["suspected"] - t0),
                "view_change_ms": ms(marks["took_over"] - marks["suspected"]),
                "phase1_ms": ms(marks["elected"] - marks["suspected"]),
                # the last acknowledgment in: phase 1's messages, without waiting for the next tick
@@ -255,208 +236,113 @@ def client_view(got: dict, t0: float, took_over: float) -> dict:
             "takeover_to_reply_ms": ms(max(r - took_over for r in resumed)) if all(resumed) else None,
             "steady_gap_p50_us": round(before[len(before) // 2] * 1e6, 1) if before else None,
             "steady_gap_p99_us": round(before[len(before) * 99 // 100] * 1e6, 1) if before else None,
-            "replies": sum(map(len, stamps)), "client_errors": got["errors"]}
+            "replies": sum(map(len, stamps)), "client_errors": len(got["errors"])}
 
 
-def msg_client(hosts, *args, timeout: float) -> dict:
-    try:
-        r = subprocess.run(in_ns(hosts[GATEWAY_HOST][0], BIN / "msg_client", *args), capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"msg_client {' '.join(map(str, args))}: no end after {timeout:.0f} s", file=sys.stderr)
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if r.returncode != 0:
-        raise SystemExit(f"msg_client {args}: {r.returncode} {r.stderr}")
-    return json.loads(r.stdout)
-
-
-def serving(hosts, tmp: Path, sizes, clients, count, secs) -> list[dict]:
-    rows = []
-
-    def measure(mode, target, cluster=None):
-        for size in sizes:
-            rows.append({"bench": "latency", "mode": mode, "size": size,
-                         **msg_client(hosts, "latency", target, size, count, timeout=30 + count * 0.02)})
-            if "error" in rows[-1] and cluster is not None:
-                cluster.diagnose()
-        for k in clients:
-            rows.append({"bench": "throughput", "mode": mode, "clients": k, "size": 1024,
-                         **msg_client(hosts, "throughput", target, 1024, k, secs, timeout=secs + 30)})
-            if "error" in rows[-1] and cluster is not None:
-                cluster.diagnose()
-
-    plain = subprocess.Popen(in_ns(hosts[0][0], BIN / "msg_server", PLAIN_PORT))
-    try:
+def serving(ctx, hosts, sizes, clients, count: int, secs: float, rounds: int):
+    """Figs. 12 and 13 across hosts: the unreplicated server on host 0,
+    reached directly from the clients' host, and the 3-way group through the
+    gateway, side by side and measured in turn."""
+    ctx.plan(rounds * 2 * (len(sizes) + len(clients)))
+    prefix = in_ns(hosts[GATEWAY_HOST][0])
+    with ExitStack() as stack:
+        plain = subprocess.Popen(in_ns(hosts[0][0], BIN / "msg_server", PLAIN_PORT))
+        stack.callback(plain.wait)
+        stack.callback(plain.terminate)
         target = f"{hosts[0][1]}:{PLAIN_PORT}"
         for _ in range(100):                       # until it listens
-            if subprocess.run(in_ns(hosts[GATEWAY_HOST][0], BIN / "msg_client", "latency", target, 16, 1),
+            if subprocess.run([*prefix, str(BIN / "msg_client"), "latency", target, "16", "1"],
                               capture_output=True).returncode == 0:
                 break
             time.sleep(0.05)
-        measure("plain", target)
-    finally:
-        plain.terminate()
-        plain.wait()
-    (tmp / "serving").mkdir()
-    c = BenchCluster(hosts, tmp / "serving")
-    try:
+        (ctx.tmp / "serving").mkdir()
+        c = BenchCluster(hosts, ctx.tmp / "serving")
+        stack.callback(c.stop)
         c.form(3, "serving")
         c.start_gateway(GATEWAY_HOST, "serving", PORT)
-        measure("llft", str(PORT), c)
-    finally:
-        c.stop()
-    base = {(r["bench"], r.get("size"), r.get("clients")): r for r in rows if r["mode"] == "plain"}
-    for r in rows:
-        p = base[(r["bench"], r.get("size"), r.get("clients"))]
-        r["replicas"] = 3 if r["mode"] == "llft" else 1
-        if r["mode"] != "llft" or "error" in r or "error" in p:
-            continue
-        if r["bench"] == "latency":
-            r["added_p50_us"] = round(r["p50_us"] - p["p50_us"], 1)
-            r["added_p99_us"] = round(r["p99_us"] - p["p99_us"], 1)
-            r["ratio_p50"] = round(r["p50_us"] / p["p50_us"], 2)
-            r["ratio_p99"] = round(r["p99_us"] / p["p99_us"], 2)
-        else:
-            r["ratio_rps"] = round(r["rps"] / p["rps"], 3)
-    return rows
+        backends = {"plain": (target, 1), "llft": (str(PORT), 3)}
+        for size in sizes:
+            interleaved(ctx, rounds, {b: latency_measure(ctx, "serving/latency", t, size, count, prefix=prefix,
+                                                         backend=b, replicas=n, net=NET)
+                                      for b, (t, n) in backends.items()})
+        for k in clients:
+            interleaved(ctx, rounds, {b: window_measure(ctx, "serving/throughput", "throughput", t, 1024, k, secs,
+                                                        prefix=prefix, backend=b, replicas=n, net=NET)
+                                      for b, (t, n) in backends.items()})
 
 
-def real_servers(hosts, tmp: Path, quick: bool) -> list[dict]:
+def real_servers(ctx, hosts, quick: bool):
     """redis-benchmark (SET, GET) and memcslap (set) with 16 clients from the
-    clients' host: against the server unreplicated on host 0, then through
+    clients' host: against the server unreplicated on host 0, and through
     the gateway to it replicated on hosts 0-2, in the same run."""
-    rows = []
     client_ns = in_ns(hosts[GATEWAY_HOST][0])
-    plain_host = hosts[0][1]
+    n_plain, n_llft = (2000, 500) if quick else (20000, 3000)
     for name, available, program, load in (
             ("redis", have_redis, redis,
-             lambda host, port, n: {f"redis_{op.lower()}": rps for op, rps in
-                                    redis_rps(port, 16, n, host, client_ns).items()}),
+             lambda t: {f"redis/{op.lower()}": (t[2], rps) for op, rps in
+                        redis_rps(t[1], 16, t[2], t[0], client_ns).items()}),
             ("memcached", have_memcached, memcached,
-             lambda host, port, n: {"memcached_set": memcslap_rps(port, 16, max(1, n // 16), host, client_ns)})):
+             lambda t: {"memcached/set": (16 * max(1, t[2] // 16),
+                                          memcslap_rps(t[1], 16, max(1, t[2] // 16), t[0], client_ns))})):
         if not available():
+            ctx.skip(f"{name} or its load tool is not installed")
             continue
-        n_plain, n_llft = (2000, 500) if quick else (20000, 3000)
-        plain = subprocess.Popen(in_ns(hosts[0][0], *program(PLAIN_PORT, "0.0.0.0")), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
-        try:
-            time.sleep(0.5)
-            results = {"plain": load(plain_host, PLAIN_PORT, n_plain)}
-        finally:
-            plain.terminate()
-            plain.wait()
-        (tmp / name).mkdir()
-        c = BenchCluster(hosts, tmp / name)
-        try:
+        with ExitStack() as stack:
+            plain = subprocess.Popen(in_ns(hosts[0][0], *program(PLAIN_PORT, "0.0.0.0")), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+            stack.callback(plain.wait)
+            stack.callback(plain.terminate)
+            (ctx.tmp / name).mkdir()
+            c = BenchCluster(hosts, ctx.tmp / name)
+            stack.callback(c.stop)
             c.form(3, name, program=program(PORT, "0.0.0.0"))
             c.start_gateway(GATEWAY_HOST, name, PORT)
             time.sleep(0.5)
-            results["llft"] = load("127.0.0.1", PORT, n_llft)
-        except (subprocess.CalledProcessError, AssertionError) as e:
-            print(f"{name} across hosts failed: {e!r}"[:2000], file=sys.stderr)
-            c.diagnose()
-        finally:
-            c.stop()
-        for bench, rps in results["plain"].items():
-            row = {"bench": bench, "mode": "plain", "clients": 16, "rps": round(rps, 1), "replicas": 1}
-            rows.append(row)
-            got = results.get("llft", {}).get(bench)
-            rows.append({"bench": bench, "mode": "llft", "clients": 16, "replicas": 3,
-                         **({"rps": round(got, 1), "ratio_rps": round(got / rps, 4)} if got else
-                            {"error": "no result"})})
-    return rows
+            try:
+                real_server(ctx, {"plain": ((hosts[0][1], PLAIN_PORT, n_plain), 1),
+                                  "llft": (("127.0.0.1", PORT, n_llft), 3)}, load, 1, 16, NET)
+            except (subprocess.CalledProcessError, AssertionError) as e:
+                print(f"{name} across hosts failed: {e!r}"[:2000], file=sys.stderr)
+                c.diagnose()
+                ctx.rec.failed(f"{name}/*", "window", repr(e), backend="llft", replicas=3, clients=16, net=NET)
 
 
-def p99(xs):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, len(xs) * 99 // 100)]
+def failovers(ctx, hosts, trials: int, clients, other_timeout: float):
+    """Fig. 16 (no clients, 2-5 members) and Fig. 17 with the stall (2 and 3
+    members, the default fault timeout and another), one event a trial."""
+    fig17 = [(n, k, t) for t in (None, other_timeout) for n in (2, 3) for k in (clients if t is None else [1, 16])]
+    ctx.plan(trials * 4 + max(1, (trials + 1) // 2) * len(fig17))
+    ft = ctx.tmp / "failover"
+    ft.mkdir()
+
+    def trial(scenario, n, k, timeout):
+        # the default fault timeout unnamed: the report checks the stall target against those rows
+        variant = "host crash" + (f", --fault-timeout {timeout:g}" if timeout else "")
+        fields = dict(backend="llft", replicas=n, clients=k, size=1024 if k else None, variant=variant, net=NET)
+        try:
+            ctx.rec.event(scenario, one_failover(hosts, ft, n, k, timeout), **fields)
+        except (AssertionError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+            print(f"failover trial ({n} replicas, {k} clients) failed: {e!r}"[:2000], file=sys.stderr)
+            ctx.rec.failed(scenario, "event", repr(e), **fields)
+        ctx.step()
+    for _ in range(trials):
+        for n in [2, 3, 4, 5]:
+            trial("failover/view_change", n, 0, None)
+    for _ in range(max(1, (trials + 1) // 2)):
+        for n, k, timeout in fig17:
+            trial("failover/recovery", n, k, timeout)
 
 
-def summary(rows: list[dict], key: str):
-    xs = [r[key] for r in rows if r.get(key) is not None]
-    return (statistics.median(xs), p99(xs)) if xs else (float("nan"), float("nan"))
-
-
-def report(lines: list[dict], out: Path):
-    print(f"\nlatency (one client), p50/p99 us{'':8} {'plain':>16} {'llft 3-way':>18} {'added p50':>10} {'ratio':>6}")
-    plain = {(l["bench"], l.get("size"), l.get("clients")): l for l in lines if l.get("mode") == "plain"}
-    for l in lines:
-        if l.get("mode") != "llft":
-            continue
-        p = plain[(l["bench"], l.get("size"), l.get("clients"))]
-        if "error" in l or "error" in p:
-            print(f"  {l['bench']} {l.get('size', '')} {l.get('clients', '')}: plain {p.get('error', 'ok')}, "
-                  f"llft {l.get('error', 'ok')}")
-        elif l["bench"] == "latency":
-            print(f"  {l['size']:>6} B {'':28} {p['p50_us']:>7.1f}/{p['p99_us']:>8.1f} "
-                  f"{l['p50_us']:>8.1f}/{l['p99_us']:>9.1f} {l['added_p50_us']:>+10.1f} {l['ratio_p50']:>6}")
-        elif l["bench"] == "throughput":
-            print(f"  throughput {l['clients']:>2} clients, 1 KiB {'':13} {p['rps']:>12.0f}/s {l['rps']:>14.0f}/s "
-                  f"{'':10} {l['ratio_rps']:>6}")
-        else:
-            print(f"  {l['bench']:<14} {l['clients']:>2} clients {'':14} {p['rps']:>12.0f}/s {l['rps']:>14.0f}/s "
-                  f"{'':10} {l['ratio_rps']:>6}")
-    fo = [l for l in lines if l["bench"] in ("view_change", "failover")]
-    if fo:
-        print("\nprimary change, median / p99 over trials (ms):")
-        print(f"  {'bench':11} {'n':>2} {'cl':>3} {'timeout':>7} {'detect':>15} {'view change':>15} {'acks':>15} "
-              f"{'crash->primary':>15} {'stall':>15} {'longest gap':>15}")
-        groups = {}
-        for l in fo:
-            groups.setdefault((l["bench"], l["fault_timeout_ms"], l["replicas"], l["clients"]), []).append(l)
-        for (bench, ft, n, cl), rs in sorted(groups.items()):
-            cells = [summary(rs, k) for k in ("detection_ms", "view_change_ms", "acks_ms", "crash_to_primary_ms",
-                                               "stall_ms", "max_gap_ms")]
-            print(f"  {bench:11} {n:>2} {cl:>3} {ft:>7.0f} " +
-                  " ".join(f"{a:>7.2f}/{b:>7.2f}" for a, b in cells) + f"   ({len(rs)} trials"
-                  + (f", {sum('error' in r for r in rs)} failed" if any('error' in r for r in rs) else "") + ")")
-    print(f"(written to {out})")
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer sizes, clients, trials and requests")
-    ap.add_argument("--trials", type=int, help="failovers per configuration (default 5, quick 2)")
-    ap.add_argument("--other-timeout", "--short-timeout", dest="other_timeout", type=float, default=50.0,
-                    metavar="MS", help="another --fault-timeout also measured (default 50; the members' default is "
-                    f"{DEFAULT_TIMEOUT_MS:g} as root)")
-    ap.add_argument("--only", choices=["serving", "failover"], help="run one part")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.jsonl")
-    args = ap.parse_args()
+def cluster(ctx, quick: bool, trials: int, other_timeout: float = 60.0, rounds: int = 1, only=None):
     if os.geteuid() != 0:
-        raise SystemExit("bench/cluster.py needs root (network namespaces)")
-    subprocess.run(["make", "-s", "-C", str(REPO / "examples")], check=True)
-    q = args.quick
-    trials = args.trials or (2 if q else 5)
-    sizes = [16, 1024, 65536] if q else [16, 256, 1024, 4096, 16384, 65536]
-    clients = [1, 16] if q else [1, 2, 4, 8, 16]
-    count, secs = (300, 1.0) if q else (1000, 2.0)
-    base = {"suite": "cluster", "git": git_rev(), "host": "netns", "cpus": os.cpu_count()}
-    lines: list[dict] = []
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="llft-bench-") as t:
-        hosts = stack.enter_context(bridged_hosts(GATEWAY_HOST + 1))
-        tmp = Path(t)
-        if args.only != "failover":
-            lines += [{**base, **r} for r in serving(hosts, tmp, sizes, clients, count, secs)]
-            lines += [{**base, **r} for r in real_servers(hosts, tmp, q)]
-        if args.only != "serving":
-            ft = (tmp / "failover")
-            ft.mkdir()
-            for _ in range(trials):           # Fig. 16: no clients
-                for n in [2, 3, 4, 5]:
-                    lines.append({**base, "bench": "view_change", **failover_trial(hosts, ft, n, 0, None)})
-            for _ in range(max(1, (trials + 1) // 2)):  # Fig. 17 and the stall
-                for timeout in (None, args.other_timeout):
-                    for n in [2, 3]:
-                        for k in clients if timeout is None else [1, 16]:
-                            lines.append({**base, "bench": "failover",
-                                          **failover_trial(hosts, ft, n, k, timeout)})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        for l in lines:
-            f.write(json.dumps(l) + "\n")
-    report(lines, args.out)
-
-
-if __name__ == "__main__":
-    main()
+        ctx.skip("needs root (network namespaces)")
+        return
+    sizes = [16, 1024, 65536] if quick else [16, 256, 1024, 4096, 16384, 65536]
+    clients = [1, 16] if quick else [1, 2, 4, 8, 16]
+    count, secs = (300, 1.0) if quick else (1000, 2.0)
+    with bridged_hosts(GATEWAY_HOST + 1) as hosts:
+        if only != "failover":
+            serving(ctx, hosts, sizes, clients, count, secs, rounds)
+            real_servers(ctx, hosts, quick)
+        if only != "serving":
+            failovers(ctx, hosts, trials, clients, other_timeout)

@@ -1,42 +1,41 @@
-"""Replicated-server benchmark: LLFT Fig. 12 (latency vs message size) and
-Fig. 13 (throughput vs concurrent clients), and redis-benchmark and
-memcslap throughput, each through llft-run (3 replicas by default) and
-against the same server unreplicated, in the same run.
+"""Replicated servers on one host, each through llft-run and against the
+same server unreplicated, in the same run:
 
-Throughput also has a ceiling row: as many unreplicated servers as there
-are replicas, each client sending every request to all of them and
+  latency     LLFT Fig. 12: one client's round trips vs message size
+  throughput  LLFT Fig. 13: closed-loop clients, 1 KiB, with the ceiling
+  replicas    LLFT Fig. 14: one client's round trips, 1 KiB, vs replicas
+  nondet      LLFT Fig. 15: one client's round trips, 1 KiB, vs the
+              gettimeofday calls the server makes per request
+  redis       redis-benchmark SET and GET, 16 clients
+  memcached   memcslap set (memcached -t 4), 16 clients
+
+Throughput also has a ceiling backend: as many unreplicated servers as
+there are replicas, each client sending every request to all of them and
 waiting for every reply (`msg_client fanout`).  That is the work a
 replication layer costing nothing would still leave this machine (every
 replica executes every request), so its ratio to the plain server bounds
 what any semi-active replication of that many replicas can reach here.
 
-Plain, llft and the ceiling run side by side and are measured in turn,
-five rounds each (one with --quick), and each figure is the median of its
-rounds: this shared machine's speed drifts within minutes.
-
-Writes JSON lines to bench/results/serving.jsonl and prints a table.
-usage: python bench/serving.py [--replicas 3] [--quick]
-"""
+The servers compared run side by side and are measured in turn, round
+after round (after one warm-up turn each that is not recorded): this
+shared machine's speed drifts within minutes, and interleaving puts the
+drift on every backend alike."""
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import socket
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.records import REPO
+from bench.servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps
+
 BIN = REPO / "examples" / "bin"
 LLFT_RUN = str(Path(sys.executable).with_name("llft-run"))
-sys.path.insert(0, str(REPO / "bench"))
-from determinizer import git_rev  # noqa: E402
-from servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps  # noqa: E402
+NET = "loopback"
 
 
 def free_port() -> int:
@@ -48,13 +47,13 @@ def free_port() -> int:
 def wait_port(port: int, proc: subprocess.Popen):
     for _ in range(500):
         if proc.poll() is not None:
-            raise SystemExit(f"server exited early: {proc.returncode}")
+            raise RuntimeError(f"server exited early: {proc.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.02)
-    raise SystemExit(f"nothing listens on {port}")
+    raise RuntimeError(f"nothing listens on {port}")
 
 
 class Server:
@@ -80,115 +79,175 @@ class Server:
             self.proc.wait()
 
 
-def client(*args) -> dict:
-    out = subprocess.run([BIN / "msg_client", *map(str, args)], capture_output=True, text=True, check=True)
+def client(*args, prefix=(), timeout: float | None = None) -> dict:
+    """examples/bin/msg_client (in another namespace with `prefix`): its JSON line."""
+    out = subprocess.run([*prefix, BIN / "msg_client", *map(str, args)], capture_output=True, text=True,
+                         check=True, timeout=timeout)
     return json.loads(out.stdout)
 
 
-def msg_server(port):
-    return [str(BIN / "msg_server"), str(port)]
+def msg_server(port, nondet: int = 0):
+    return [str(BIN / "msg_server"), str(port), *([str(nondet)] if nondet else [])]
 
 
-def interleaved(rounds: int, measures: dict) -> dict:
-    """Runs each mode's measurement in turn, `rounds` times (plain, llft,
-    ..., plain, llft, ...), after one warm-up turn each, so that the
-    machine's drift over the run falls on every mode alike; returns each
-    mode's median of every number."""
+def interleaved(ctx, rounds: int, measures: dict):
+    """Runs each backend's measurement in turn, one unrecorded warm-up turn
+    and then `rounds` recorded ones (plain, llft, ..., plain, llft, ...);
+    each measure(round) records what it measured, round None being the warm-up."""
     for measure in measures.values():
-        measure()
-    got = {mode: [] for mode in measures}
-    for _ in range(rounds):
-        for mode, measure in measures.items():
-            got[mode].append(measure())
-    return {mode: {k: statistics.median(r[k] for r in rs) if isinstance(rs[0][k], float) else rs[0][k]
-                   for k in rs[0]} | {"rounds": rounds} for mode, rs in got.items()}
+        measure(None)
+    for r in range(rounds):
+        for measure in measures.values():
+            measure(r)
+            ctx.step()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="fewer sizes, clients, rounds and requests")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "serving.jsonl")
-    args = ap.parse_args()
-    sizes = [16, 1024, 65536] if args.quick else [16, 256, 1024, 4096, 16384, 65536]
-    clients = [1, 16] if args.quick else [1, 2, 4, 8, 16, 32]
-    rounds, count, secs = (1, 300, 1.0) if args.quick else (5, 1000, 1.0)
-    base = {"git": git_rev(), "replicas": args.replicas, "host": "loopback", "cpus": os.cpu_count(),
-            "suite": "serving"}
-    lines = []
+def attempt(ctx, scenario: str, kind: str, fields: dict, measure):
+    """measure(), or None with a failed record (a client that timed out or
+    failed is an outcome of the run, not the end of it)."""
+    try:
+        return measure()
+    except subprocess.TimeoutExpired as e:
+        ctx.rec.failed(scenario, kind, f"timed out after {e.timeout:.0f} s", outcome="timeout", **fields)
+    except subprocess.CalledProcessError as e:
+        ctx.rec.failed(scenario, kind, f"exit {e.returncode}: {(e.stderr or '')[-400:]}", **fields)
+    return None
 
-    def add(bench: str, results: dict, **fields):
-        for mode, r in results.items():
-            lines.append({**base, "bench": bench, "mode": mode, **fields, **r})
 
-    with tempfile.TemporaryDirectory(prefix="llft-bench-") as t, ExitStack() as running:
-        tmp = Path(t)
+def latency_measure(ctx, scenario: str, port, size: int, count: int, prefix=(), **fields):
+    """A measure for interleaved(): one client's `count` round trips, one record each."""
+    def measure(rnd):
+        fields.update(size=size, clients=1, round=rnd)
+        got = attempt(ctx, scenario, "request", fields, lambda: client(
+            "latency", port, size, count if rnd is not None else max(20, count // 10), "samples", prefix=prefix,
+            timeout=60 + count * 0.05))
+        if got and rnd is not None:
+            ctx.rec.requests(scenario, got["start_s"], got["samples"], **fields)
+    return measure
 
-        def start(argv_for_port, replicas):
-            srv = Server(argv_for_port, replicas, tmp)
-            running.callback(srv.stop)
-            return srv
 
-        plain, llft = start(msg_server, None), start(msg_server, args.replicas)
-        # The ceiling's unreplicated servers (module doc).
-        fan = ",".join(str(start(msg_server, None).port) for _ in range(args.replicas))
+def window_measure(ctx, scenario: str, mode: str, target, size: int, clients: int, secs: float, prefix=(),
+                   **fields):
+    """A measure for interleaved(): closed-loop clients for `secs`, one window record."""
+    def measure(rnd):
+        started = time.time()
+        fields.update(size=size, clients=clients, round=rnd)
+        got = attempt(ctx, scenario, "window", fields, lambda: client(
+            mode, target, size, clients, secs if rnd is not None else min(secs, 0.3), prefix=prefix,
+            timeout=secs + 60))
+        if got and rnd is not None:
+            ctx.rec.window(scenario, got["requests"], got["requests"] / got["rps"] if got["rps"] else secs,
+                           ts=started, **fields)
+    return measure
+
+
+def servers(ctx, stack: ExitStack):
+    """start(argv_for_port, replicas): a Server stopped when `stack` closes."""
+    def start(argv_for_port, replicas):
+        srv = Server(argv_for_port, replicas, ctx.tmp)
+        stack.callback(srv.stop)
+        return srv
+    return start
+
+
+def latency(ctx, sizes, replicas: int, rounds: int, count: int):
+    """LLFT Fig. 12."""
+    ctx.plan(len(sizes) * rounds * 2)
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        plain, llft = start(msg_server, None), start(msg_server, replicas)
         for size in sizes:
-            add("latency", interleaved(rounds, {m: lambda s=s: client("latency", s.port, size, count)
-                                                for m, s in (("plain", plain), ("llft", llft))}))
+            interleaved(ctx, rounds, {
+                "plain": latency_measure(ctx, "serving/latency", plain.port, size, count, backend="plain",
+                                         replicas=1, net=NET),
+                "llft": latency_measure(ctx, "serving/latency", llft.port, size, count, backend="llft",
+                                        replicas=replicas, net=NET)})
+
+
+def throughput(ctx, clients, replicas: int, rounds: int, secs: float, size: int = 1024):
+    """LLFT Fig. 13, with the ceiling (module doc)."""
+    ctx.plan(len(clients) * rounds * 3)
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        plain, llft = start(msg_server, None), start(msg_server, replicas)
+        fan = ",".join(str(start(msg_server, None).port) for _ in range(replicas))
         for c in clients:
-            add("throughput", interleaved(rounds, {
-                "plain": lambda: client("throughput", plain.port, 1024, c, secs),
-                "llft": lambda: client("throughput", llft.port, 1024, c, secs),
-                "ceiling": lambda: client("fanout", fan, 1024, c, secs)}))
-        running.close()
-        if have_redis():
-            plain, llft = start(redis, None), start(redis, args.replicas)
-            n = 5000 if args.quick else 20000
-            both = interleaved(rounds, {m: lambda s=s: redis_rps(s.port, 16, n) for m, s in (("plain", plain),
-                                                                                             ("llft", llft))})
-            for op in ("SET", "GET"):
-                add(f"redis_{op.lower()}", {m: {"rps": r[op]} for m, r in both.items()}, clients=16)
-            running.close()
-        if have_memcached():
-            plain, llft = start(memcached, None), start(memcached, args.replicas)
-            n = 500 if args.quick else 2000
-            add("memcached_set", interleaved(rounds, {m: lambda s=s: {"rps": round(memcslap_rps(s.port, 16, n), 1)}
-                                                      for m, s in (("plain", plain), ("llft", llft))}), clients=16)
-            running.close()
-
-    plain = {(l["bench"], l.get("size"), l.get("clients")): l for l in lines if l["mode"] == "plain"}
-    for l in lines:
-        p = plain.get((l["bench"], l.get("size"), l.get("clients")))
-        if l["mode"] != "plain" and p:
-            if "p50_us" in l:
-                l["added_p50_us"] = round(l["p50_us"] - p["p50_us"], 1)
-                l["ratio_p50"] = round(l["p50_us"] / p["p50_us"], 2)
-                l["ratio_p99"] = round(l["p99_us"] / p["p99_us"], 2)
-            else:
-                l["ratio_rps"] = round(l["rps"] / p["rps"], 3)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        for l in lines:
-            f.write(json.dumps(l) + "\n")
-
-    print(f"{'benchmark':24} {'plain':>18} {'llft':>18} {'ratio':>7} {'added':>9}")
-    for l in lines:
-        if l["mode"] == "plain":
-            continue
-        p = plain[(l["bench"], l.get("size"), l.get("clients"))]
-        if "p50_us" in l:
-            name = f"latency {l['size']} B"
-            print(f"{name:24} {p['p50_us']:>8.1f}/{p['p99_us']:>7.1f}us {l['p50_us']:>8.1f}/{l['p99_us']:>7.1f}us "
-                  f"{l['ratio_p50']:>7} {l['added_p50_us']:>7.1f}us")
-        elif l["mode"] == "ceiling":
-            print(f"{'  ceiling ' + str(l['clients']) + 'c':24} {'':>18} {l['rps']:>14.0f} rps {l['ratio_rps']:>7}"
-                  f"  ({args.replicas} plain servers, each request to every one)")
-        else:
-            name = f"{l['bench']} {l.get('clients')}c"
-            print(f"{name:24} {p['rps']:>14.0f} rps {l['rps']:>14.0f} rps {l['ratio_rps']:>7}")
-    print(f"(medians of {rounds} interleaved rounds; latency: p50/p99 of one client's round trips; "
-          f"written to {args.out})")
+            interleaved(ctx, rounds, {
+                "plain": window_measure(ctx, "serving/throughput", "throughput", plain.port, size, c, secs,
+                                        backend="plain", replicas=1, net=NET),
+                "llft": window_measure(ctx, "serving/throughput", "throughput", llft.port, size, c, secs,
+                                       backend="llft", replicas=replicas, net=NET),
+                "ceiling": window_measure(ctx, "serving/throughput", "fanout", fan, size, c, secs,
+                                          backend="ceiling", replicas=replicas, net=NET)})
 
 
-if __name__ == "__main__":
-    main()
+def replicas(ctx, counts, rounds: int, count: int, size: int = 1024):
+    """LLFT Fig. 14: every group runs side by side, measured in turn."""
+    ctx.plan(rounds * (len(counts) + 1))
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        measures = {"plain": latency_measure(ctx, "serving/replicas", start(msg_server, None).port, size, count,
+                                             backend="plain", replicas=1, net=NET)}
+        for n in counts:
+            measures[f"llft-{n}"] = latency_measure(ctx, "serving/replicas", start(msg_server, n).port, size,
+                                                    count, backend="llft", replicas=n, net=NET)
+        interleaved(ctx, rounds, measures)
+
+
+def nondet(ctx, ops, replicas: int, rounds: int, count: int, size: int = 1024):
+    """LLFT Fig. 15: k gettimeofday calls per request, each recorded at the
+    primary and replayed at the backups."""
+    ctx.plan(len(ops) * rounds * 2)
+    for k in ops:
+        with ExitStack() as stack:
+            start = servers(ctx, stack)
+            argv = lambda port, k=k: msg_server(port, k)  # noqa: E731
+            interleaved(ctx, rounds, {
+                "plain": latency_measure(ctx, "serving/nondet", start(argv, None).port, size, count,
+                                         backend="plain", replicas=1, nondet=k, net=NET),
+                "llft": latency_measure(ctx, "serving/nondet", start(argv, replicas).port, size, count,
+                                        backend="llft", replicas=replicas, nondet=k, net=NET)})
+
+
+def real_server(ctx, backends: dict, load, rounds: int, clients: int, net: str = NET):
+    """A Debian server plain against llft, backends {backend: (target, replicas)};
+    load(target) -> {scenario: (requests, per second)}."""
+    ctx.plan(rounds * len(backends))
+
+    def measure(backend):
+        target, n = backends[backend]
+
+        def run(rnd):
+            started = time.time()
+            for scenario, (requests, rps) in load(target).items():
+                if rnd is not None:
+                    ctx.rec.window(scenario, requests, requests / rps, ts=started, backend=backend, replicas=n,
+                                   clients=clients, round=rnd, net=net)
+        return run
+    interleaved(ctx, rounds, {b: measure(b) for b in backends})
+
+
+def plain_and_llft(ctx, program, replicas: int, load, rounds: int, clients: int):
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        real_server(ctx, {"plain": (start(program, None).port, 1),
+                          "llft": (start(program, replicas).port, replicas)}, load, rounds, clients)
+
+
+def redis_sets(ctx, replicas: int, rounds: int, requests: int, clients: int = 16):
+    """redis-benchmark SET and GET, plain against llft."""
+    if not have_redis():
+        ctx.skip("redis-server or redis-benchmark is not installed")
+        return
+    plain_and_llft(ctx, redis, replicas, lambda port: {f"redis/{op.lower()}": (requests, rps)
+                                                       for op, rps in redis_rps(port, clients, requests).items()},
+                   rounds, clients)
+
+
+def memcached_sets(ctx, replicas: int, rounds: int, requests: int, clients: int = 16):
+    """memcslap set, `requests` per client, plain against llft."""
+    if not have_memcached():
+        ctx.skip("memcached or memcslap is not installed")
+        return
+    plain_and_llft(ctx, memcached, replicas, lambda port: {
+        "memcached/set": (clients * requests, memcslap_rps(port, clients, requests))}, rounds, clients)

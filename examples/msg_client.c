@@ -1,5 +1,7 @@
 /* msg_client: load for msg_server.  Prints one JSON line.
- *   msg_client latency PORT SIZE COUNT        round trips one at a time: p50, p99 in microseconds
+ *   msg_client latency PORT SIZE COUNT [samples]   round trips one at a time: p50, p99 in microseconds;
+ *       with "samples" also every round trip, in order, as [start, latency] (start in microseconds
+ *       after start_s, the wall-clock second the first one began)
  *   msg_client throughput PORT SIZE CLIENTS SECONDS   closed-loop clients: requests per second
  *   msg_client fanout PORT,PORT,... SIZE CLIENTS SECONDS
  *       each client sends every request to every port and waits for every
@@ -26,6 +28,13 @@ static double now_us(void)
     struct timespec ts;
     syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    syscall(SYS_clock_gettime, CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static struct in_addr server_addr;
@@ -144,17 +153,30 @@ int main(int argc, char **argv)
         int count = atoi(argv[4]);
         int fd = dial(port);
         char *buf = calloc(1, size + 4);
-        double *lat = calloc((size_t)count, sizeof *lat);
+        double *lat = calloc((size_t)count, sizeof *lat), *at = calloc((size_t)count, sizeof *at);
+        double first = 0, first_wall = 0;
         for (int i = 0; i < count + 20; i++) { /* 20 warm-up round trips */
+            if (i == 20) {
+                first_wall = wall_s();
+                first = now_us();
+            }
             double t0 = now_us();
             if (round_trip(fd, buf, size) != 0)
                 return 1;
-            if (i >= 20)
+            if (i >= 20) {
                 lat[i - 20] = now_us() - t0;
+                at[i - 20] = t0 - first;
+            }
+        }
+        printf("{\"size\": %zu, \"count\": %d", size, count);
+        if (argc >= 6 && strcmp(argv[5], "samples") == 0) {
+            printf(", \"start_s\": %.6f, \"samples\": [", first_wall);
+            for (int i = 0; i < count; i++)
+                printf("%s[%.1f, %.1f]", i ? ", " : "", at[i], lat[i]);
+            printf("]");
         }
         qsort(lat, (size_t)count, sizeof *lat, cmp);
-        printf("{\"size\": %zu, \"count\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f}\n", size, count,
-               lat[count / 2], lat[count * 99 / 100]);
+        printf(", \"p50_us\": %.1f, \"p99_us\": %.1f}\n", lat[count / 2], lat[count * 99 / 100]);
         return 0;
     }
     if (argc >= 6 && (strcmp(argv[1], "throughput") == 0 || strcmp(argv[1], "fanout") == 0)) {
@@ -180,7 +202,7 @@ int main(int argc, char **argv)
                (double)total / ((now_us() - start) / 1e6));
         return 0;
     }
-    fprintf(stderr, "usage: msg_client latency PORT SIZE COUNT | throughput PORT SIZE CLIENTS SECONDS"
+    fprintf(stderr, "usage: msg_client latency PORT SIZE COUNT [samples] | throughput PORT SIZE CLIENTS SECONDS"
                     " | fanout PORT,PORT,... SIZE CLIENTS SECONDS\n");
     return 2;
 }

@@ -1,11 +1,14 @@
 /* msg_server: length-prefixed echo, one thread per connection: each request
  * is a 4-byte big-endian length and that many bytes; the reply is the same.
- * Used by bench/serving.py.  usage: msg_server PORT */
+ * With NONDET, each request first makes that many gettimeofday calls, the
+ * non-deterministic operations of LLFT Fig. 15 (each one an OrderInfo entry
+ * under llft).  Used by bench/serving.py.  usage: msg_server PORT [NONDET] */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "lineproto.h"
@@ -34,6 +37,8 @@ static int write_full(int fd, const void *buf, size_t n)
     return 0;
 }
 
+static long nondet;
+
 static void *serve(void *arg)
 {
     int fd = (int)(intptr_t)arg;
@@ -48,6 +53,10 @@ static void *serve(void *arg)
             break;
         if (read_full(fd, buf + 4, n) != 0)
             break;
+        for (long i = 0; i < nondet; i++) {
+            struct timeval tv;
+            gettimeofday(&tv, NULL);
+        }
         memcpy(buf, &len, 4);
         if (write_full(fd, buf, n + 4) != 0)
             break;
@@ -60,6 +69,7 @@ static void *serve(void *arg)
 int main(int argc, char **argv)
 {
     int lfd = listen_on(argc > 1 ? atoi(argv[1]) : 7000);
+    nondet = argc > 2 ? atol(argv[2]) : 0;
     for (;;) {
         int fd = accept(lfd, NULL, NULL);
         if (fd < 0)

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftables iptables
-              libssl-dev redis-server redis-tools memcached libmemcached-tools procps)
+              libssl-dev redis-server redis-tools memcached libmemcached-tools procps
+              default-jre-headless)   # Java for PySpark (python -m bench analyze)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -28,6 +29,6 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q ".[test]"
+.venv/bin/python -m pip install -q ".[test,bench]"
 make -s -C examples
 echo "setup: ready (.venv/bin/llft-run)"

@@ -1,48 +1,35 @@
 """Group-to-group request/reply over the LLFT messaging protocol, against raw
-UDP and TCP echo baselines measured in the same run.
-
-    .venv/bin/python bench/messaging_bench.py [--sizes 16,256,...] [--replicas 1,3]
-        [--count 1000] [--out bench/results/messaging.jsonl]
+UDP (backend plain) and TCP (backend tcp) echo measured in the same run.
 
 Every member of both groups is its own process on loopback (unicast
 fan-out).  For each size: a closed-loop latency phase (one request
 outstanding; p50/p99 of the round trip at the client primary) and a
 pipelined throughput phase (requests as fast as flow control allows).
 Client backups run the same client code (their sends are only logged),
-server backups the same echo code, as under LLFT.  Output: one JSON line per
-(transport, size, replicas, mode) with git rev, event loop, p50/p99 and the
-ratio to the raw UDP / TCP baselines of the same size.
+server backups the same echo code, as under LLFT.  Records: one per round
+trip (scenario messaging/latency) and one window per throughput phase
+(messaging/throughput).  A UDP datagram carries at most 65,507 bytes: the
+UDP baseline of a larger size sends that many.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import socket
-import statistics
-import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from llft.messaging.node import open_member  # noqa: E402
-from llft.transport import loop_name, new_event_loop  # noqa: E402
+from llft.messaging.node import open_member
+from llft.transport import new_event_loop
 
 CLIENT, SERVER = 10, 20
 WARMUP = 20
 UDP_MAX = 65507
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))]
-
-
-def free_ports(k: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(k)]
+def free_ports(k: int, kind: int = socket.SOCK_DGRAM) -> list[int]:
+    """k ports free on loopback for sockets of `kind` (a free UDP port may be a busy TCP one)."""
+    socks = [socket.socket(socket.AF_INET, kind) for _ in range(k)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in socks]
@@ -103,8 +90,8 @@ async def client(spec: dict, sizes: list[int], count: int, results) -> None:
             t0 = time.perf_counter()
             ep.send(conn, payload)
             await reply()
-            lat.append(time.perf_counter() - t0)
-        out.append({"size": size, "mode": "latency", "samples": lat[WARMUP:]})
+            lat.append((t0, time.perf_counter() - t0))
+        out.append({"size": size, "mode": "latency", **samples(lat[WARMUP:])})
         conn = ep.connect(SERVER, 2 * k + 2)
         n = max(200, count * 2) if size <= 4096 else count
         t0, sent, got = time.perf_counter(), 0, 0
@@ -116,10 +103,10 @@ async def client(spec: dict, sizes: list[int], count: int, results) -> None:
                 got += 1
             else:
                 await wait()   # a reply or the window reopening
-        out.append({"size": size, "mode": "throughput", "count": n, "seconds": time.perf_counter() - t0})
+        out.append({"size": size, "mode": "throughput", "count": n, "seconds": time.perf_counter() - t0,
+                    "start_s": time.time() - (time.perf_counter() - t0)})
     if ep.is_primary:
-        results.send({"loop": loop_name(asyncio.get_running_loop()), "phases": out,
-                      "stats": ep.stats()["counters"]})
+        results.send({"phases": out})
     await asyncio.sleep(0.5)   # let the backups finish their logged copies
 
 
@@ -191,7 +178,14 @@ async def baseline_client(kind: str, port: int, sizes: list[int], count: int) ->
             t.sendto(payload)
             await q.get()
     else:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for attempt in range(100):      # until the server process listens
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except ConnectionRefusedError:
+                if attempt == 99:
+                    raise
+                await asyncio.sleep(0.05)
 
         async def rt(payload):
             writer.write(payload)
@@ -202,13 +196,13 @@ async def baseline_client(kind: str, port: int, sizes: list[int], count: int) ->
         for _ in range(count + WARMUP):
             t0 = time.perf_counter()
             await rt(payload)
-            lat.append(time.perf_counter() - t0)
-        out.append({"size": size, "mode": "latency", "samples": lat[WARMUP:], "sent_size": len(payload)})
+            lat.append((t0, time.perf_counter() - t0))
+        out.append({"size": size, "mode": "latency", **samples(lat[WARMUP:])})
     return out
 
 
 def run_baseline(kind: str, sizes: list[int], count: int) -> list[dict]:
-    port = free_ports(1)[0]
+    port = free_ports(1, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)[0]
     server = mp.Process(target=baseline_server, args=(kind, port), daemon=True)
     server.start()
     time.sleep(0.3)
@@ -221,63 +215,26 @@ def run_baseline(kind: str, sizes: list[int], count: int) -> list[dict]:
         server.join(5)
 
 
-# --- main ------------------------------------------------------------------------------
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        return "unknown"
+def samples(lat: list[tuple[float, float]]) -> dict:
+    """perf_counter (start, duration) pairs as the records' wall-clock start
+    and [offset, latency] pairs, both in microseconds."""
+    first = lat[0][0]
+    return {"start_s": time.time() - (time.perf_counter() - first),
+            "samples": [(round((t - first) * 1e6, 1), round(d * 1e6, 1)) for t, d in lat]}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="16,256,1024,4096,16384,65536")
-    ap.add_argument("--replicas", default="1,3")
-    ap.add_argument("--count", type=int, default=1000)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "messaging.jsonl"))
-    a = ap.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",")]
-    common = {"bench": "messaging", "git_rev": git_rev(), "host_cpus": os.cpu_count(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    base = {kind: {p["size"]: p for p in run_baseline(kind, sizes, a.count)} for kind in ("udp", "tcp")}
-    rows = []
-    loop = loop_name(new_event_loop())
-    for kind, by_size in base.items():
-        for size, p in by_size.items():
-            rows.append(dict(common, transport=kind, loop=loop, size=size, sent_size=p["sent_size"], replicas=1,
-                             mode="latency", count=len(p["samples"]), p50_us=pct(p["samples"], .5) * 1e6,
-                             p99_us=pct(p["samples"], .99) * 1e6, ratio_udp=None, ratio_tcp=None))
-    for r in (int(x) for x in a.replicas.split(",")):
-        res = run_llft(r, sizes, a.count)
-        for p in res["phases"]:
-            row = dict(common, transport="llft", loop=res["loop"], size=p["size"], replicas=r, mode=p["mode"])
+def messaging(ctx, sizes: list[int], replicas: list[int], count: int):
+    ctx.plan(2 + len(replicas))
+    for kind, backend in (("udp", "plain"), ("tcp", "tcp")):
+        for p in run_baseline(kind, sizes, count):
+            ctx.rec.requests("messaging/latency", p["start_s"], p["samples"], backend=backend, replicas=1,
+                             clients=1, size=p["size"], net="loopback")
+        ctx.step()
+    for r in replicas:
+        for p in run_llft(r, sizes, count)["phases"]:
+            fields = dict(backend="llft", replicas=r, clients=1, size=p["size"], net="loopback")
             if p["mode"] == "latency":
-                p50, p99 = pct(p["samples"], .5), pct(p["samples"], .99)
-                row.update(count=len(p["samples"]), p50_us=p50 * 1e6, p99_us=p99 * 1e6,
-                           ratio_udp=p50 / pct(base["udp"][p["size"]]["samples"], .5),
-                           ratio_tcp=p50 / pct(base["tcp"][p["size"]]["samples"], .5),
-                           p99_ratio_udp=p99 / pct(base["udp"][p["size"]]["samples"], .99))
+                ctx.rec.requests("messaging/latency", p["start_s"], p["samples"], **fields)
             else:
-                row.update(count=p["count"], msgs_per_s=p["count"] / p["seconds"],
-                           mbytes_per_s=p["count"] * p["size"] / p["seconds"] / 1e6)
-            rows.append(row)
-        rows[-1]["llft_counters"] = res["stats"]
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    for row in rows:
-        if row["mode"] == "latency":
-            ratio = f" x{row['ratio_udp']:.1f} udp x{row['ratio_tcp']:.1f} tcp" if row["ratio_udp"] else ""
-            print(f"{row['transport']:5} r={row['replicas']} {row['size']:6}B  p50 {row['p50_us']:8.1f}us"
-                  f"  p99 {row['p99_us']:8.1f}us{ratio}")
-        else:
-            print(f"{row['transport']:5} r={row['replicas']} {row['size']:6}B  {row['msgs_per_s']:8.0f} msg/s"
-                  f"  {row['mbytes_per_s']:6.1f} MB/s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                ctx.rec.window("messaging/throughput", p["count"], p["seconds"], ts=p["start_s"], **fields)
+        ctx.step()
