@@ -953,6 +953,8 @@ static int catch_up(llft_dp_t *dp, int slot)
         if (llft_idmap_at(&dp->conns, i) && catch_up_leg(dp, dp->conns.vals[i], slot) < 0)
             return -1;
     for (size_t k = 0; k < dp->ngone; k++) {
+        if (conn_get(dp, dp->gone[k].id) != NULL)
+            continue;   /* brought back for an earlier joiner, and not done yet: it got a leg above */
         struct conn *c = calloc(1, sizeof *c);
         if (c == NULL)
             return -1;
@@ -1223,5 +1225,6 @@ void llft_dp_stats(llft_dp_t *dp, llft_dp_stats_t *out)
 {
     pthread_mutex_lock(&dp->mu);
     *out = dp->st;
+    out->held = dp->conns.live;
     pthread_mutex_unlock(&dp->mu);
 }

@@ -25,6 +25,7 @@ typedef struct {
     uint64_t bytes_in;      /* bytes read from clients */
     uint64_t bytes_out;     /* bytes written (or queued) to clients */
     uint64_t open_clients;  /* client sockets not closed yet */
+    uint64_t held;          /* connections not done at every replica yet: what the plane keeps */
 } llft_dp_stats_t;
 
 /* input_dir: where every connection's input is kept (NULL: not kept, and no

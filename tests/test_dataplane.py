@@ -135,3 +135,45 @@ def test_a_leg_connected_late_gets_what_was_queued():
     assert recv_exactly(prog, 100_000) == b"x" * 100_000
     plane.stop()
     assert plane.summary(s)["7"]["closed"]  # stopping ends every leg's output
+
+
+def test_two_joiners_in_a_row_get_each_done_connection_once(tmp_path):
+    """Connections done at every replica are freed, their input kept; a
+    joiner gets them back, and a second joiner, while the first has not
+    finished them, gets each once too (not once more as a second copy,
+    which the plane later freed under the other's feet)."""
+    (tmp_path / "input").mkdir()
+    plane = DataPlane(tmp_path / "input")
+    first = plane.add_replica(Proc(0), None)
+    plane.set_primary(first)
+    for conn_id in range(1, 21):
+        client, gw_side = socket.socketpair()
+        assert plane.open_conn(conn_id, gw_side)
+        prog, leg = socket.socketpair()
+        plane.attach(first, conn_id, leg)
+        client.sendall(b"in%d" % conn_id)
+        assert recv_exactly(prog, len(b"in%d" % conn_id)) == b"in%d" % conn_id
+        prog.sendall(b"out")
+        assert recv_exactly(client, 3) == b"out"
+        prog.close()
+        client.close()
+    assert eventually(lambda: list(plane.summary(first)) == ["closed"]), plane.summary(first)
+    joiners = [plane.add_replica(Proc(k), None) for k in (1, 2)]   # the second before the first has finished
+    legs = {}
+    for s in joiners:
+        for conn_id in range(1, 21):
+            prog, leg = socket.socketpair()
+            plane.attach(s, conn_id, leg)
+            legs[(s, conn_id)] = prog
+    for (s, conn_id), prog in legs.items():
+        assert recv_exactly(prog, len(b"in%d" % conn_id)) == b"in%d" % conn_id, (s, conn_id)
+        assert at_eof(prog), "its client had closed: the input ends"
+        prog.sendall(b"out")
+        prog.close()
+    for s in joiners:
+        assert eventually(lambda s=s: plane.summary(s) == plane.summary(first)), (plane.summary(s),
+                                                                                   plane.summary(first))
+    assert eventually(lambda: plane.stats()["held"] == 0), f"{plane.stats()['held']} connections still held"
+    plane.remove_replica(joiners[1])
+    assert plane.summary(first)["closed"]["connections"] == 20
+    plane.stop()

@@ -325,3 +325,41 @@ int main(void) {
     assert out[0].endswith("libllft.so"), "RTLD_NEXT from the program finds the shim's clock_gettime first"
     assert out[1].endswith("libllft.so"), "pthread_create found by dlsym is the shim's (which refuses)"
     assert out[2] == "1"
+
+
+def test_replacements_joining_at_once_after_short_connections(examples, tmp_path):
+    """Short connections (each done, freed, its input kept for joiners),
+    then a cascade: two replacements catch up at once, the second getting
+    the connections the first was given back as well; then the newest
+    backup is killed.  The group serves on at strength.  (The second
+    joiner was once given those connections twice, and the controller
+    crashed on a freed one.)"""
+    from llft.nemesis.faults import Group
+    group = ServingGroup(tmp_path / "rd", [examples / "epoll_server", 7000], extra=["--respawn"])
+    g = Group(group.run_dir)
+
+    def one(i):
+        with group.connect() as s:
+            s.sendall(f"short {i}\n".encode())
+            assert s.makefile("rb").readline() == f"{i + 1} short {i}\n".encode()
+
+    for i in range(100):
+        one(i)
+    g.wait_recovered(3, set())
+    first = g.primary()
+    os.kill(first.pid, 9)
+    second = g.wait_new_primary(first.pid)
+    os.kill(second.pid, 9)
+    g.wait_recovered(3, {first.index, second.index})
+    newest = max(g.backups(), key=lambda r: r.index)
+    os.kill(newest.pid, 9)
+    g.wait_recovered(3, {newest.index})
+    for i in range(100, 150):
+        one(i)
+    with group.connect() as s:
+        s.sendall(b"SHUTDOWN\n")
+        assert s.makefile("rb").readline() == b"BYE\n"
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    live = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert len(live) == 3 and all(r["outputs"] == live[0]["outputs"] for r in live)

@@ -144,6 +144,7 @@ def test_connections_done_everywhere_are_folded_and_freed(examples, tmp_path):
         outputs = r["outputs"]
         assert list(outputs) == ["closed"], f"replica {r['index']} still lists {len(outputs) - 1} connections"
         assert outputs["closed"]["connections"] == 302   # with the final one and the port probe
+    assert state["gateway"]["held"] == 0, "the controller still holds connections done everywhere"
 
 
 def test_a_connection_closed_by_the_client_without_a_request(examples, tmp_path):

@@ -93,4 +93,4 @@ class DataPlane:
         s = ffi.new("llft_dp_stats_t *")
         lib.llft_dp_stats(self._dp, s)
         return {"connections": s.connections, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
-                "open_clients": s.open_clients}
+                "open_clients": s.open_clients, "held": s.held}

@@ -46,7 +46,8 @@ class Gateway:
     @property
     def stats(self) -> dict:
         s = self.plane.stats()
-        return {"connections": s["connections"], "bytes_in": s["bytes_in"], "bytes_out": s["bytes_out"],
+        return {"connections": s["connections"], "held": s["held"], "bytes_in": s["bytes_in"],
+                "bytes_out": s["bytes_out"],
                 "failovers": self.failovers, "udp": self.datagrams.stats, "notices": self.notices}
 
     def add_relay(self, relay):
