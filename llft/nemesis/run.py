@@ -90,6 +90,7 @@ class ShapeRun:
             self._run_group(n)
             if r.ok and not self.keep:
                 shutil.rmtree(r.run_dir, ignore_errors=True)
+                (r.run_dir.parent / f"{r.run_dir.name}.stderr").unlink(missing_ok=True)
             left -= n
             g += 1
         return r
@@ -101,8 +102,11 @@ class ShapeRun:
         port = free_port()   # the program's port, served by the gateway on this host
         cmd = [tool("llft-run"), "--replicas", str(self.replicas), "--respawn", "--run-dir", str(r.run_dir),
                "--fault-timeout", str(self.fault_timeout_s * 1000), "--", *self.shape.argv(port, self.examples)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        r.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        stderr = open(r.run_dir.parent / f"{r.run_dir.name}.stderr", "w")   # what llft-run said, kept with its run
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+        stderr.close()
         group = Group(r.run_dir)
         workload = None
         try:
@@ -168,7 +172,8 @@ class ShapeRun:
             r.problems.append("llft-run did not end after the program's shutdown")
             return
         if proc.returncode != 0:
-            r.problems.append(f"llft-run exited {proc.returncode}: {proc.stderr.read().strip()[-2000:]}")
+            said = (r.run_dir.parent / f"{r.run_dir.name}.stderr").read_text().strip()[-2000:]
+            r.problems.append(f"llft-run exited {proc.returncode}: {said}")
         state = json.loads((r.run_dir / "llft-run.json").read_text())
         live = [x for x in state["replicas"] if x["role"] in ("primary", "backup")]
         if any(x["outputs"] != live[0]["outputs"] for x in live[1:]):
