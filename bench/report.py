@@ -14,7 +14,7 @@ FIGURE = {"serving/latency": "LLFT Fig. 12", "serving/throughput": "LLFT Fig. 13
           "failover/recovery": "LLFT Fig. 17"}
 # Failover figures shown in the Markdown (every one is in events.csv).
 EVENT_METRICS = ["detection_ms", "view_change_ms", "recovery_ms", "crash_to_reply_ms", "stall_ms", "max_gap_ms",
-                 "steady_gap_us"]
+                 "steady_gap_us", "server_kib", "controller_kib", "primary_kib", "backup_kib", "held_connections"]
 
 
 def num(v, digits: int = 1) -> str:

@@ -47,6 +47,9 @@ WORKLOADS = {
     "detect": ("failover:failovers", {
         "paper": dict(plan="detect", trials=5),
         "smoke": dict(plan="detect", trials=1)}),
+    "memory": ("memory:memory", {
+        "paper": dict(connections=100_000, step=10_000),
+        "smoke": dict(programs=("pool_server",), connections=400, step=200)}),
     "cluster": ("cluster:cluster", {
         "paper": dict(quick=False, trials=5, other_timeout=60.0)}),
 }
