@@ -1,94 +1,21 @@
-"""Hosts for tests: network namespaces joined by veth to one bridge (in a
-namespace of its own, the switch), with a multicast route.  Always torn
-down."""
+"""Hosts for tests (llft/nemesis/hosts.py): a test that cannot make
+network namespaces here is skipped."""
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import subprocess
 from contextlib import contextmanager
 
 import pytest
 
+from llft.nemesis import hosts
+from llft.nemesis.hosts import HostsError, deaf_to, drop_randomly, in_ns, sh
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True)
-
-
-def in_ns(ns: str, *argv) -> list[str]:
-    return ["ip", "netns", "exec", ns, *map(str, argv)]
-
-
-def drop_randomly(ns: str, udp_ports: list[int], percent: int) -> None:
-    """percent% of the UDP traffic to these ports that this host receives is
-    lost in its kernel (this kernel has no netem)."""
-    ports = [str(p) for p in udp_ports]
-    if shutil.which("nft"):
-        nft = ["ip", "netns", "exec", ns, "nft"]
-        sh(*nft, "add", "table", "inet", "llft")
-        sh(*nft, "add chain inet llft in { type filter hook input priority 0; }")
-        sh(*nft, f"add rule inet llft in udp dport {{ {', '.join(ports)} }} numgen random mod 100 < {percent} drop")
-    else:
-        sh("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-p", "udp", "-m", "multiport",
-           "--dports", ",".join(ports), "-m", "statistic", "--mode", "random",
-           "--probability", str(percent / 100), "-j", "DROP")
-
-
-@contextmanager
-def deaf_to(ns: str, source_ip: str):
-    """While inside, this host's kernel drops every IPv4 datagram from
-    source_ip (a partition in one direction)."""
-    if shutil.which("nft"):
-        nft = ["ip", "netns", "exec", ns, "nft"]
-        sh(*nft, "add", "table", "ip", "llft_deaf")
-        sh(*nft, "add chain ip llft_deaf in { type filter hook input priority 0; }")
-        sh(*nft, f"add rule ip llft_deaf in ip saddr {source_ip} drop")
-        undo = [*nft, "delete", "table", "ip", "llft_deaf"]
-    else:
-        rule = ["-s", source_ip, "-j", "DROP"]
-        sh("ip", "netns", "exec", ns, "iptables", "-I", "INPUT", *rule)
-        undo = ["ip", "netns", "exec", ns, "iptables", "-D", "INPUT", *rule]
-    try:
-        yield
-    finally:
-        sh(*undo)
+__all__ = ["bridged_hosts", "deaf_to", "drop_randomly", "in_ns", "sh"]
 
 
 @contextmanager
 def bridged_hosts(n: int):
-    """Yields [(namespace, ip)] for n hosts on one bridge; skips the test
-    where namespaces cannot be made."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if not (shutil.which("nft") or shutil.which("iptables")):
-        pytest.skip("neither nft nor iptables installed (apt-get install nftables)")
-    sfx = secrets.token_hex(3)
-    subnet = f"10.{secrets.randbelow(150) + 100}.{secrets.randbelow(250)}"
-    switch = f"llft-{sfx}-sw"
-    created: list[str] = []
     try:
-        try:
-            sh("ip", "netns", "add", switch)
-        except subprocess.CalledProcessError as e:
-            pytest.skip(f"cannot create network namespaces: {e.stderr.strip()}")
-        created.append(switch)
-        br = f"br{sfx}"
-        sh("ip", "-n", switch, "link", "add", br, "type", "bridge", "mcast_snooping", "0")
-        sh("ip", "-n", switch, "link", "set", br, "up")
-        out = []
-        for i in range(n):
-            ns, ip, dev = f"llft-{sfx}-{i}", f"{subnet}.{i + 1}", f"v{sfx}{i}"
-            sh("ip", "netns", "add", ns)
-            created.append(ns)
-            sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", f"p{sfx}{i}", "netns", switch)
-            sh("ip", "-n", switch, "link", "set", f"p{sfx}{i}", "master", br, "up")
-            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", dev)
-            out.append((ns, ip))
-        yield out
-    finally:
-        for ns in reversed(created):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        with hosts.bridged_hosts(n) as made:
+            yield made
+    except HostsError as e:
+        pytest.skip(str(e))

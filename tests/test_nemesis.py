@@ -5,7 +5,10 @@ lost (the long one is in bench/: README, "The nemesis")."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+
+import pytest
 
 from conftest import REPO, tool
 from llft.nemesis.history import ClientHistory, check
@@ -50,3 +53,17 @@ def test_a_short_seeded_soak_over_every_shape(tmp_path):
     faults = [json.loads(line) for line in (work / "nemesis.jsonl").read_text().splitlines()
               if '"kind"' in line]
     assert len({f["kind"] for f in faults}) >= 5, "the seed picks several kinds of fault"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hosts in network namespaces need root")
+def test_a_short_seeded_soak_across_hosts(tmp_path):
+    """Three members and a gateway in network namespaces: partitions, loss,
+    crashed and frozen hosts, killed replicas."""
+    work = tmp_path / "nemesis"
+    p = subprocess.run([tool("llft-nemesis"), "--hosts", "--shapes", "kv,pool", "--faults", "8", "--seed", "11",
+                        "--pace", "3", "--work-dir", str(work), "--examples", str(REPO / "examples" / "bin")],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    lines = [json.loads(line) for line in (work / "nemesis.jsonl").read_text().splitlines()]
+    summaries = [s for s in lines if s.get("summary")]
+    assert sum(s["survived"] for s in summaries) == 8 and all(s["lost"] == s["duplicated"] == 0 for s in summaries)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from llft.cli.common import Parser, UsageError, fail
+from llft.nemesis.cluster import KINDS as CLUSTER_KINDS, ClusterRun
 from llft.nemesis.faults import KINDS
 from llft.nemesis.run import ShapeRun
 from llft.nemesis.shapes import SHAPES
@@ -53,6 +54,10 @@ def build_parser():
     p.add_argument("--examples", type=Path, default=Path("examples/bin"), metavar="DIR",
                    help="where the example servers are built (default ./examples/bin)")
     p.add_argument("--keep", action="store_true", help="keep every shape's run dir, not only failed ones")
+    p.add_argument("--hosts", action="store_true",
+                   help="run each group across hosts: three members (llft-run --join) and a gateway, each in a "
+                        "network namespace of its own on one bridge (root); the faults are then those of hosts: "
+                        f"{', '.join(sorted(CLUSTER_KINDS))}")
     return p
 
 
@@ -86,15 +91,19 @@ def main(argv=None) -> int:
         def log(record):
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
-            print(f"  {record['shape']:>9} fault {record['fault']:>3}: {record['kind']:<18} "
+            print(f"  {record['shape']:>15} fault {record['fault']:>3}: {record['kind']:<18} "
                   f"recovered in {record['recovered_ms']:7.1f} ms  ({record['what']})", flush=True)
         for i, shape in enumerate(shapes):
             share = args.faults // len(shapes) + (1 if i < args.faults % len(shapes) else 0)
             shape_seed = random.Random(f"{seed}:{shape.name}").randrange(1 << 31)
             started = time.monotonic()
-            run = ShapeRun(shape, shape_seed, share, args.work_dir, args.examples, replicas=args.replicas,
-                           clients=args.clients, progress=args.progress, pace_ms=args.pace, keep=args.keep,
-                           log=log)
+            if args.hosts:
+                run = ClusterRun(shape, shape_seed, share, args.work_dir, args.examples, clients=args.clients,
+                                 progress=args.progress, pace_ms=args.pace, keep=args.keep, log=log)
+            else:
+                run = ShapeRun(shape, shape_seed, share, args.work_dir, args.examples, replicas=args.replicas,
+                               clients=args.clients, progress=args.progress, pace_ms=args.pace, keep=args.keep,
+                               log=log)
             r = run.run()
             results.append(r)
             summary = {"shape": r.shape, "seed": r.seed, "summary": True, "injected": r.injected,

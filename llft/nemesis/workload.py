@@ -16,8 +16,10 @@ REPLY_TIMEOUT_S = 60.0   # an answer that takes longer is never coming: the clie
 
 
 class Workload:
-    def __init__(self, protocol: type, clients: int, host: str, port: int, pace_s: float = 0.0):
-        self.protocol, self.host, self.port, self.pace_s = protocol, host, port, pace_s
+    def __init__(self, protocol: type, clients: int, host: str, port: int, pace_s: float = 0.0, setup=None):
+        """setup(): run first on each client's thread (entering the
+        gateway host's network namespace, across hosts)."""
+        self.protocol, self.host, self.port, self.pace_s, self.setup = protocol, host, port, pace_s, setup
         self.histories = [ClientHistory(i) for i in range(clients)]
         self.cond = threading.Condition()
         self.replies = 0
@@ -35,6 +37,8 @@ class Workload:
         conn = None
         k = 0
         try:
+            if self.setup is not None:
+                self.setup()
             while True:
                 with self.cond:
                     if self.hold:
