@@ -97,6 +97,7 @@ class GatewayProcess:
                                       ep.datagram_received, a.interface, loop)
         ep.transport = udp
         ep.start()
+        self.gid = gid
         self.gateway = ClusterGateway(ep, server_gid, a.program_port)
         try:
             server = await self.gateway.serve(a.host, a.port)
@@ -135,7 +136,7 @@ class GatewayProcess:
     def write_state(self, phase: str):
         g = self.gateway
         rundir.write_state(self.run_dir, {
-            "group": self.args.group, "phase": phase, "controller_pid": os.getpid(),
+            "group": self.args.group, "group_id": self.gid, "phase": phase, "controller_pid": os.getpid(),
             "argv": sys.argv, "members": [], "replicas": [], "updated": time.time(),
             "gateway": dict(g.stats, failovers=0, errors=[], udp=g.udp.stats if g.udp else {},
                             outgoing=g.outgoing.stats if g.outgoing else {}),

@@ -54,6 +54,12 @@ def build_parser():
     p.add_argument("--examples", type=Path, default=Path("examples/bin"), metavar="DIR",
                    help="where the example servers are built (default ./examples/bin)")
     p.add_argument("--keep", action="store_true", help="keep every shape's run dir, not only failed ones")
+    p.add_argument("--fuzz", type=int, metavar="N",
+                   help="instead of faults: N bad datagrams (garbage, truncated, mutated, forged with a wrong key, "
+                        "the group's own replayed) against a live group across hosts (root) while checked clients "
+                        "go on; every member and the gateway must survive, the view stay, nothing be accepted")
+    p.add_argument("--fuzz-rate", type=float, default=15000.0, metavar="PER_S",
+                   help="bad datagrams a second (default %(default)g)")
     p.add_argument("--hosts", action="store_true",
                    help="run each group across hosts: three members (llft-run --join) and a gateway, each in a "
                         "network namespace of its own on one bridge (root); the faults are then those of hosts: "
@@ -73,6 +79,8 @@ def main(argv=None) -> int:
     except UsageError as e:
         return fail(PROG, str(e))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    if args.fuzz is not None:
+        return fuzz_main(args, seed)
     shapes = []
     for name in names:
         why = SHAPES[name].missing(args.examples)
@@ -125,6 +133,33 @@ def main(argv=None) -> int:
     print(f"{PROG}: seed {seed}: {injected} faults injected, {survived} survived; {sum(r.verdict.acknowledged for r in results)} "
           f"operations acknowledged, {lost} lost, {duplicated} duplicated; {groups_lost} groups lost")
     return 0 if all(r.ok for r in results) else 1
+
+
+def fuzz_main(args, seed: int) -> int:
+    from llft.nemesis import fuzz_run
+    print(f"{PROG}: seed {seed}, {args.fuzz} bad datagrams at {args.fuzz_rate:g}/s against a group across hosts",
+          flush=True)
+    started = time.monotonic()
+    r = fuzz_run.run(args.fuzz, seed, args.work_dir, args.examples, rate=args.fuzz_rate, clients=args.clients,
+                     keep=args.keep)
+    sent = sum(r.sent.values())
+    record = {"fuzz": True, "seed": seed, "sent": r.sent, "counted": r.counted, "kernel_drops": r.kernel_drops,
+              "uncounted": r.uncounted,
+              "crashed": r.crashed, "view_changed": r.view_changed, "stolen": r.stolen,
+              "acknowledged": r.verdict.acknowledged, "problems": r.verdict.problems, "group_lost": r.group_lost,
+              "secs": round(time.monotonic() - started, 1)}
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    with open(args.work_dir / "nemesis.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"{PROG}: sent {sent:,} ({', '.join(f'{k} {v:,}' for k, v in sorted(r.sent.items()))}); counted as dropped "
+          f"{sum(r.counted.values()):,} ({', '.join(f'{k} {v:,}' for k, v in sorted(r.counted.items()))}); dropped "
+          f"unread by the kernels {r.kernel_drops:,}; bad ones neither: {r.uncounted:,}")
+    print(f"{PROG}: {len(r.crashed)} crashed, view {'changed: ' + r.view_changed if r.view_changed else 'unchanged'}, "
+          f"forged write {'APPLIED' if r.stolen else 'never applied'}, {r.verdict.acknowledged:,} client operations "
+          f"acknowledged, {r.verdict.lost} lost, {r.verdict.duplicated} duplicated"
+          + ("" if r.ok else f"; FAILED ({r.group_lost or '; '.join(r.crashed + r.verdict.problems[:3])}), run dir "
+             f"{r.run_dir} kept"))
+    return 0 if r.ok else 1
 
 
 if __name__ == "__main__":

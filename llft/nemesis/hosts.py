@@ -100,6 +100,11 @@ def bridged_hosts(n: int):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def switch_of(made: list[tuple[str, str]]) -> str:
+    """The namespace of the bridge joining hosts made by bridged_hosts."""
+    return made[0][0].rsplit("-", 1)[0] + "-sw"
+
+
 def enter(ns: str) -> None:
     """The calling thread's network namespace becomes ns: the sockets it
     makes from now on are that host's (Python 3.11 has no os.setns)."""
