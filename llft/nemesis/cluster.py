@@ -44,9 +44,11 @@ KINDS = {
 
 
 class Cluster:
-    def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path):
+    def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path, spare: int = 0):
+        """Hosts 0..MEMBERS-1 for the members, MEMBERS for the gateway,
+        then `spare` more."""
         self.run_dir, self.shape, self.examples = run_dir, shape, examples
-        self.hosts = stack.enter_context(hosts.bridged_hosts(MEMBERS + 1))
+        self.hosts = stack.enter_context(hosts.bridged_hosts(MEMBERS + 1 + spare))
         self.key = run_dir / "group.key"
         run_dir.mkdir(parents=True, exist_ok=True)
         subprocess.run([tool("llft-gateway"), "--make-key", str(self.key)], check=True, capture_output=True)
