@@ -18,8 +18,7 @@ import time
 import pytest
 
 from conftest import PROGRAMS_DIR, tool
-from serving import ServingGroup, concurrently, free_port, line_client, line_clients
-from test_failover import kill_primary
+from serving import Progress, ServingGroup, concurrently, free_port, kill_after, line_client, line_clients
 from test_rejoin import full_and_caught_up, wait_for
 
 
@@ -115,8 +114,8 @@ def check_backend_got_each_line_once(backend: RecordingBackend, results: dict, n
         assert [r.split(" ", 1)[1] for r in got] == client_lines(i, nlines)
 
 
-def run_clients(group, nclients, nlines, meanwhile=None, pause=0.0) -> dict:
-    return line_clients(group, nclients, lambda i: client_lines(i, nlines), meanwhile, pause)
+def run_clients(group, nclients, nlines, meanwhile=None, pause=0.0, progress=None) -> dict:
+    return line_clients(group, nclients, lambda i: client_lines(i, nlines), meanwhile, pause, progress)
 
 
 def test_backend_sees_each_request_once_and_replicas_agree(examples, tmp_path, backend):
@@ -190,12 +189,9 @@ def test_remote_close_reaches_every_replica(examples, tmp_path, backend):
 @pytest.mark.parametrize("kills", [1, 2])
 def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, examples, tmp_path, backend):
     group = proxy_group(tmp_path, examples, backend.port)
-
-    def kill_some():
-        for _ in range(kills):
-            time.sleep(0.3)
-            kill_primary(group)
-    results = run_clients(group, nclients=3, nlines=300, meanwhile=kill_some, pause=0.002)
+    progress = Progress()
+    results = run_clients(group, nclients=3, nlines=300, meanwhile=kill_after(group, progress, *[300, 600][:kills]),
+                          pause=0.002, progress=progress)
     check_backend_got_each_line_once(backend, results, 3, 300)
     state = finish(group)
     assert state["gateway"]["failovers"] == kills
@@ -208,11 +204,9 @@ def test_replacement_replays_the_remote_bytes_and_sends_nothing(examples, tmp_pa
     and gets every remote connection's bytes from the first; the backend
     sees nothing more."""
     group = proxy_group(tmp_path, examples, backend.port, extra=["--respawn"])
-
-    def kill_once():
-        time.sleep(0.3)
-        kill_primary(group)
-    results = run_clients(group, nclients=3, nlines=200, meanwhile=kill_once, pause=0.002)
+    progress = Progress()
+    results = run_clients(group, nclients=3, nlines=200, meanwhile=kill_after(group, progress, 250), pause=0.002,
+                          progress=progress)
     wait_for(full_and_caught_up(3), "three live replicas, the replacement caught up", group)
     check_backend_got_each_line_once(backend, results, 3, 200)
     state = finish(group)

@@ -119,13 +119,13 @@ class Workload:
     def requests(self) -> int:
         return sum(len(x) for x in self.own)
 
-    def progresses(self, what: str):
-        """Waits until the clients get more replies than they had."""
+    def progresses(self, what: str, replies: int = 1):
+        """Waits until the clients get `replies` more replies than they had."""
         before, end = self.requests(), time.monotonic() + 10
-        while self.requests() <= before and time.monotonic() < end and not self.errors:
-            time.sleep(0.01)
+        while self.requests() < before + replies and time.monotonic() < end and not self.errors:
+            time.sleep(0.005)
         assert not self.errors, self.errors
-        assert self.requests() > before, f"{what}: the clients make no progress"
+        assert self.requests() >= before + replies, f"{what}: the clients make no progress"
 
     def finish_and_shut_down(self, group) -> dict:
         """finish(), then the group's counters must be what the clients saw;
@@ -217,7 +217,7 @@ def survive_kills(group, client_cls, replicas: int, nclients: int, kills: int = 
     try:
         wait_for(lambda st: len(live(st)) == replicas, "the group starts", group)
         for n in range(kills):
-            time.sleep(0.15)                     # requests flow between failures
+            wl.progresses(f"before failover {n + 1}", replies=40)   # requests flow between failures
             old = next(r["index"] for r in state(group)["replicas"] if r["role"] == "primary")
             kill_primary(group)
             st = wait_for(lambda st: next(r for r in st["replicas"] if r["index"] == old)["role"] == "failed",
@@ -244,7 +244,7 @@ def survive_kills(group, client_cls, replicas: int, nclients: int, kills: int = 
 def test_kv_server_survives_20_primary_kills(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
                          extra=["--respawn", "--log-output"])
-    final = survive_kills(group, KvClient, replicas=3, nclients=4)
+    survive_kills(group, KvClient, replicas=3, nclients=4)
     log = (group.run_dir / "llft.log").read_text()
     assert "replica 22 started to replace replica 19; caught up after" in log
 
@@ -265,7 +265,7 @@ def test_frozen_primary_never_serves_again_and_is_replaced(examples, tmp_path):
                          extra=["--respawn", "--log-output"])
     wl = Workload(group, KvClient, 3)
     try:
-        time.sleep(0.2)
+        wl.progresses("before the freeze", replies=60)
         p = subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), "--primary", "--signal", "STOP"],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 0 and "SIGSTOP" in p.stdout, p.stderr
