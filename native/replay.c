@@ -239,6 +239,9 @@ static __attribute__((noreturn)) void corrupt_stream(uint64_t pos, int why)
 }
 
 static void annotate_turn(llft_rec_t *rec);
+static inline int event_wait_op(uint16_t op);
+static void annotate_wait(llft_rec_t *rec, const struct tqueue *self);
+static void wait_for_earlier_calls(struct llft_thread *t, const llft_rec_t *e);
 
 /* Mutex acquisitions only: their turns follow the stream order, which the
  * annotation's freedom from deadlock rests on.  Concurrent rwlock readers
@@ -304,6 +307,8 @@ static long drain(void)
         llft_rec_t head = *h;
         if (head.turn && exclusive_op(head.op))
             annotate_turn(&head);
+        else if (event_wait_op(head.op))
+            annotate_wait(&head, q);
         else
             head.seq = 0; /* no annotation */
         q_push(q, &head);
@@ -515,6 +520,8 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
         llft_diverge(t, op, out, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
                      t->tn + 1, out->tn - 1);
     t->tn = out->tn;
+    if (out->seq && event_wait_op(op))
+        wait_for_earlier_calls(t, out);
     /* The count orders this call after every replayed call that happened
      * before it here (one atomic variable's order follows happens-before). */
     t->stamp = __atomic_fetch_add(&llft_ctl->records, 1, RLX) + 1;
@@ -715,19 +722,15 @@ static void annotate_turn(llft_rec_t *rec)
     rec->seq = q->pushed;
 }
 
-/* The previous holder may read memory the program shares without a lock
- * right after releasing (CPython reads its GIL drop request so).  At the
- * primary it had started each call recorded before this acquisition, so
- * here too: wait until it has taken those records. */
-static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
+/* Waits until the thread of queue slot|gen<<16 (slotgen) has taken `upto`
+ * slots of its queue, or has ended (its slot taken by a later thread, which
+ * means it took all). */
+static void wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto)
 {
-    if (!e->seq || e->check == NO_HOLDER)
-        return;
-    const struct tqueue *q = &queues[e->check & QMASK];
-    uint16_t gen = (uint16_t)(e->check >> 16);
+    const struct tqueue *q = &queues[slotgen & QMASK];
+    uint16_t gen = (uint16_t)(slotgen >> 16);
     uint64_t since = 0;
-    /* Its slot taken by a later thread (gen): it ended, having taken all. */
-    for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < e->seq; spins++) {
+    for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < upto; spins++) {
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 80) {
@@ -740,11 +743,87 @@ static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
                 llft_diverge(t, e->op, e, LLFT_EXIT_DIVERGED,
                              "stalled waiting for thread %u to reach its call before this one (it has taken %llu "
                              "of its records, %llu of them by then; it %s)", q->tid,
-                             (unsigned long long)q->popped, (unsigned long long)e->seq,
+                             (unsigned long long)q->popped, (unsigned long long)upto,
                              q->state == Q_DEAD ? "has ended" : "runs");
             struct timespec us = {0, 50000};
             nanosleep(&us, NULL);
         }
+    }
+}
+
+/* The previous holder may read memory the program shares without a lock
+ * right after releasing (CPython reads its GIL drop request so).  At the
+ * primary it had started each call recorded before this acquisition, so
+ * here too: wait until it has taken those records. */
+static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
+{
+    if (e->seq && e->check != NO_HOLDER)
+        wait_taken(t, e, e->check, e->seq);
+}
+
+/* ---- waits follow the primary's order --------------------------------
+ * An event loop's wait (poll, select, epoll_wait) returns at the primary
+ * when something happened, often another thread's doing, and the loop
+ * then reads what that thread left, with or without a lock: memcached's
+ * main loop reads a flag a worker's signal handler set (its shutdown).
+ * Replayed, the wait would return as soon as its record is here, maybe
+ * before the backup's worker got that far: memcached's main loop read the
+ * flag unset, went round once more and read the clock where the primary's
+ * had closed its listener.  So a replayed wait returns only once every
+ * other thread has started each call the primary recorded before the
+ * wait returned there.  The dispatcher notes, for each thread with
+ * records it has not taken yet, how many slots it had queued then; the
+ * waiting thread waits until each has taken that many.  Those calls
+ * happened at the primary before the wait returned, so nothing they need
+ * waits on this one: no cycle. */
+#define SNAPS (1u << 14)
+#define SNAP_MASK (SNAPS - 1)
+struct snap {
+    uint64_t at;                  /* index + 1 of the note written here (0 while being written) */
+    uint64_t upto;                /* slots its thread had queued */
+    uint32_t slotgen;             /* slot | gen << 16 of that thread's queue */
+    uint32_t _pad;
+};
+static struct snap *snaps;
+static uint64_t snap_head;        /* notes written (dispatch lock) */
+
+static inline int event_wait_op(uint16_t op)
+{
+    return op == LLFT_OP_POLL || op == LLFT_OP_SELECT || op == LLFT_OP_EPOLL_WAIT;
+}
+
+/* Dispatcher: the wait's copy in the queue carries its first note + 1 in
+ * seq and how many in check (no turn: annotate_turn has none of these). */
+static void annotate_wait(llft_rec_t *rec, const struct tqueue *self)
+{
+    uint64_t first = snap_head;
+    for (uint32_t i = 0; i < nlive_slots; i++) {
+        const struct tqueue *q = &queues[live_slots[i]];
+        if (q == self || LOAD(&q->popped, ACQ) >= q->pushed)
+            continue;
+        struct snap *s = &snaps[snap_head & SNAP_MASK];
+        STORE(&s->at, 0, RLX);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        STORE(&s->upto, q->pushed, RLX);
+        STORE(&s->slotgen, live_slots[i] | (uint32_t)q->gen << 16, RLX);
+        STORE(&s->at, snap_head + 1, REL);
+        snap_head++;
+    }
+    rec->seq = snap_head != first ? first + 1 : 0;
+    rec->check = (uint32_t)(snap_head - first);
+}
+
+static void wait_for_earlier_calls(struct llft_thread *t, const llft_rec_t *e)
+{
+    for (uint64_t k = e->seq - 1, end = k + e->check; k < end; k++) {
+        const struct snap *s = &snaps[k & SNAP_MASK];
+        if (LOAD(&s->at, ACQ) != k + 1)
+            continue; /* written over: that far behind, its threads have long moved on */
+        uint64_t upto = LOAD(&s->upto, RLX);
+        uint32_t slotgen = LOAD(&s->slotgen, RLX);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (LOAD(&s->at, RLX) == k + 1)
+            wait_taken(t, e, slotgen, upto);
     }
 }
 
@@ -894,6 +973,7 @@ void llft_replay_reserve(void)
     overflow = map_anon(sizeof(struct overflow) * OVERFLOW_SLOTS, "turnstiles");
     ts_used = map_anon(sizeof(uint32_t) * TS_SLOTS, "turnstiles");
     pool_base = map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
+    snaps = map_anon(sizeof(struct snap) * SNAPS, "wait notes");
 }
 
 void llft_replay_setup(void)

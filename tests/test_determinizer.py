@@ -176,6 +176,21 @@ def test_threads_past_the_primarys_end_stop_as_the_primarys_did(examples, llft_r
     assert "incomplete" not in run.stderr
 
 
+@pytest.mark.parametrize("late", [None, "1"], ids=["in-step", "late-replica"])
+def test_event_loop_wait_returns_after_the_calls_before_it(examples, llft_run, late):
+    """memcached's shutdown shape: the main thread polls in a loop until a
+    flag, set by a worker's signal handler without a lock, says stop; then
+    it closes a pipe.  A backup's replayed poll returns only once the worker
+    has started each call the primary recorded before that poll returned
+    (the handler's clock read), so its main thread sees the flag where the
+    primary's did and closes the pipe too; without that its polls ran ahead
+    of the worker, even in step ("called poll; the primary's next record for
+    this thread is close").  Replica 1 raises the signal 200 ms late."""
+    run = llft_run([examples / "stop_signal"], replicas=3, env={"STOP_FLAG_LATE_REPLICA": late} if late else {})
+    assert run.status == 3, run.stderr
+    assert "diverge" not in run.stderr and "different call" not in run.stderr
+
+
 def test_missing_stream_is_a_clear_error_not_a_hang(examples, tmp_path):
     env = {**os.environ, "LD_PRELOAD": str(PRELOAD_LIBRARY), "LLFT_SHM": str(tmp_path / "nope")}
     proc = subprocess.run([examples / "race", "2", "10"], env=env, capture_output=True, text=True, timeout=30)
