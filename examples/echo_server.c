@@ -9,22 +9,7 @@
 
 static void *serve(void *arg)
 {
-    int fd = (int)(intptr_t)arg;
-    struct linebuf b = {.len = 0};
-    char out[16384];
-    for (;;) {
-        ssize_t n = read(fd, b.data + b.len, sizeof b.data - b.len);
-        if (n <= 0)
-            break;
-        b.len += (size_t)n;
-        size_t outlen;
-        int rc = serve_lines(&b, out, sizeof out, &outlen);
-        if (outlen && write(fd, out, outlen) != (ssize_t)outlen)
-            break;
-        if (rc < 0)
-            exit(0);
-    }
-    close(fd);
+    serve_connection((int)(intptr_t)arg);
     return NULL;
 }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 static pthread_mutex_t state_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t state_digest = 1469598103934665603ull;
@@ -83,6 +84,27 @@ static inline int serve_lines(struct linebuf *b, char *out, size_t cap, size_t *
     if (b->len == sizeof b->data) /* a line longer than the buffer: drop it */
         b->len = 0;
     return 0;
+}
+
+/* Serves one blocking connection until the client closes it (or sends
+ * SHUTDOWN: then the process exits), then closes it. */
+static inline void serve_connection(int fd)
+{
+    struct linebuf b = {.len = 0};
+    char out[16384];
+    for (;;) {
+        ssize_t n = read(fd, b.data + b.len, sizeof b.data - b.len);
+        if (n <= 0)
+            break;
+        b.len += (size_t)n;
+        size_t outlen;
+        int rc = serve_lines(&b, out, sizeof out, &outlen);
+        if (outlen && write(fd, out, outlen) != (ssize_t)outlen)
+            break;
+        if (rc < 0)
+            exit(0);
+    }
+    close(fd);
 }
 
 static inline int listen_on(int port)

@@ -12,6 +12,7 @@ ffibuilder.cdef("""
     #define LLFT_CTL_BYTES ...
     #define LLFT_EXIT_DIVERGED ...
     #define LLFT_EXIT_NOSTREAM ...
+    #define LLFT_EXIT_UNREACHABLE ...
     #define LLFT_REC_OK ...
     #define LLFT_REC_PENDING ...
     #define LLFT_REC_CORRUPT ...
@@ -55,6 +56,7 @@ ffibuilder.cdef("""
         llft_listener_t listeners[16];
         uint32_t stopped_for_good;
         char div_where[1536];
+        uint32_t refused;
         ...;
     } llft_ctl_t;
 
@@ -90,11 +92,13 @@ ffibuilder.cdef("""
 
     int llft_disable_aslr(void);
     int llft_die_with_parent(int parent);
+    int llft_private_files(const char *plan);
 """)
 ffibuilder.set_source(
     "llft._native",
-    '#include "ring.h"\n#include "listeners.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n',
-    sources=["native/ring.c", "native/spawn.c", "native/listeners.c"],
+    '#include "ring.h"\n#include "listeners.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n'
+    'int llft_private_files(const char *plan);\n',
+    sources=["native/ring.c", "native/spawn.c", "native/listeners.c", "native/private_files.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],
 )

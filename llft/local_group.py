@@ -18,7 +18,8 @@ from llft.follow import STALL_S, FollowWatch
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
                                        stream_path)
-from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY, StreamFile)
+from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
+                         StreamFile)
 from llft.replica import Replica
 from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
@@ -45,6 +46,7 @@ class GroupOptions:
     log_output: bool = False
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
+    private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
@@ -87,7 +89,7 @@ class LocalGroup:
         stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
         out_dir = self.run_dir / f"replica-{k}"
         out_dir.mkdir(exist_ok=True)
-        r = Replica(k, stream, out_dir)
+        r = Replica(k, stream, out_dir, private_files=self.opts.private_files)
         self.replicas.append(r)
         self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
@@ -140,7 +142,7 @@ class LocalGroup:
             "respawn": self.opts.respawn,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
                           "precedence": r.index, "rank": ranks.get(r.index),
-                          "stream": r.stream.path,
+                          "stream": r.stream.path, "files": r.files_dir and str(r.files_dir),
                           "status": r.status, "records": r.stream.records,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
@@ -351,6 +353,8 @@ class LocalGroup:
             if time.monotonic() > next_state:  # live counters for llft-status
                 self.write_state("running")
                 next_state = time.monotonic() + 1
+                if self._check_unreplicable():
+                    break
             if self.interrupted is not None:
                 self.stop()
                 break
@@ -368,12 +372,15 @@ class LocalGroup:
                     continue
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish(primary.status)
-            for r in self.replicas:
-                if r.role == "backup" and not r.alive() and not self.source.finished():
-                    if r.status >= 128:
-                        self._backup_failed(r, f"was killed (status {r.status})")
-                    else:
-                        self._backup_lost(r)
+            gone = [r for r in self.replicas if r.role == "backup" and not r.alive() and not self.source.finished()]
+            # A backup that could not bind the port its primary holds natively.
+            if any(r.status < 128 for r in gone) and self._check_unreplicable():
+                break
+            for r in gone:
+                if r.status >= 128:
+                    self._backup_failed(r, f"was killed (status {r.status})")
+                else:
+                    self._backup_lost(r)
             if primary is not None and not self.source.finished():
                 self._check_following()
             self._respawn()
@@ -392,6 +399,20 @@ class LocalGroup:
                 pass
             self.exited.clear()
 
+    def _check_unreplicable(self) -> bool:
+        """A replica whose process did what llft cannot replicate (a forked
+        child reaching a client: the shim says so in the control block), or
+        that holds a real port (llft/native_sockets.py): the group stops, as
+        nothing may be served unreplicated."""
+        for r in self.replicas:
+            why = r.unreplicable()
+            if why:
+                self.failed = why
+                log.info("%s; stopping the group", self.failed)   # llft-run says it on its stderr
+                self.stop()
+                return True
+        return False
+
     def stop(self):
         """Ends every replica: SIGTERM, then SIGKILL after 3 s."""
         for r in self.replicas:
@@ -404,6 +425,10 @@ class LocalGroup:
                 r.kill()
 
     def _verdict(self, primary: Replica | None) -> int:
+        refused = next((r for r in self.replicas if r.stream.refused), None)
+        if refused is not None and not self.failed:
+            self.failed = f"cannot replicate the program: {refused.stream.divergence}"
+            log.info("%s", self.failed)   # llft-run says it on its stderr
         if self.interrupted is not None:
             # Stopped by a signal: the group did not finish, but a replica it
             # lost on the way is still news, and so is the status.

@@ -16,6 +16,7 @@ REC_SIZE = lib.LLFT_REC_SIZE
 DATA_BYTES = lib.LLFT_DATA_BYTES
 EXIT_DIVERGED = lib.LLFT_EXIT_DIVERGED
 EXIT_NOSTREAM = lib.LLFT_EXIT_NOSTREAM
+EXIT_UNREACHABLE = lib.LLFT_EXIT_UNREACHABLE
 ROLE_OFF, ROLE_PRIMARY, ROLE_BACKUP = lib.LLFT_ROLE_OFF, lib.LLFT_ROLE_PRIMARY, lib.LLFT_ROLE_BACKUP
 ROLE_NAMES = {ROLE_OFF: "off", ROLE_PRIMARY: "primary", ROLE_BACKUP: "backup"}
 DEFAULT_SLOTS = 1 << 18
@@ -215,6 +216,12 @@ class StreamFile:
     def divergence_where(self) -> str:
         """The diverged backup's backtrace, a frame per line."""
         return ffi.string(self.ctl.div_where).decode(errors="replace")
+
+    @property
+    def refused(self) -> bool:
+        """A process of the replica did what llft cannot replicate
+        (divergence says what): the group must stop."""
+        return bool(self.ctl.refused)
 
     @property
     def stopped_for_good(self) -> bool:

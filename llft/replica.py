@@ -8,21 +8,24 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llft import PRELOAD_LIBRARY
+from llft import PRELOAD_LIBRARY, private_files
 from llft.members import start_time
 from llft.native import ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
+from llft.native_sockets import bypass_message, bypassing_ports
 from llft.serving.channel import ProgramChannel
 
 
-def _child_setup(parent: int):
+def _child_setup(parent: int, files_plan: bytes | None):
     """Between fork and exec: no address randomisation, ordinary scheduling
     whatever the controller's (a member's runs at real-time priority:
-    llft/cluster/priority.py), and death with the controller.  (PDEATHSIG
-    follows the forking thread: replicas are started from the event loop,
-    which lives as long as the controller.)"""
+    llft/cluster/priority.py), death with the controller, and the replica's
+    own view of the files.  (PDEATHSIG follows the forking thread: replicas
+    are started from the event loop, which lives as long as the controller.)"""
     disable_aslr()
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     die_with_parent(parent)
+    if files_plan is not None:
+        private_files.enter(files_plan)
 
 
 @dataclass
@@ -40,10 +43,16 @@ class Replica:
     catch_up: dict | None = None        # a replacement's progress: records, ms, done
     replaced: bool = False              # failed, and a replacement has been started
     fenced_at: float | None = None      # time.monotonic() when llft-run fenced it (a timing fault)
+    private_files: bool = False         # in its own view of the files, kept in files_dir
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
         self.channel = ProgramChannel(self.index)   # the program's sockets reach the controller through it
+
+    @property
+    def files_dir(self) -> Path | None:
+        """Where what this replica writes goes (llft/private_files.py)."""
+        return self.out_dir / "files" if self.private_files else None
 
     @property
     def pid(self) -> int | None:
@@ -53,16 +62,38 @@ class Replica:
         env = dict(base_env)
         preload = env.get("LD_PRELOAD", "")
         env["LD_PRELOAD"] = f"{PRELOAD_LIBRARY}{' ' + preload if preload else ''}"
-        env["LLFT_SHM"] = self.stream.path
-        env["LLFT_REPLICA"] = f"{self.index:03d}"   # one length for all: the same stack layout
+        # The stream file goes down as an fd, not a name: a program that
+        # drops its privileges before an exec could not open the name.
+        stream_fd = os.open(self.stream.path, os.O_RDWR | os.O_CLOEXEC)
+        env["LLFT_SHM"] = f"fd:{stream_fd:05d}"     # one length for all: the same stack layout
+        env["LLFT_REPLICA"] = f"{self.index:03d}"
         env["LLFT_CHANNEL"] = f"{self.channel.child_fd():05d}"
-        with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         preexec_fn=functools.partial(_child_setup, os.getpid()),
-                                         start_new_session=True, close_fds=True,
-                                         pass_fds=(self.channel.child_fd(),))
+        files_plan = private_files.prepare(self.files_dir) if self.private_files else None
+        try:
+            with open(self.out_dir / "stdout", "wb") as out, open(self.out_dir / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                             preexec_fn=functools.partial(_child_setup, os.getpid(), files_plan),
+                                             start_new_session=True, close_fds=True,
+                                             pass_fds=(self.channel.child_fd(), stream_fd))
+        except subprocess.SubprocessError:
+            said = (self.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
+            raise OSError(f"replica {self.index} could not start: "
+                          + (said[-1] if said else "its set-up between fork and exec failed")) from None
+        finally:
+            os.close(stream_fd)
         self.channel.started()
         self.started = start_time(self.proc.pid)
+
+    def unreplicable(self) -> str | None:
+        """What this replica's processes did that llft cannot replicate, or
+        None: a forked child that reached a client (the shim says so in the
+        control block), or a port held natively, around the gateway."""
+        if not self.alive():
+            return None
+        if self.stream.refused:
+            return f"cannot replicate the program: {self.stream.divergence}"
+        ports = bypassing_ports(self.pid)
+        return bypass_message(self.index, self.pid, ports) if ports else None
 
     def poll(self) -> int | None:
         if self.status is None and self.proc is not None:

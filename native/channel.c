@@ -1,11 +1,13 @@
-/* The replica's private channel to its controller (llft_abi.h): how the
- * program's virtual sockets reach the controller without a name anyone
- * else on the host could connect to.
+/* The fds the controller hands a replica down: its private channel
+ * (llft_abi.h), how the program's virtual sockets reach the controller
+ * without a name anyone else on the host could connect to; and its stream
+ * file, which the shim maps from the fd (LLFT_SHM=fd:N) rather than by
+ * name, so that a program that drops its privileges (setpriv, setuid)
+ * before an exec still attaches.
  *
- * The controller hands the channel down at the fd LLFT_CHANNEL names; the
- * shim moves it high, out of the numbers the program's own fds take, and
- * keeps it there whatever the program closes: daemons close every fd they
- * did not open, and the channel must outlive them, and an exec. */
+ * The shim moves both high, out of the numbers the program's own fds take,
+ * and keeps them there whatever the program closes: daemons close every fd
+ * they did not open, and both must outlive them, and an exec. */
 #include "channel.h"
 
 #include "atomics.h"
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 int llft_channel = -1;
+int llft_stream_fd = -1;
 
 /* The lowest number the channel may move to: a few below the soft limit
  * (at most 1024, so that select()'s fd sets never meet it). */
@@ -40,6 +43,20 @@ static int is_socket(int fd)
     return fd >= 0 && syscall(SYS_fstat, fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+/* fd moved up to the channel floor (out of the numbers the program's fds
+ * take), or left where it is if it is there already or cannot move. */
+static int above_the_floor(int fd)
+{
+    int floor = channel_floor();
+    if (fd >= floor)
+        return fd;
+    int moved = (int)syscall(SYS_fcntl, fd, F_DUPFD, floor);
+    if (moved < 0)
+        return fd;
+    syscall(SYS_close, fd);
+    return moved;
+}
+
 void llft_channel_attach(llft_ctl_t *ctl)
 {
     int fd = ctl->channel_fd;
@@ -51,27 +68,48 @@ void llft_channel_attach(llft_ctl_t *ctl)
         llft_log("llft: no channel to the controller (LLFT_CHANNEL): the program's sockets cannot be served");
         return;
     }
-    int floor = channel_floor();
-    if (fd < floor) {
-        int moved = (int)syscall(SYS_fcntl, fd, F_DUPFD, floor);
-        if (moved >= 0) {
-            syscall(SYS_close, fd);
-            fd = moved;
-        }
-    }
+    fd = above_the_floor(fd);
     ctl->channel_fd = fd;
     __atomic_store_n(&llft_channel, fd, __ATOMIC_RELEASE);
 }
 
-int llft_channel_move(void)
+/* The stream's fd as LLFT_SHM says it, "fd:" and five digits: a fixed
+ * length, so that rewriting it never moves the environment (nor the stack
+ * layout, which is the same at every replica). */
+#define STREAM_FD_DIGITS 5
+
+static void note_stream_fd(int fd)
 {
-    int fd = __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE);
+    extern char **environ;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "LLFT_SHM=fd:", 12) != 0 || strlen(*e + 12) != STREAM_FD_DIGITS)
+            continue;
+        char *d = *e + 12;
+        for (int i = STREAM_FD_DIGITS - 1, v = fd; i >= 0; i--, v /= 10)
+            d[i] = (char)('0' + v % 10);
+    }
+}
+
+void llft_stream_keep(int fd)
+{
+    fd = above_the_floor(fd);
+    note_stream_fd(fd);
+    __atomic_store_n(&llft_stream_fd, fd, __ATOMIC_RELEASE);
+}
+
+int llft_kept_move(int fd)
+{
     int moved = (int)syscall(SYS_fcntl, fd, F_DUPFD, channel_floor());
     if (moved < 0)
         return -1;
-    __atomic_store_n(&llft_channel, moved, __ATOMIC_RELEASE);
-    if (llft_ctl)
-        llft_ctl->channel_fd = moved;
+    if (fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE)) {
+        note_stream_fd(moved);
+        __atomic_store_n(&llft_stream_fd, moved, __ATOMIC_RELEASE);
+    } else {
+        __atomic_store_n(&llft_channel, moved, __ATOMIC_RELEASE);
+        if (llft_ctl)
+            llft_ctl->channel_fd = moved;
+    }
     syscall(SYS_close, fd);
     return 0;
 }

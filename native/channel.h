@@ -6,20 +6,29 @@
 
 /* The channel's fd, or -1 when this process has none. */
 extern int llft_channel;
+/* The fd of the replica's stream file (LLFT_SHM=fd:N), kept open for the
+ * next program image an exec starts; -1 when attached by path. */
+extern int llft_stream_fd;
 
 /* At start-up (and after an exec): find the channel, move it out of the
  * program's way, note where in ctl. */
 void llft_channel_attach(llft_ctl_t *ctl);
 
-/* Whether fd is the channel: the program's close of it is not carried out. */
-static inline int llft_is_channel(int fd)
+/* The stream file's fd (attach): moved out of the program's way, and
+ * LLFT_SHM in the environment rewritten to say where, in place. */
+void llft_stream_keep(int fd);
+
+/* Whether fd is one the shim keeps (the channel, the stream file): the
+ * program's close of it is not carried out. */
+static inline int llft_is_kept(int fd)
 {
-    return fd >= 0 && fd == __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE);
+    return fd >= 0 && (fd == __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE) ||
+                       fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE));
 }
 
-/* The program wants the channel's number (dup2 over it): the channel moves
- * to another.  0, or -1. */
-int llft_channel_move(void);
+/* The program wants a kept fd's number (dup2 over it): that fd moves to
+ * another.  0, or -1. */
+int llft_kept_move(int fd);
 
 /* Sends m with fd (the controller's end of a program socket); 0 or an errno. */
 int llft_channel_send(const llft_channel_msg_t *m, int fd);

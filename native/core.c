@@ -3,6 +3,7 @@
  * underneath, the functions it wraps. */
 #include "shim.h"
 #include "channel.h"
+#include "fdtable.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -78,28 +79,42 @@ static __attribute__((noreturn)) void fail_attach(const char *path, const char *
     _exit(LLFT_EXIT_NOSTREAM);
 }
 
-static void attach(const char *path)
+/* LLFT_SHM is "fd:N", the stream file's fd handed down by the controller
+ * (kept open for the next image an exec starts), or a path. */
+static void attach(const char *spec)
 {
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        fail_attach(path, strerror(errno));
+    int by_fd = strncmp(spec, "fd:", 3) == 0, fd;
+    if (by_fd) {
+        fd = atoi(spec + 3);
+        if (syscall(SYS_fcntl, fd, F_GETFD) < 0)
+            fail_attach(spec, "that fd is not open (closed by a program that ran before this one?)");
+    } else {
+        fd = (int)syscall(SYS_openat, AT_FDCWD, spec, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            fail_attach(spec, strerror(errno));
+    }
     struct stat st;
     if (syscall(SYS_fstat, fd, &st) != 0)
-        fail_attach(path, strerror(errno));
+        fail_attach(spec, strerror(errno));
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    syscall(SYS_close, fd);
+    if (!by_fd)
+        syscall(SYS_close, fd);
     if (base == MAP_FAILED)
-        fail_attach(path, strerror(errno));
+        fail_attach(spec, strerror(errno));
     int rc = llft_shm_check(base, (uint64_t)st.st_size);
     if (rc != 0)
-        fail_attach(path, rc == -EPROTO ? "ABI version mismatch" : "not an llft stream (truncated or foreign file)");
+        fail_attach(spec, rc == -EPROTO ? "ABI version mismatch" : "not an llft stream (truncated or foreign file)");
     llft_ctl_t *ctl = llft_shm_ctl(base);
     int32_t me = (int32_t)syscall(SYS_getpid), none = 0;
     /* A program started by the replica (exec) inherits the environment:
      * only the first process to attach is the replica itself. */
     if (!__atomic_compare_exchange_n(&ctl->attached_pid, &none, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
-        && none != me)
+        && none != me) {
+        munmap(base, (size_t)st.st_size);
         return;
+    }
+    if (by_fd)
+        llft_stream_keep(fd);
     llft_ring = llft_shm_ring(base);
     llft_obj_reserve();
     llft_replay_reserve();
@@ -128,14 +143,42 @@ __attribute__((constructor)) static void llft_ctor(void)
         llft_init_slow();
 }
 
-/* A forked child is not a replica: it runs unrecorded. */
+/* A forked child is not a replica: it runs unrecorded.  It may run what
+ * it execs, or work on its own files and pipes; a client connection,
+ * listener or UDP socket it inherited is the replicas' alone, and a child
+ * that uses one is refused (llft_forked_use) rather than serve a client
+ * unreplicated (nginx's workers would read llft's connection headers as
+ * requests). */
+llft_ctl_t *llft_forked_from;
+
 DEFINE_REAL(fork)
 EXPORT pid_t fork(void)
 {
     pid_t p = REAL(fork)();
-    if (p == 0)
+    if (p == 0 && llft_ctl) {
+        llft_forked_from = llft_ctl;
         llft_ctl = NULL;
+    } else if (p > 0 && llft_ctl) {
+        llft_fds_shared_with_child();
+    }
     return p;
+}
+
+/* vfork's child borrows its parent's memory until it execs: whatever it
+ * called through the shim would be recorded (or replayed) as the parent's
+ * own calls, as dash's child recorded its exec of /bin/true in its
+ * parent's stream and a backup's consumed its parent's record.  A fork is
+ * what POSIX lets vfork be: the child then runs unrecorded on its own. */
+EXPORT pid_t vfork(void)
+{
+    return fork();
+}
+
+void llft_forked_use(int fd, const char *what)
+{
+    llft_refuse("a process the program forked (pid %d) %s (fd %d): llft replicates a program's threads, "
+                "not the processes it forks to serve clients; run the server in its single-process mode",
+                (int)syscall(SYS_getpid), what, fd);
 }
 
 /* The frames as text, one per line (function+offset, object), without
@@ -199,6 +242,22 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     if (c)
         where_into(c->div_where, sizeof c->div_where, frames, n);
     _exit(exit_code);
+}
+
+void llft_refuse(const char *fmt, ...)
+{
+    char text[sizeof llft_ctl->div_text];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    llft_ctl_t *c = llft_ctl ? llft_ctl : llft_forked_from;
+    if (c) {
+        memcpy(c->div_text, text, sizeof c->div_text - 1);
+        __atomic_store_n(&c->refused, 1, __ATOMIC_RELEASE);
+    }
+    llft_log("llft: cannot replicate: %s", text);
+    _exit(LLFT_EXIT_UNREACHABLE);
 }
 
 /* exit(): a backup's exiting thread waits for the primary's end of stream;

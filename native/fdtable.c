@@ -33,6 +33,13 @@ void llft_fd_set(int fd, int kind)
     }
 }
 
+void llft_fds_shared_with_child(void)
+{
+    for (int fd = 0; fd < LLFT_FD_MAX; fd++)
+        if (llft_fds[fd].kind == FD_IPC)
+            llft_fds[fd].kind = FD_CHILD_IPC;
+}
+
 void llft_fd_forget(int fd)
 {
     if ((unsigned)fd < LLFT_FD_MAX && llft_fds[fd].kind != FD_LOCAL)
@@ -62,16 +69,9 @@ int llft_park_fd(int fd)
     return parked;
 }
 
-/* Backup: a file the program opened, moved to the top quarter of the fd
- * numbers.  Threads open files without an order, and the kernel gives the
- * lowest free number: at a backup, whose threads replay at their own pace,
- * a file could take the number the primary gave a connection this backup's
- * accept has yet to replay, and the accepting thread would wait for the
- * file's thread, which may wait for its turn after the accept (python -m
- * http.server under concurrent clients).  A file's number is not
- * replicated: nothing the shim replays refers to it (a random device's or
- * /proc file's is, and stays where the kernel put it).  Sockets, pipes and
- * eventfds keep theirs. */
+/* An fd the shim holds for itself (a socket's other end until the channel
+ * hands it over), moved to the top quarter of the fd numbers, out of the
+ * numbers the program's fds take, at every replica alike. */
 int llft_out_of_the_way(int fd, int cloexec)
 {
     static int base;
@@ -217,6 +217,49 @@ int llft_place_numbered(struct llft_thread *t, int fd, int cloexec)
         place_fd(t, LLFT_OP_NEW_FD, &e, fd, (int)e.ret, cloexec);
     llft_turn_done(t, ts, LLFT_FD_NUMBERS, e.turn);
     return (int)e.ret;
+}
+
+/* A file the program opens, or a copy (dup) of one: made outside the
+ * numbering lock (an open may wait on a disk, or on a FIFO's other end),
+ * then numbered after the fact like an accepted connection.  A backup
+ * opens its own file (nothing else: the primary's failed open fails here
+ * unmade, with its errno) and moves it to the primary's number, so that
+ * the program sees the numbers the kernel gave the primary (programs
+ * size things by them: lighttpd its connection budget by the number
+ * open("/dev/null") returns). */
+int llft_open_numbered(int (*make)(void *ctx), void *ctx, int cloexec)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
+            if (e.ret < 0) {
+                llft_turn_done(t, llft_turn_wait(t, &e), LLFT_FD_NUMBERS, e.turn);
+                errno = e.err;
+                return -1;
+            }
+            int fd = make(ctx);
+            if (fd < 0)
+                llft_diverge(t, LLFT_OP_NEW_FD, &e, LLFT_EXIT_DIVERGED,
+                             "could not open what the primary opened as fd %lld (error %d here)", (long long)e.ret,
+                             errno);
+            /* Parked even on its own number: an earlier turn may want it. */
+            fd = llft_park_fd(fd);
+            struct turnstile *ts = llft_turn_wait(t, &e);
+            place_fd(t, LLFT_OP_NEW_FD, &e, fd, (int)e.ret, cloexec);
+            llft_turn_done(t, ts, LLFT_FD_NUMBERS, e.turn);
+            return (int)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
+    if (role == LLFT_ROLE_OFF)
+        return make(ctx);
+    int fd = make(ctx), err = errno;
+    struct llft_obj *o = llft_obj_get(LLFT_FD_NUMBERS, t);
+    llft_record(t, LLFT_OP_NEW_FD, o->id, llft_obj_take_turn(o), fd, fd < 0 ? err : 0, 0);
+    errno = err;
+    return fd;
 }
 
 struct one_fd {

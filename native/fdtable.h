@@ -6,6 +6,7 @@
 #include "listeners.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -22,6 +23,8 @@ enum llft_fd_kind {
     FD_COUNTER,       /* eventfd, timerfd: a read returns an 8-byte value */
     FD_EPOLL,
     FD_DGRAM,         /* a UDP socket of the program (an AF_UNIX datagram socket) */
+    FD_CHILD_IPC,     /* a pipe or socketpair the program shares with a process it forked: that process
+                       * runs unrecorded, so what the program reads there is an input, recorded whole */
 };
 
 struct llft_fd {
@@ -78,8 +81,20 @@ static inline void llft_transfer_end(int fd)
  * number is used. */
 static inline int llft_ordered_kind(int kind)
 {
-    return kind == FD_CONN || kind == FD_IPC || kind == FD_COUNTER || kind == FD_LISTEN || kind == FD_DGRAM;
+    return kind == FD_CONN || kind == FD_IPC || kind == FD_COUNTER || kind == FD_LISTEN || kind == FD_DGRAM ||
+           kind == FD_CHILD_IPC;
 }
+
+/* The fds through which the program meets its clients: the replicas'
+ * alone, never a forked child's (llft_forked_use). */
+static inline int llft_client_kind(int kind)
+{
+    return kind == FD_VSOCK || kind == FD_LISTEN || kind == FD_CONN || kind == FD_DGRAM;
+}
+
+/* At a fork, in the parent: its pipes and socketpairs are the child's
+ * too (FD_CHILD_IPC). */
+void llft_fds_shared_with_child(void);
 
 /* The fd numbers themselves, as an ordered object: the primary's new fds
  * (llft_new_fds) take its turns. */
@@ -112,10 +127,20 @@ int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec
  * its own (parked) there in that turn (fdtable.c). */
 void llft_fd_numbered(struct llft_thread *t, int fd);
 int llft_place_numbered(struct llft_thread *t, int fd, int cloexec);
+/* A file the program opens (or dups), made by make(ctx) outside the
+ * numbering lock and numbered after the fact: at a backup under the
+ * primary's number (fdtable.c). */
+int llft_open_numbered(int (*make)(void *ctx), void *ctx, int cloexec);
+/* Files whose reads are recorded (wrap_random.c): the fd kind a path
+ * gets when opened (FD_RANDOM, FD_PROCFS, or FD_LOCAL), and such a path
+ * opened through stdio. */
+int llft_recorded_path(const char *path);
+FILE *llft_recorded_file(const char *path, const char *mode);
 /* A pipe or socketpair between the program's threads (FD_IPC), made by
  * make(ctx, fds) under the primary's numbers when replicated (wrap_fd.c). */
 int llft_ipc_pair(int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int fds[2]);
-/* Backup: a file's fd, moved above the numbers connections get (fdtable.c). */
+/* An fd the shim holds for itself (a socket's other end until it is
+ * handed over), moved above the numbers the program's fds take. */
 int llft_out_of_the_way(int fd, int cloexec);
 
 /* Addresses of virtual sockets (wrap_socket.c). */

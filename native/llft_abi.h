@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 3u
+#define LLFT_ABI_VERSION 4u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -23,6 +23,7 @@ enum llft_role { LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2 
 /* Exit codes of a replica stopped by the shim itself. */
 #define LLFT_EXIT_DIVERGED 86
 #define LLFT_EXIT_NOSTREAM 87
+#define LLFT_EXIT_UNREACHABLE 88   /* the program execs an image the library cannot reach (div_text says why) */
 
 /* Operation kinds (the "O" of LLFT's (T, O, N, D) names the object; this
  * names the call).  Values are part of the wire format: append only. */
@@ -76,7 +77,8 @@ enum llft_op {
     LLFT_OP_NEW_FD = 84,         /* socket() of a TCP socket, epoll_create*: the fd number */
     LLFT_OP_BIND_PORT = 85,      /* bind() to port 0 (or by a send) of a UDP or TCP socket: the port */
     LLFT_OP_CLOSE = 86,          /* close (or dup2 over) a connection, pipe, counter or listener: aux: fd */
-    LLFT_OP_MAX = 87
+    LLFT_OP_CHILD_READ = 87,     /* read() of a pipe shared with a process the program forked: its bytes */
+    LLFT_OP_MAX = 88
 };
 
 /* What the controller writes first on each connection it hands to a
@@ -238,6 +240,9 @@ typedef struct llft_ctl {
     uint32_t _pad2;
     char     div_where[1536];     /* a diverged backup's backtrace, a frame per line: kept in the run dir
                                    * whatever the program did with its stderr */
+    uint32_t refused;             /* a process of the replica did what llft cannot replicate (div_text
+                                   * says what): the controller stops the group (llft_refuse) */
+    uint32_t _pad3;
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

@@ -134,7 +134,20 @@ struct timespec;
 const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf);
 #define LOCAL_DEADLINE(clock, at) llft_local_deadline((clock), (at), &(struct timespec){0, 0})
 
+/* The image an exec would start cannot be reached by this library
+ * (elf_check.c): why, or NULL.  name is searched on PATH when search;
+ * fd >= 0 judges that open file instead (fexecve). */
+const char *llft_exec_unreachable(const char *name, int search, int fd);
+
 /* ---- divergence (core.c) ---- */
+/* Stops this replica, saying in the control block why it cannot be
+ * replicated (LLFT_EXIT_UNREACHABLE). */
+__attribute__((noreturn, format(printf, 1, 2))) void llft_refuse(const char *fmt, ...);
+/* The control block of the replica this process was forked from, or NULL:
+ * a forked child runs unrecorded, and may not reach the program's clients
+ * (llft_forked_use refuses it). */
+extern llft_ctl_t *llft_forked_from;
+__attribute__((noreturn)) void llft_forked_use(int fd, const char *what);
 __attribute__((noreturn, format(printf, 5, 6)))
 void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
                   int exit_code, const char *fmt, ...);

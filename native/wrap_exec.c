@@ -9,6 +9,7 @@
 #include <alloca.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <string.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -19,11 +20,79 @@ DEFINE_REAL(fexecve)
 
 typedef int (*exec_fn)(const void *target, char *const argv[], char *const envp[]);
 
+/* What the next image needs to attach as this replica.  A program that
+ * hands its exec an environment of its own (a privilege-dropping wrapper,
+ * a daemon scrubbing it) would otherwise start the image unreplicated. */
+static const char *const REPLICA_VARS[] = {"LD_PRELOAD", "LLFT_SHM", "LLFT_CHANNEL", "LLFT_REPLICA"};
+#define NVARS (sizeof REPLICA_VARS / sizeof REPLICA_VARS[0])
+
+static int has_var(char *const envp[], const char *name)
+{
+    size_t n = strlen(name);
+    for (char *const *e = envp; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return 1;
+    return 0;
+}
+
+static size_t env_count(char *const envp[])
+{
+    size_t n = 0;
+    while (envp && envp[n])
+        n++;
+    return n;
+}
+
+/* envp, or a copy (in out, room for its entries + NVARS + 1) with the
+ * replica's variables it lacks taken from this process's environment. */
+static char *const *with_replica_vars(char *const envp[], char **out)
+{
+    size_t n = env_count(envp), k;
+    const char *add[NVARS];
+    size_t nadd = 0;
+    for (k = 0; k < NVARS; k++) {
+        if (has_var(envp, REPLICA_VARS[k]))
+            continue;
+        size_t len = strlen(REPLICA_VARS[k]);
+        for (char **e = environ; e && *e; e++)
+            if (strncmp(*e, REPLICA_VARS[k], len) == 0 && (*e)[len] == '=') {
+                add[nadd++] = *e;
+                break;
+            }
+    }
+    if (nadd == 0)
+        return envp;
+    for (k = 0; k < n; k++)
+        out[k] = envp[k];
+    for (size_t i = 0; i < nadd; i++)
+        out[n + i] = (char *)add[i];
+    out[n + nadd] = NULL;
+    return out;
+}
+
+enum exec_target { BY_PATH, ON_PATH, BY_FD };
+
+/* An image the library cannot reach stops the replica, saying so, before
+ * it could run unrecorded (at the primary: serve unreplicated). */
+static void check_reachable(const void *target, enum exec_target how)
+{
+    const char *name = how == BY_FD ? "(an open file)" : target;
+    const char *why = llft_exec_unreachable(how == BY_FD ? NULL : target, how == ON_PATH,
+                                            how == BY_FD ? *(const int *)target : -1);
+    if (why)
+        llft_refuse("the program execs %s, which is %s", name, why);
+}
+
 /* Runs one exec attempt with the EXEC / EXEC_FAILED records around it. */
-static int replicated_exec(exec_fn fn, const void *target, char *const argv[], char *const envp[])
+static int replicated_exec(exec_fn fn, const void *target, enum exec_target how, char *const argv[],
+                           char *const envp[])
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (role != LLFT_ROLE_OFF) {
+        check_reachable(target, how);
+        envp = with_replica_vars(envp, alloca((env_count(envp) + NVARS + 1) * sizeof(char *)));
+    }
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_EXEC, &e)) {
@@ -69,27 +138,27 @@ static int do_fexecve(const void *fd, char *const argv[], char *const envp[])
 
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-    return replicated_exec(do_execve, path, argv, envp);
+    return replicated_exec(do_execve, path, BY_PATH, argv, envp);
 }
 
 EXPORT int execv(const char *path, char *const argv[])
 {
-    return replicated_exec(do_execve, path, argv, environ);
+    return replicated_exec(do_execve, path, BY_PATH, argv, environ);
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-    return replicated_exec(do_execvpe, file, argv, envp);
+    return replicated_exec(do_execvpe, file, ON_PATH, argv, envp);
 }
 
 EXPORT int execvp(const char *file, char *const argv[])
 {
-    return replicated_exec(do_execvpe, file, argv, environ);
+    return replicated_exec(do_execvpe, file, ON_PATH, argv, environ);
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-    return replicated_exec(do_fexecve, &fd, argv, envp);
+    return replicated_exec(do_fexecve, &fd, BY_FD, argv, envp);
 }
 
 /* execl, execlp, execle: gather the variadic arguments into an argv. */
@@ -110,7 +179,7 @@ EXPORT int execl(const char *path, const char *arg, ...)
     va_list ap;
     COLLECT_ARGS(arg, argv, ap)
     va_end(ap);
-    return replicated_exec(do_execve, path, argv, environ);
+    return replicated_exec(do_execve, path, BY_PATH, argv, environ);
 }
 
 EXPORT int execlp(const char *file, const char *arg, ...)
@@ -118,7 +187,7 @@ EXPORT int execlp(const char *file, const char *arg, ...)
     va_list ap;
     COLLECT_ARGS(arg, argv, ap)
     va_end(ap);
-    return replicated_exec(do_execvpe, file, argv, environ);
+    return replicated_exec(do_execvpe, file, ON_PATH, argv, environ);
 }
 
 EXPORT int execle(const char *path, const char *arg, ...)
@@ -127,5 +196,5 @@ EXPORT int execle(const char *path, const char *arg, ...)
     COLLECT_ARGS(arg, argv, ap)
     char *const *envp = va_arg(ap, char *const *);
     va_end(ap);
-    return replicated_exec(do_execve, path, argv, envp);
+    return replicated_exec(do_execve, path, BY_PATH, argv, envp);
 }

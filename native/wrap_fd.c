@@ -4,7 +4,7 @@
  * own tables name them so) is made under the primary's number
  * (llft_new_fds): threads make them in any order, and the kernel gives the
  * lowest free number, so a backup's thread would get another one.  A copy
- * of a file stays each replica's own, as the file does. */
+ * of a file is numbered after the fact, as the file is (wrap_open.c). */
 #include "atomics.h"
 #include "channel.h"
 #include "fdtable.h"
@@ -66,7 +66,7 @@ static int retire_real(const struct retire *r)
         forget(r->fd);
         return REAL(close)(r->fd);
     }
-    if (llft_is_channel(r->fd) && llft_channel_move() != 0) {
+    if (llft_is_kept(r->fd) && llft_kept_move(r->fd) != 0) {
         errno = EMFILE;
         return -1;
     }
@@ -152,7 +152,7 @@ static int retire(const struct retire *r)
 
 EXPORT int close(int fd)
 {
-    if (UNLIKELY(llft_is_channel(fd)))
+    if (UNLIKELY(llft_is_kept(fd)))
         return 0; /* the program closing what it did not open (a daemon's every fd): kept */
     return retire(&(struct retire){.fd = fd, .from = -1});
 }
@@ -167,11 +167,11 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
         return REAL(close_range)(first, last, flags);
     unsigned from = first;
     for (unsigned fd = first; fd <= last && fd < LLFT_FD_MAX; fd++) {
-        if (!llft_is_channel((int)fd) && llft_fd_kind((int)fd) == FD_LOCAL && !llft_fds[fd].handover)
+        if (!llft_is_kept((int)fd) && llft_fd_kind((int)fd) == FD_LOCAL && !llft_fds[fd].handover)
             continue;
         if (from < fd && REAL(close_range)(from, fd - 1, flags) != 0)
             return -1;
-        if (!llft_is_channel((int)fd)) {
+        if (!llft_is_kept((int)fd)) {
             if (flags & CLOSE_RANGE_CLOEXEC)
                 fcntl((int)fd, F_SETFD, FD_CLOEXEC);
             else
@@ -204,14 +204,10 @@ static int dup_common(int fd, int cmd, int min)
 {
     struct dup_args a = {fd, cmd, min};
     int r;
-    if (llft_fd_kind(fd) != FD_LOCAL) {
+    if (llft_fd_kind(fd) != FD_LOCAL)
         r = llft_new_fd(make_dup, &a, cmd == F_DUPFD_CLOEXEC);
-    } else {
-        r = make_dup(&a);
-        struct llft_thread *t;
-        if (r > 2 && llft_mode(&t) == LLFT_ROLE_BACKUP)
-            r = llft_out_of_the_way(r, cmd == F_DUPFD_CLOEXEC); /* as the file itself (wrap_random.c) */
-    }
+    else
+        r = llft_open_numbered(make_dup, &a, cmd == F_DUPFD_CLOEXEC); /* as the file itself (wrap_open.c) */
     if (r >= 0)
         llft_fd_copy(fd, r);
     return r;

@@ -130,7 +130,13 @@ static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const str
 /* The role for a transfer on fd, or OFF when it is not recorded. */
 static inline int transfer_mode(int fd, struct llft_thread **t)
 {
-    return recorded_kind(llft_fd_kind(fd)) ? llft_mode(t) : LLFT_ROLE_OFF;
+    int kind = llft_fd_kind(fd);
+    if (!recorded_kind(kind))
+        return LLFT_ROLE_OFF;
+    int role = llft_mode(t);
+    if (UNLIKELY(role == LLFT_ROLE_OFF && kind == FD_CONN && llft_forked_from))
+        llft_forked_use(fd, "used a client connection");
+    return role;
 }
 
 /* recvfrom/recvmsg source address: the client for a connection (as TCP
@@ -152,7 +158,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
     int kind = llft_fd_kind(fd);
     if (LIKELY(kind == FD_LOCAL))
         return REAL(read)(fd, buf, n);
-    if (kind == FD_RANDOM || kind == FD_PROCFS)
+    if (kind == FD_RANDOM || kind == FD_PROCFS || kind == FD_CHILD_IPC)
         return llft_recorded_read(fd, buf, n);
     if (UNLIKELY(kind == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, 0, NULL, NULL);
@@ -168,10 +174,21 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
     return REAL(read)(fd, buf, n);
 }
 
+/* A read into the first non-empty buffer: short, as a read may be. */
+static ssize_t recorded_readv(int fd, const struct iovec *iov, int niov)
+{
+    for (int i = 0; i < niov; i++)
+        if (iov[i].iov_len)
+            return llft_recorded_read(fd, iov[i].iov_base, iov[i].iov_len);
+    return 0;
+}
+
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_readv(fd, iov, niov);
+    if (UNLIKELY(llft_fd_kind(fd) == FD_CHILD_IPC))
+        return recorded_readv(fd, iov, niov);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
@@ -187,6 +204,8 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, flags, NULL, NULL);
+    if (UNLIKELY(llft_fd_kind(fd) == FD_CHILD_IPC && !(flags & MSG_PEEK)))
+        return llft_recorded_read(fd, buf, n);
     struct llft_thread *t;
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};

@@ -103,6 +103,14 @@ static int poll_backup(struct llft_thread *t, struct pollfd *fds, nfds_t n, int 
     return 0;
 }
 
+/* A forked child that polls the program's clients' sockets is refused. */
+static void forked_poll_check(const struct pollfd *fds, nfds_t n)
+{
+    for (nfds_t i = 0; i < n; i++)
+        if (llft_client_kind(llft_fd_kind(fds[i].fd)))
+            llft_forked_use(fds[i].fd, "polls the program's clients' sockets");
+}
+
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
     struct llft_thread *t;
@@ -114,6 +122,8 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
         int r = REAL(poll)(fds, n, timeout);
         return poll_primary(t, fds, n, r, errno);
     }
+    if (UNLIKELY(llft_forked_from))
+        forked_poll_check(fds, n);
     return REAL(poll)(fds, n, timeout);
 }
 
@@ -128,6 +138,8 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const 
         int r = REAL(ppoll)(fds, n, ts, mask);
         return poll_primary(t, fds, n, r, errno);
     }
+    if (UNLIKELY(llft_forked_from))
+        forked_poll_check(fds, n);
     return REAL(ppoll)(fds, n, ts, mask);
 }
 
@@ -247,6 +259,8 @@ EXPORT int epoll_create(int size)
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
+    if (UNLIKELY(llft_forked_from) && op != EPOLL_CTL_DEL && llft_client_kind(llft_fd_kind(fd)))
+        llft_forked_use(fd, "watches the program's clients' sockets");
     if (llft_fd_kind(epfd) != FD_EPOLL || (unsigned)fd >= LLFT_FD_MAX || !ev || op == EPOLL_CTL_DEL)
         return REAL(epoll_ctl)(epfd, op, fd, ev);
     struct epoll_event k = *ev;

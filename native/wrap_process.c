@@ -1,7 +1,9 @@
 /* Process identity.  Programs seed random generators with getpid() (redis
- * mixes it into its seeds), so every replica sees the primary's pid.  A
- * backup that signals "itself" by that pid must reach itself, not the
- * primary: kill() translates it back. */
+ * mixes it into its seeds), so every replica sees the primary's pid, and
+ * goes on seeing it once it has taken over (redis compares getpid() with
+ * the pid it kept to tell itself from a forked child).  A replica that
+ * signals "itself" by that pid must reach itself, not the old primary:
+ * kill() translates it back. */
 #include "shim.h"
 
 #include <errno.h>
@@ -34,7 +36,9 @@ EXPORT pid_t getpid(void)
         role = LLFT_ROLE_PRIMARY;
     }
     if (role == LLFT_ROLE_PRIMARY) {
-        pid_t p = REAL(getpid)();
+        pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED);
+        if (!p)
+            p = REAL(getpid)();
         llft_record(t, LLFT_OP_GETPID, 0, 0, p, 0, p);
         return p;
     }

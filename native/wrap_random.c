@@ -3,15 +3,18 @@
  * own statistics: redis reads its RSS there), whether read through an fd
  * (open + read) or stdio (fopen + fread, whose internal read never reaches
  * a read() wrapper: such a FILE is served by a cookie that records each
- * read).  The primary records the bytes; backups return them. */
+ * read).  So are the bytes on a pipe from a process the program forked,
+ * which runs unrecorded.  The primary records the bytes; backups return
+ * them.  The
+ * opens that mark such fds and FILEs are in wrap_open.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "fdtable.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +27,9 @@ DEFINE_REAL(arc4random)
 DEFINE_REAL(arc4random_buf)
 DEFINE_REAL(arc4random_uniform)
 DEFINE_REAL(read)
-DEFINE_REAL(close)
+DEFINE_REAL(poll)
 DEFINE_REAL(open)
-DEFINE_REAL(open64)
-DEFINE_REAL(openat)
-DEFINE_REAL(openat64)
-DEFINE_REAL(__open_2)
-DEFINE_REAL(__open64_2)
-DEFINE_REAL(__openat_2)
-DEFINE_REAL(__openat64_2)
-DEFINE_REAL(fopen)
-DEFINE_REAL(fopen64)
+DEFINE_REAL(close)
 
 #define MAX_RANDOM_READ ((LLFT_MAX_GROUP - 1) * LLFT_DATA_BYTES) /* longer reads return short */
 
@@ -49,7 +44,7 @@ static int proc_path(const char *p)
 }
 
 /* The fd kind a path gets when opened, or FD_LOCAL. */
-static int recorded_path(const char *p)
+int llft_recorded_path(const char *p)
 {
     return random_path(p) ? FD_RANDOM : proc_path(p) ? FD_PROCFS : FD_LOCAL;
 }
@@ -192,67 +187,35 @@ EXPORT uint32_t arc4random_uniform(uint32_t bound)
 
 /* ---- /dev/urandom through file descriptors -------------------------- */
 
-static int track_open(const char *path, int flags, int fd)
+/* Backup: as many bytes as the primary read, taken off its own pipe
+ * without waiting and dropped: its own forked child wrote them, and must
+ * not be left blocked on a full pipe. */
+static void drop_own_bytes(int fd, int64_t n)
 {
-    int kind = fd >= 0 ? recorded_path(path) : FD_LOCAL;
-    struct llft_thread *t;
-    int role = llft_mode(&t);
-    if (kind != FD_LOCAL && role != LLFT_ROLE_OFF)
-        llft_fd_set(fd, kind);
-    else if (fd > 2 && role == LLFT_ROLE_BACKUP)
-        fd = llft_out_of_the_way(fd, flags & O_CLOEXEC);
-    return fd;
+    char scratch[4096];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (n > 0 && REAL(poll)(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+        ssize_t r = REAL(read)(fd, scratch, (size_t)n < sizeof scratch ? (size_t)n : sizeof scratch);
+        if (r <= 0)
+            break;
+        n -= r;
+    }
 }
 
-/* read() of an fd opened on a random device or under /proc (wrap_io.c). */
+/* read() of an fd opened on a random device or under /proc, or of a pipe
+ * shared with a forked child (wrap_io.c). */
 int64_t llft_recorded_read(int fd, void *buf, size_t n)
 {
-    uint16_t op = llft_fd_kind(fd) == FD_PROCFS ? LLFT_OP_PROC_READ : LLFT_OP_RANDOM_READ;
+    int kind = llft_fd_kind(fd);
+    if (kind == FD_CHILD_IPC) {
+        int64_t r = llft_recorded_call(LLFT_OP_CHILD_READ, (uint64_t)fd, buf, n, fill_fd);
+        struct llft_thread *t;
+        if (r > 0 && llft_mode(&t) == LLFT_ROLE_BACKUP)
+            drop_own_bytes(fd, r);
+        return r;
+    }
+    uint16_t op = kind == FD_PROCFS ? LLFT_OP_PROC_READ : LLFT_OP_RANDOM_READ;
     return llft_recorded_call(op, (uint64_t)fd, buf, n, fill_fd);
-}
-
-static inline mode_t open_mode(int flags, va_list ap)
-{
-    return (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
-}
-
-#define OPEN_WRAPPER(name)                                                          \
-    EXPORT int name(const char *path, int flags, ...)                               \
-    {                                                                               \
-        va_list ap;                                                                 \
-        va_start(ap, flags);                                                        \
-        mode_t mode = open_mode(flags, ap);                                         \
-        va_end(ap);                                                                 \
-        return track_open(path, flags, REAL(name)(path, flags, mode));              \
-    }
-#define OPENAT_WRAPPER(name)                                                        \
-    EXPORT int name(int dirfd, const char *path, int flags, ...)                    \
-    {                                                                               \
-        va_list ap;                                                                 \
-        va_start(ap, flags);                                                        \
-        mode_t mode = open_mode(flags, ap);                                         \
-        va_end(ap);                                                                 \
-        return track_open(path, flags, REAL(name)(dirfd, path, flags, mode));       \
-    }
-
-OPEN_WRAPPER(open)
-OPEN_WRAPPER(open64)
-OPENAT_WRAPPER(openat)
-OPENAT_WRAPPER(openat64)
-
-/* Fortified variants (-D_FORTIFY_SOURCE) of open without a mode. */
-EXPORT int __open_2(const char *path, int flags) { return track_open(path, flags, REAL(__open_2)(path, flags)); }
-EXPORT int __open64_2(const char *path, int flags)
-{
-    return track_open(path, flags, REAL(__open64_2)(path, flags));
-}
-EXPORT int __openat_2(int d, const char *path, int flags)
-{
-    return track_open(path, flags, REAL(__openat_2)(d, path, flags));
-}
-EXPORT int __openat64_2(int d, const char *path, int flags)
-{
-    return track_open(path, flags, REAL(__openat64_2)(d, path, flags));
 }
 
 /* ---- the same through stdio ----------------------------------------- */
@@ -273,7 +236,7 @@ static int cookie_close(void *cookie)
     return fd < 0 ? 0 : REAL(close)((int)fd);
 }
 
-static FILE *recorded_file(const char *path, const char *mode)
+FILE *llft_recorded_file(const char *path, const char *mode)
 {
     if (strchr(mode, 'w') || strchr(mode, 'a') || strchr(mode, '+')) {
         errno = EACCES; /* a replicated input is read-only */
@@ -292,24 +255,4 @@ static FILE *recorded_file(const char *path, const char *mode)
     else if (fd >= 0)
         REAL(close)((int)fd);
     return f;
-}
-
-static inline int replicated(void)
-{
-    struct llft_thread *t;
-    return llft_mode(&t) != LLFT_ROLE_OFF;
-}
-
-EXPORT FILE *fopen(const char *restrict path, const char *restrict mode)
-{
-    if (recorded_path(path) != FD_LOCAL && replicated())
-        return recorded_file(path, mode);
-    return REAL(fopen)(path, mode);
-}
-
-EXPORT FILE *fopen64(const char *restrict path, const char *restrict mode)
-{
-    if (recorded_path(path) != FD_LOCAL && replicated())
-        return recorded_file(path, mode);
-    return REAL(fopen64)(path, mode);
 }

@@ -431,6 +431,8 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         llft_transfer_end(lfd);
         return fd;
     }
+    if (UNLIKELY(llft_forked_from))
+        llft_forked_use(lfd, "accepted a client connection");
     return REAL(accept4)(lfd, addr, len, flags);
 }
 

@@ -130,6 +130,8 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (UNLIKELY(role == LLFT_ROLE_OFF && llft_forked_from))
+        llft_forked_use(fd, "received on the program's UDP socket");
     if (role == LLFT_ROLE_BACKUP) {
         ssize_t res;
         if (!recv_replay(t, fd, m, flags, &res))
@@ -281,6 +283,8 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
     }
     struct llft_thread *t;
     int role = llft_mode(&t);
+    if (UNLIKELY(role == LLFT_ROLE_OFF && llft_forked_from))
+        llft_forked_use(fd, "sent on the program's UDP socket");
     if (role == LLFT_ROLE_BACKUP) {
         ssize_t res;
         if (!send_replay(t, fd, m, flags, &h, &res))

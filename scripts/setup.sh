@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftables iptables
               libssl-dev redis-server redis-tools memcached libmemcached-tools procps
-              default-jre-headless)   # Java for PySpark (python -m bench analyze)
+              default-jre-headless    # Java for PySpark (python -m bench analyze)
+              webhook                 # a Go server: llft must refuse it (tests/test_unreplicable.py)
+              lighttpd                # sizes its fd budget by fd numbers (tests/test_private_files.py)
+              nginx-light)            # forks workers to serve: refused (tests/test_processes.py)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -19,7 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # The packaged services must not hold the ports the tests use.
-    for svc in redis-server memcached; do
+    for svc in redis-server memcached webhook lighttpd nginx; do
         $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || $SUDO service "$svc" stop >/dev/null 2>&1 || true
     done
 fi

@@ -57,8 +57,9 @@ def test_a_stalled_backup_is_flagged_and_logged_within_the_bound(examples, tmp_p
     fifo = tmp_path / "fifo-1"
     os.mkfifo(fifo)
     run_dir = tmp_path / "rd"
+    # --shared-files: a FIFO seen through a replica's overlay is a pipe of its own.
     proc = subprocess.Popen([tool("llft-run"), "--replicas", "3", "--run-dir", str(run_dir), "--stall-alarm", "1",
-                             "--", examples / "stall_replica", tmp_path, "6"],
+                             "--shared-files", "--", examples / "stall_replica", tmp_path, "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "STALL_REPLICA": "1"})
     try:

@@ -19,6 +19,9 @@ from llft.cluster.membership import JoinRefused
 from llft.follow import STALL_S
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
+from llft.private_files import PrivateFilesUnavailable
+from llft.private_files import check_available as check_private_files
+from llft.program_kind import unreachable
 
 PROG = "llft-run"
 MIN_FAULT_TIMEOUT_MS = 20.0
@@ -110,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", "--host", dest="host", metavar="ADDR",
                    help="address the gateway listens on (default: the address the program bound, so that a "
                         "program bound to 127.0.0.1 is served on loopback only; 0.0.0.0 or :: widen it)")
+    p.add_argument("--shared-files", action="store_true",
+                   help="let the replicas write the machine's files themselves.  By default each replica "
+                        "writes into its own overlay of the filesystem, RUN_DIR/replica-K/files/<mount>/upper "
+                        "(llft-status shows where), reading the machine's files beneath it: replicas of a "
+                        "program with a log or a data directory would otherwise write the same files.  "
+                        "Without root, replicas share the files, with a warning")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
@@ -130,6 +139,13 @@ def resolve_program(name: str) -> str:
     if not found:
         raise UsageError(f"{name}: command not found")
     return found
+
+
+def check_reachable(path: str):
+    """Refuses a program the preload library cannot reach (llft/program_kind.py)."""
+    why = unreachable(path)
+    if why:
+        raise UsageError(f"cannot replicate it: {why}")
 
 
 def parse(argv) -> tuple[argparse.Namespace, list[str]]:
@@ -174,9 +190,23 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         if not 0 < int(public) < 65536:
             raise UsageError(f"--port {spec}: port out of range")
     program[0] = resolve_program(program[0])
+    check_reachable(program[0])
     if not PRELOAD_LIBRARY.exists():
         raise UsageError(f"the preload library {PRELOAD_LIBRARY} is missing: reinstall llft")
     return args, program
+
+
+def private_files(args) -> bool:
+    """Whether replicas get private files: by default, where this machine allows it."""
+    if args.shared_files:
+        return False
+    try:
+        check_private_files()
+    except PrivateFilesUnavailable as e:
+        log.warning("the replicas share this machine's files (%s): a program that writes files may diverge; "
+                    "--shared-files silences this", e)
+        return False
+    return True
 
 
 def run_member(args, program: list[str], run_dir: Path) -> int:
@@ -188,7 +218,8 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          fault_timeout=args.fault_timeout and max(args.fault_timeout, MIN_FAULT_TIMEOUT_MS) / 1000,
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
                          rejoin=not args.no_rejoin, realtime=not args.no_realtime,
-                         history_limit=int(args.history_limit * (1 << 20)), stall_alarm=args.stall_alarm)
+                         history_limit=int(args.history_limit * (1 << 20)), stall_alarm=args.stall_alarm,
+                         private_files=private_files(args))
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):
@@ -202,6 +233,8 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
         return fail(PROG, str(e), 1)
     finally:
         member.cleanup()
+    if member.failed:
+        return fail(PROG, f"{member.failed}; this member was stopped", 1)
     if status == EXIT_DIVERGED:
         print(f"{PROG}: this replica did not stay consistent with the primary; see {run_dir}", file=sys.stderr)
     return status
@@ -229,7 +262,7 @@ def main(argv=None) -> int:
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn,
-                           stall_alarm=args.stall_alarm)
+                           stall_alarm=args.stall_alarm, private_files=private_files(args))
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):

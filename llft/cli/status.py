@@ -60,6 +60,7 @@ def main(argv=None) -> int:
               f"{m['threads'] if m['threads'] is not None else '-':>7}  "
               f"{sent_text:>26}  "
               f"{m['divergence'] or follow_problem(m) or output_problem(m) or rejoin_note(m)}")
+    print_files(replicas)
     gw = report["gateway"]
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
@@ -76,6 +77,17 @@ def main(argv=None) -> int:
               f"{out['bytes_in']} bytes in, {out['bytes_out']} bytes out"
               + (f"; {out['dropped']} dropped: {'; '.join(out['errors'][-3:])}" if out["dropped"] else ""))
     return 0
+
+
+def print_files(replicas: list[dict]):
+    """Where each replica's writes went (llft/private_files.py)."""
+    private = [m for m in replicas if m.get("files")]
+    if private:
+        print("files: each replica writes into its own overlay, above the machine's unchanged files:")
+        for m in private:
+            print(f"  replica {m['index']}: {m['files']}/<mount>/upper")
+    elif replicas:
+        print("files: the replicas share this machine's files (--shared-files, or llft-run without root)")
 
 
 def add_output_views(replicas: list[dict]):

@@ -95,6 +95,7 @@ class MemberOptions:
     history_limit: int = DEFAULT_HISTORY_LIMIT   # bytes of history kept for newcomers (history.py)
     realtime: bool = True           # controller at real-time priority where permitted (priority.py)
     stall_alarm: float = STALL_S    # its replica, a backup, replaying nothing this long while records wait
+    private_files: bool = False     # its replica in its own view of the files (llft/private_files.py)
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
     config: Config = field(default_factory=lambda: Config(liveness=0.005))
@@ -113,6 +114,7 @@ class HostMember:
         self.gid = group_id(opts.group)
         self.realtime = False                   # its controller runs at real-time priority (run())
         self.interrupted: int | None = None
+        self.failed: str | None = None          # why this member stopped its group's program, if it did
         self.replica: Replica | None = None
         self.ep: GroupEndpoint | None = None
         self.joiner: Joiner | None = None
@@ -230,7 +232,7 @@ class HostMember:
         stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
         out_dir = self.run_dir / f"replica-{index}"
         out_dir.mkdir(exist_ok=True)
-        self.replica = Replica(index, stream, out_dir)
+        self.replica = Replica(index, stream, out_dir, private_files=self.opts.private_files)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
@@ -572,6 +574,13 @@ class HostMember:
                     self._check_following()
                     self.write_state("running")
                     next_state = time.monotonic() + STATE_EVERY_S
+                    why = self.replica.unreplicable()
+                    if why:   # nothing may be served unreplicated
+                        self.failed = why
+                        log.error("%s; this member stops", self.failed)
+                        self.stop()
+                        await self._stop_shipping()
+                        return 1
                 try:
                     await asyncio.wait_for(exited.wait(), TICK_S)
                 except asyncio.TimeoutError:
@@ -742,6 +751,9 @@ class HostMember:
     def _verdict(self, status: int) -> int:
         r = self.replica
         log.info("replica %d (%s) exited with status %s", r.index, r.role, status)
+        if r.stream.refused:
+            self.failed = f"cannot replicate the program: {r.stream.divergence}"
+            log.error("%s", self.failed)
         if r.role == "primary":
             return status
         if r.stream.diverged or status == EXIT_DIVERGED:
@@ -813,7 +825,8 @@ class HostMember:
             "argv": self.argv, "member": self.me, "view": {"pvn": view.pvn, "primary": view.primary},
             "members": members,
             "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
-                          "stream": r.stream.path, "status": r.status, "records": r.stream.records,
+                          "stream": r.stream.path, "files": r.files_dir and str(r.files_dir),
+                          "status": r.status, "records": r.stream.records,
                           "follow": None if self.ep.is_primary else self.follow.view(r.index),
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},

@@ -1,0 +1,102 @@
+"""Programs that make processes: shells that fork before they exec (and
+their vfork), command substitutions whose output the replicated shell
+reads, and servers that fork workers to serve clients, which llft does not
+replicate yet and must refuse in one line rather than serve unreplicated."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import tool
+from serving import ServingGroup
+from test_failover import check_exactly_once, finish_and_check, run_clients
+
+SH = shutil.which("sh") or "/bin/sh"
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+
+
+def llft_run(tmp_path, *argv, replicas=3, timeout=60):
+    return subprocess.run([tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(tmp_path / "rd"), "--",
+                           *map(str, argv)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_shell_that_forks_then_execs_runs_to_its_end(tmp_path):
+    """dash runs /bin/true in a vfork child: the child must not record
+    (or, at a backup, replay) its exec as the shell's own call."""
+    p = llft_run(tmp_path, SH, "-c", "/bin/true; exec sleep 0.2", replicas=2, timeout=30)
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_command_substitution_reads_the_same_at_every_replica(tmp_path):
+    """The shell reads its child's output through a pipe: every replica's
+    shell reads the primary's bytes, though each replica's child printed
+    its own clock (llft-run exits 86 when the replicas' stdout differ)."""
+    p = llft_run(tmp_path, SH, "-c", 'now=$(date +%s%N); sleep 0.01; echo "at $now"; /bin/true', timeout=30)
+    assert p.returncode == 0, p.stderr
+    outs = {(tmp_path / "rd" / f"replica-{k}" / "stdout").read_text() for k in range(3)}
+    assert len(outs) == 1 and outs.pop().startswith("at "), outs
+
+
+def test_a_server_started_by_a_forking_shell_script_fails_over(examples, tmp_path):
+    script = tmp_path / "start.sh"
+    script.write_text(f"#!/bin/sh\n/bin/true\necho starting >&2\nexec {examples / 'echo_server'} \"$1\"\n")
+    script.chmod(0o755)
+    group = ServingGroup(tmp_path / "rd", [script, 7000])
+    results = run_clients(group, nclients=3, nlines=200, kills=1)
+    check_exactly_once(results, 3, 200)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+
+
+def no_process_left(marker: str):
+    """No process whose command line holds marker (the test's own port)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        left = [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"left running: {[p.pid for p in left]}")
+
+
+def test_a_server_that_forks_workers_is_refused_in_one_line(examples, tmp_path):
+    """prefork_server (nginx's and apache prefork's process model): its
+    workers accept on the inherited listener.  Refused, with what it did,
+    and nothing of it left running."""
+    port = "7417"
+    p = llft_run(tmp_path, examples / "prefork_server", port, 2)
+    assert p.returncode == 1, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
+    assert line and "forked" in line[0] and "accepted a client connection" in line[0], p.stderr
+    no_process_left(f"prefork_server {port}")
+
+
+@pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
+def test_nginx_with_its_default_master_and_workers_is_refused(tmp_path):
+    (tmp_path / "www").mkdir()
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(f"""daemon off;
+master_process on;
+worker_processes 2;
+pid {tmp_path}/nginx.pid;
+error_log {tmp_path}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log {tmp_path}/logs/access.log;
+  client_body_temp_path {tmp_path}/body;
+  proxy_temp_path {tmp_path}/proxy;
+  fastcgi_temp_path {tmp_path}/fastcgi;
+  uwsgi_temp_path {tmp_path}/uwsgi;
+  scgi_temp_path {tmp_path}/scgi;
+  server {{ listen 127.0.0.1:7418; root {tmp_path}/www; }}
+}}
+""")
+    p = llft_run(tmp_path, NGINX, "-c", conf, "-p", tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
+    no_process_left(str(conf))
