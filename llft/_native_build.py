@@ -93,11 +93,12 @@ ffibuilder.cdef("""
     int llft_disable_aslr(void);
     int llft_die_with_parent(int parent);
     int llft_private_files(const char *plan);
+    int llft_become_subreaper(void);
 """)
 ffibuilder.set_source(
     "llft._native",
     '#include "ring.h"\n#include "listeners.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n'
-    'int llft_private_files(const char *plan);\n',
+    'int llft_private_files(const char *plan);\nint llft_become_subreaper(void);\n',
     sources=["native/ring.c", "native/spawn.c", "native/listeners.c", "native/private_files.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],

@@ -20,6 +20,7 @@ from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSou
                                        stream_path)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
                          StreamFile)
+from llft.process_tree import end_orphans
 from llft.replica import Replica
 from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
@@ -470,6 +471,7 @@ class LocalGroup:
         return [(r, p) for r in self.replicas for p in r.problems]
 
     def cleanup(self):
+        end_orphans(keep={r.pid for r in self.replicas if r.alive()})
         for r in self.replicas:
             r.stream.close()
             r.stream.unlink()

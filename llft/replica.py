@@ -12,6 +12,7 @@ from llft import PRELOAD_LIBRARY, private_files
 from llft.members import start_time
 from llft.native import ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
 from llft.native_sockets import bypass_message, bypassing_ports
+from llft.process_tree import end_process_group
 from llft.serving.channel import ProgramChannel
 
 
@@ -100,6 +101,7 @@ class Replica:
             rc = self.proc.poll()
             if rc is not None:
                 self.status = rc if rc >= 0 else 128 - rc
+                end_process_group(self.proc.pid)   # what it forked goes with it
         return self.status
 
     def alive(self) -> bool:

@@ -30,7 +30,7 @@ void *llft_resolve(const char *name, const char *version)
     void *p = version ? dlvsym(RTLD_NEXT, name, version) : dlsym(RTLD_NEXT, name);
     if (!p) {
         llft_log("llft: cannot find the real %s: %s", name, dlerror());
-        _exit(LLFT_EXIT_NOSTREAM);
+        llft_exit_now(LLFT_EXIT_NOSTREAM);
     }
     return p;
 }
@@ -76,7 +76,7 @@ void llft_log(const char *fmt, ...)
 static __attribute__((noreturn)) void fail_attach(const char *path, const char *why)
 {
     llft_log("llft: cannot attach the record stream %s: %s", path, why);
-    _exit(LLFT_EXIT_NOSTREAM);
+    llft_exit_now(LLFT_EXIT_NOSTREAM);
 }
 
 /* LLFT_SHM is "fd:N", the stream file's fd handed down by the controller
@@ -241,7 +241,7 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     backtrace_symbols_fd(frames, n, 2);
     if (c)
         where_into(c->div_where, sizeof c->div_where, frames, n);
-    _exit(exit_code);
+    llft_exit_now(exit_code);
 }
 
 void llft_refuse(const char *fmt, ...)
@@ -257,12 +257,12 @@ void llft_refuse(const char *fmt, ...)
         __atomic_store_n(&c->refused, 1, __ATOMIC_RELEASE);
     }
     llft_log("llft: cannot replicate: %s", text);
-    _exit(LLFT_EXIT_UNREACHABLE);
+    llft_exit_now(LLFT_EXIT_UNREACHABLE);
 }
 
 /* exit(): a backup's exiting thread waits for the primary's end of stream;
  * the primary's, for the creations of threads that are running already. */
-__attribute__((destructor)) static void llft_dtor(void)
+static void at_exit(void)
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -270,4 +270,25 @@ __attribute__((destructor)) static void llft_dtor(void)
         llft_replay_at_exit(t);
     else if (role == LLFT_ROLE_PRIMARY)
         llft_primary_at_exit();
+}
+
+__attribute__((destructor)) static void llft_dtor(void) { at_exit(); }
+
+/* _exit() skips the destructors, and a program that ends with it (dash's
+ * exit builtin) must end as exit() does: a backup's ending before its
+ * primary's would read as a backup gone astray. */
+DEFINE_REAL(_exit)
+EXPORT void _exit(int status)
+{
+    at_exit();
+    ((void (*)(int))REAL(_exit))(status);
+    __builtin_unreachable();
+}
+
+EXPORT void _Exit(int status) { _exit(status); }
+
+void llft_exit_now(int code)
+{
+    syscall(SYS_exit_group, code);
+    __builtin_unreachable();
 }

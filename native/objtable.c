@@ -34,7 +34,7 @@ static struct llft_obj *table_get_slow(void)
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
         llft_log("llft: cannot allocate the lock table");
-        _exit(LLFT_EXIT_NOSTREAM);
+        llft_exit_now(LLFT_EXIT_NOSTREAM);
     }
     struct llft_obj *expected = NULL;
     if (!__atomic_compare_exchange_n(&table, &expected, m, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -83,5 +83,5 @@ struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id)
         }
     }
     llft_log("llft: more than %u distinct locks; cannot order more", OBJ_SLOTS);
-    _exit(LLFT_EXIT_NOSTREAM);
+    llft_exit_now(LLFT_EXIT_NOSTREAM);
 }

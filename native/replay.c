@@ -27,7 +27,7 @@ static void *map_anon(size_t bytes, const char *what)
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
         llft_log("llft: cannot allocate %s", what);
-        _exit(LLFT_EXIT_NOSTREAM);
+        llft_exit_now(LLFT_EXIT_NOSTREAM);
     }
     return m;
 }
@@ -442,7 +442,7 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
                          "next one): exiting with the primary's status %lld",
                          llft_ctl->replica, LOAD(&live_threads, SEQ), (long long)primary_status);
                 STORE(&llft_ctl->stopped_for_good, 1, SEQ);
-                _exit((int)primary_status);
+                llft_exit_now((int)primary_status);
             }
             if (all || ((primary_status < 0 || !replayed) &&
                         llft_now_ms() - stream_ended_ms > llft_ctl->end_grace_ms))

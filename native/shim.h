@@ -143,6 +143,9 @@ const char *llft_exec_unreachable(const char *name, int search, int fd);
 /* Stops this replica, saying in the control block why it cannot be
  * replicated (LLFT_EXIT_UNREACHABLE). */
 __attribute__((noreturn, format(printf, 1, 2))) void llft_refuse(const char *fmt, ...);
+/* Ends the process at once, as _exit does, without the program's _exit
+ * wrapper (core.c), which would wait for the primary's end of stream. */
+__attribute__((noreturn)) void llft_exit_now(int code);
 /* The control block of the replica this process was forked from, or NULL:
  * a forked child runs unrecorded, and may not reach the program's clients
  * (llft_forked_use refuses it). */

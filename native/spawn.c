@@ -13,6 +13,13 @@ int llft_disable_aslr(void)
     return cur < 0 ? cur : personality((unsigned long)cur | ADDR_NO_RANDOMIZE);
 }
 
+/* Orphans of the replicas (a daemon's forked self) are re-parented to the
+ * controller, which ends them with the group (llft/process_tree.py). */
+int llft_become_subreaper(void)
+{
+    return prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
+
 /* A replica does not outlive its controller: SIGKILLed with it (a replica
  * left running would hold the program's ports and files).  The parent may
  * have died between fork and this call: then exit at once. */

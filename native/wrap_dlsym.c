@@ -31,7 +31,7 @@ static dlsym_fn find_real_dlsym(void)
             p = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
         if (!p) {
             llft_log("llft: cannot find the real dlsym: %s", dlerror());
-            _exit(LLFT_EXIT_NOSTREAM);
+            llft_exit_now(LLFT_EXIT_NOSTREAM);
         }
         __atomic_store_n(&real_dlsym, p, __ATOMIC_RELAXED);
     }

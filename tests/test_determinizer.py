@@ -191,6 +191,15 @@ def test_event_loop_wait_returns_after_the_calls_before_it(examples, llft_run, l
     assert "diverge" not in run.stderr and "different call" not in run.stderr
 
 
+def test_a_program_that_ends_with_underscore_exit_ends_after_its_primary(examples, llft_run):
+    """_exit() runs no destructors (dash's exit builtin ends so): a backup
+    must still wait for its primary's end of stream.  The primary spins
+    before its _exit, so without that wait both backups end first, are
+    taken for gone astray, and the group exits 86."""
+    run = llft_run([examples / "late_exit", 7], replicas=3, env={"LATE_REPLICA": "0"})
+    assert run.status == 7, run.stderr
+
+
 def test_missing_stream_is_a_clear_error_not_a_hang(examples, tmp_path):
     env = {**os.environ, "LD_PRELOAD": str(PRELOAD_LIBRARY), "LLFT_SHM": str(tmp_path / "nope")}
     proc = subprocess.run([examples / "race", "2", "10"], env=env, capture_output=True, text=True, timeout=30)

@@ -100,3 +100,31 @@ http {{
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
     no_process_left(str(conf))
+
+
+def processes_running(marker: str) -> int:
+    return sum(1 for p in psutil.process_iter(["cmdline", "status"])
+               if " ".join(p.info["cmdline"] or []) == marker and p.info["status"] != psutil.STATUS_ZOMBIE)
+
+
+def test_what_a_replica_forked_goes_with_it_and_with_the_group(examples, tmp_path):
+    """A background child goes when its replica is killed (its process
+    group); one that made a session of its own (setsid, as daemons do)
+    goes when the group ends: llft-run is their subreaper."""
+    a, b = "sleep 3601", "sleep 3602"
+    group = ServingGroup(tmp_path / "rd", [SH, "-c", f"{a} & setsid {b} & exec {examples / 'echo_server'} 7000"])
+    wait_until = time.monotonic() + 10
+    while (processes_running(a), processes_running(b)) != (3, 3):
+        assert time.monotonic() < wait_until, (processes_running(a), processes_running(b))
+        time.sleep(0.05)
+    from serving import kill_primary
+    kill_primary(group.run_dir)
+    wait_until = time.monotonic() + 10
+    while processes_running(a) != 2:
+        assert time.monotonic() < wait_until, "the killed replica's child outlived it"
+        time.sleep(0.05)
+    with group.connect() as s:           # the group serves on, failed over
+        s.sendall(b"hello\n")
+        assert s.makefile().readline().endswith("hello\n")
+    group.stop()
+    assert (processes_running(a), processes_running(b)) == (0, 0), "a replica's child outlived the group"

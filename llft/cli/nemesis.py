@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,9 @@ def main(argv=None) -> int:
     except UsageError as e:
         return fail(PROG, str(e))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    # SIGTERM unwinds as Ctrl-C does: each group's llft-run runs in a session
+    # of its own, and only the unwinding stops it.
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
     if args.fuzz is not None:
         return fuzz_main(args, seed)
     shapes = []

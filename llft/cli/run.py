@@ -21,6 +21,7 @@ from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
 from llft.private_files import PrivateFilesUnavailable
 from llft.private_files import check_available as check_private_files
+from llft.process_tree import become_subreaper
 from llft.program_kind import unreachable
 
 PROG = "llft-run"
@@ -249,6 +250,7 @@ def main(argv=None) -> int:
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
     setup_logging(args.log_level, run_dir / "llft.log")
+    become_subreaper()   # a daemon the program forks is ended with the group (llft/process_tree.py)
     advice = known_race(program)
     if advice:
         log.warning("%s", advice)

@@ -48,6 +48,7 @@ from llft.messaging.retire import RETIRED_DROP
 from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
+from llft.process_tree import end_orphans
 from llft.replica import Replica
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
@@ -799,6 +800,7 @@ class HostMember:
             feeder.end()
             feeder.join(timeout=3)   # it writes into the ring we are about to unmap
         if self.replica is not None:
+            end_orphans(keep={self.replica.pid} if self.replica.alive() else set())
             self.replica.stream.close()
             self.replica.stream.unlink()
 

@@ -1,0 +1,42 @@
+"""What a replica's program leaves running: the processes it forked.
+
+A replica runs in a session of its own (its pid is its process group), so
+whatever it forks without a setsid of its own goes when the replica goes.
+A child that made itself a session of its own (a daemon's) is re-parented
+to the controller, which llft-run makes a child subreaper, and is ended
+when the group ends.  Nothing a replica started outlives llft-run."""
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+from llft.native import lib
+
+
+def become_subreaper():
+    """Orphans of this controller's replicas are re-parented here, not to init."""
+    lib.llft_become_subreaper()
+
+
+def end_process_group(pgid: int):
+    """SIGKILL to what is left of a replica's process group (its forked
+    children); the group id cannot be reused while any member lives."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_orphans(keep: set[int]):
+    """Ends and reaps the processes re-parented to this controller, other
+    than keep (pids it started and waits for itself)."""
+    for child in psutil.Process().children():
+        if child.pid in keep:
+            continue
+        try:
+            child.kill()
+            os.waitpid(child.pid, 0)
+        except (psutil.Error, ChildProcessError):
+            pass
