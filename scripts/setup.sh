@@ -32,6 +32,14 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q ".[test,bench]"
+.venv/bin/python -m pip install -q ".[test,bench,checkpoint]"
+# CRIU 4.2 for checkpoints (scripts/build-criu.sh; bookworm's does not work
+# on this kernel).  Nothing depends on it yet: a failed build is a warning.
+if ./scripts/build-criu.sh && /opt/criu/sbin/criu check >/dev/null 2>&1; then
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo /opt/criu/lib/python > "$site/pycriu.pth"     # pycriu, built from the same tarball as criu
+else
+    echo "setup: warning: CRIU 4.2 could not be built or does not pass 'criu check'" >&2
+fi
 make -s -C examples
 echo "setup: ready (.venv/bin/llft-run)"
