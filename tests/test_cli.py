@@ -3,6 +3,7 @@ each bad invocation, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -160,3 +161,15 @@ def test_output_comparison_tells_a_lagging_backup_from_a_diverged_one():
     assert output_digest(primary) == output_digest(dict(primary))
     assert output_digest(primary)["connections"] == 5 and output_digest(primary)["bytes"] == 22
     assert output_digest(primary)["digest"] != output_digest(behind)["digest"]
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(examples, tmp_path):
+    """`llft-status | head -1`: the pipe closes under llft-status."""
+    rd = tmp_path / "rd"
+    assert run(tool("llft-run"), "--replicas", "3", "--run-dir", str(rd), "--", examples / "race", "2", "50").returncode == 0
+    r, w = os.pipe()
+    os.close(r)                                  # the reader is gone before the first line
+    p = subprocess.run([tool("llft-status"), "--run-dir", str(rd)], stdout=w, stderr=subprocess.PIPE, text=True,
+                       timeout=30)
+    os.close(w)
+    assert p.returncode == 141 and "Traceback" not in p.stderr, p.stderr

@@ -1,8 +1,11 @@
-"""What every llft command shares: one-line errors, logging set-up."""
+"""What every llft command shares: one-line errors, logging set-up, a
+reader that stops reading."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
 import sys
 
 LOG_LEVELS = ["debug", "info", "warning", "error"]
@@ -22,6 +25,19 @@ class Parser(argparse.ArgumentParser):
 def fail(prog: str, message: str, status: int = 2) -> int:
     print(f"{prog}: {message}", file=sys.stderr)
     return status
+
+
+def reader_may_stop(main):
+    """`llft-status | head` ends the pipe early: that is the reader's
+    choice, not an error to print a traceback for."""
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit's flush fails silently
+            return 141    # 128 + SIGPIPE, as a shell reports it
+    return run
 
 
 def setup_logging(level: str, log_file=None):

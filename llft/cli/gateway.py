@@ -14,7 +14,7 @@ from pathlib import Path
 from llft import rundir
 from llft.auth import Keyring, generate_key_file
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
-from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, reader_may_stop, setup_logging
 from llft.cluster.datagrams import GatewayDatagrams, parse_port_map
 from llft.cluster.gateway import ClusterGateway
 from llft.cluster.gateway_outgoing import GatewayOutgoing
@@ -144,6 +144,7 @@ class GatewayProcess:
         })
 
 
+@reader_may_stop
 def main(argv=None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)

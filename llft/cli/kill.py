@@ -7,7 +7,7 @@ import signal
 import sys
 
 from llft import rundir
-from llft.cli.common import Parser, UsageError, fail
+from llft.cli.common import Parser, UsageError, fail, reader_may_stop
 from llft.cluster import netfaults
 from llft.members import owns
 
@@ -127,6 +127,7 @@ def network_fault(states: list[dict], args) -> str:
     return f"partitioned replicas {sides[0]} from {sides[1]}"
 
 
+@reader_may_stop
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from llft.cli.common import Parser, UsageError, fail
+from llft.cli.common import Parser, UsageError, fail, reader_may_stop
 from llft.nemesis.cluster import KINDS as CLUSTER_KINDS, ClusterRun
 from llft.nemesis.faults import KINDS
 from llft.nemesis.run import ShapeRun
@@ -68,6 +68,7 @@ def build_parser():
     return p
 
 
+@reader_may_stop
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)

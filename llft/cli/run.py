@@ -12,7 +12,7 @@ from pathlib import Path
 from llft import PRELOAD_LIBRARY, rundir
 from llft.cli.advice import known_race
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
-from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, setup_logging
+from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, reader_may_stop, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
 from llft.cluster.member import FAULT_TIMEOUT_ORDINARY_S, FAULT_TIMEOUT_S, HostMember, MemberOptions
 from llft.cluster.membership import JoinRefused
@@ -241,6 +241,7 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
     return status
 
 
+@reader_may_stop
 def main(argv=None) -> int:
     try:
         args, program = parse(sys.argv[1:] if argv is None else argv)

@@ -5,7 +5,7 @@ import json
 import sys
 
 from llft import rundir
-from llft.cli.common import Parser, UsageError, fail
+from llft.cli.common import Parser, UsageError, fail, reader_may_stop
 from llft.members import member_view, output_differs, output_digest
 
 PROG = "llft-status"
@@ -21,6 +21,7 @@ def build_parser():
     return p
 
 
+@reader_may_stop
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
