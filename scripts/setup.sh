@@ -10,7 +10,8 @@ APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftab
               default-jre-headless    # Java for PySpark (python -m bench analyze)
               webhook                 # a Go server: llft must refuse it (tests/test_unreplicable.py)
               lighttpd                # sizes its fd budget by fd numbers (tests/test_private_files.py)
-              nginx-light)            # forks workers to serve: refused (tests/test_processes.py)
+              nginx-light apache2-bin # fork workers to serve: refused (tests/test_processes.py)
+              dnsmasq-base)           # UDP and TCP in the foreground; forks per TCP query with -k
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -19,6 +20,14 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "setup: installing ${missing[*]}"
+    # No packaged service starts while they install (policy-rc.d, as
+    # container images do): several want port 80, the tests want none.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+        $SUDO chmod +x "$policy"
+        trap '$SUDO rm -f "$policy"' EXIT
+    fi
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # The packaged services must not hold the ports the tests use.

@@ -217,3 +217,54 @@ def test_lighttpd_serves_across_failovers_with_its_own_logs(tmp_path):
         assert "out-of-fds" not in errors, f"replica {k}: {errors}"
     final = replica_copy(state, 2, tmp_path / "logs") / "access.log"
     assert len(final.read_text().splitlines()) == 320, "each request is logged once in the replica's own log"
+
+
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+
+
+@pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
+def test_nginx_single_process_fails_over_and_logs_once_per_replica(tmp_path):
+    """nginx with master_process off: each replica's access.log in its own
+    files has every request once, the machine's log directory stays empty,
+    and a kill under keep-alive load loses no request."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "logs").mkdir()
+    page = b"<p>llft</p>\n" * 40
+    (tmp_path / "www" / "index.html").write_bytes(page)
+    conf = tmp_path / "nginx.conf"
+    temp = " ".join(f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                         "scgi"))
+    conf.write_text(f"""daemon off;
+master_process off;
+pid {tmp_path}/logs/nginx.pid;
+error_log {tmp_path}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log {tmp_path}/logs/access.log;
+  {temp}
+  server {{ listen 127.0.0.1:{free_port()}; root {tmp_path}/www; }}
+}}
+""")
+    group = ServingGroup(tmp_path / "rd", [NGINX, "-c", conf, "-p", tmp_path])
+    progress = Progress()
+    bodies: dict[int, list[bool]] = {}
+
+    def client(i):
+        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        bodies[i] = []
+        for _ in range(100):
+            conn.request("GET", "/")
+            r = conn.getresponse()
+            bodies[i].append(r.status == 200 and r.read() == page)
+            progress.tick()
+        conn.close()
+
+    concurrently(client, 3, kill_after(group, progress, 120))
+    assert all(all(b) and len(b) == 100 for b in bodies.values()), bodies
+    group.stop()
+    state = group.finish()
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert list((tmp_path / "logs").iterdir()) == [], "a replica wrote the machine's logs"
+    logs = {k: (replica_copy(state, k, tmp_path / "logs") / "access.log").read_text().splitlines() for k in (1, 2)}
+    assert len(logs[1]) == 300, "the new primary's log lacks requests, or has some twice"
+    assert [ln.split('"')[1] for ln in logs[1]] == [ln.split('"')[1] for ln in logs[2]]

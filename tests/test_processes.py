@@ -5,6 +5,8 @@ replicate yet and must refuse in one line rather than serve unreplicated."""
 from __future__ import annotations
 
 import shutil
+import socket
+import struct
 import subprocess
 import time
 
@@ -128,3 +130,124 @@ def test_what_a_replica_forked_goes_with_it_and_with_the_group(examples, tmp_pat
         assert s.makefile().readline().endswith("hello\n")
     group.stop()
     assert (processes_running(a), processes_running(b)) == (0, 0), "a replica's child outlived the group"
+
+
+APACHE = shutil.which("apache2") or shutil.which("apache2", path="/usr/sbin")
+APACHE_MODULES = "/usr/lib/apache2/modules"
+
+
+@pytest.mark.skipif(not APACHE, reason="apache2 not installed (scripts/setup.sh installs it)")
+def test_apache_prefork_is_refused_in_one_line(tmp_path):
+    """apache's prefork children accept on the listener their parent bound
+    (and share a scoreboard in shared memory): refused, never served."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "httpd.conf"
+    conf.write_text(f"""ServerRoot {tmp_path}
+LoadModule mpm_prefork_module {APACHE_MODULES}/mod_mpm_prefork.so
+LoadModule authz_core_module {APACHE_MODULES}/mod_authz_core.so
+Listen 127.0.0.1:7419
+ServerName localhost
+PidFile {tmp_path}/logs/httpd.pid
+ErrorLog {tmp_path}/logs/error.log
+DocumentRoot {tmp_path}/www
+StartServers 2
+User nobody
+Group nogroup
+Mutex file:{tmp_path}/logs
+""")
+    p = llft_run(tmp_path, APACHE, "-f", conf, "-DFOREGROUND")
+    assert p.returncode == 1, p.stderr
+    assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
+    no_process_left(str(conf))
+
+
+DNSMASQ = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin")
+
+
+def dns_query(name: str, qid: int = 0x1234) -> bytes:
+    header = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split("."))
+    return header + labels + b"\0" + struct.pack(">HH", 1, 1)
+
+
+def dnsmasq_argv(tmp_path, port: int, *mode: str) -> list:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.1.2.3 box.test\n")
+    return [DNSMASQ, *mode, f"--port={port}", "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv",
+            "--no-hosts", f"--addn-hosts={hosts}", "--pid-file=", "--user=root"]
+
+
+def tcp_dns(port: int, name: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        q = dns_query(name)
+        s.sendall(struct.pack(">H", len(q)) + q)
+        return s.recv(512)
+
+
+def udp_dns(port: int, name: str, within: float = 20.0) -> bytes:
+    """The answer to one UDP query, asked again until the server is up."""
+    end = time.monotonic() + within
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.settimeout(0.5)
+            u.sendto(dns_query(name), ("127.0.0.1", port))
+            try:
+                return u.recvfrom(512)[0]
+            except socket.timeout:
+                assert time.monotonic() < end, "no UDP answer"
+
+
+def run_dnsmasq(tmp_path, port: int, *mode: str) -> subprocess.Popen:
+    return subprocess.Popen([tool("llft-run"), "--replicas", "3", "--run-dir", str(tmp_path / "rd"), "--",
+                             *map(str, dnsmasq_argv(tmp_path, port, *mode))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def end(proc: subprocess.Popen, timeout: float = 30) -> str:
+    """Stops llft-run if it still runs; returns what it said on stderr."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+HOST_ANSWER = bytes([10, 1, 2, 3])
+
+
+@pytest.mark.skipif(not DNSMASQ, reason="dnsmasq not installed (scripts/setup.sh installs it)")
+def test_dnsmasq_in_the_foreground_answers_udp_and_tcp_across_a_failover(tmp_path):
+    """dnsmasq -d answers TCP queries itself (no child): served over UDP
+    and TCP, before and after the primary is killed."""
+    port = 7422
+    proc = run_dnsmasq(tmp_path, port, "-d")
+    try:
+        answers = [udp_dns(port, "box.test"), tcp_dns(port, "box.test")]
+        from serving import kill_primary
+        kill_primary(tmp_path / "rd")
+        answers += [udp_dns(port, "box.test"), tcp_dns(port, "box.test")]
+        assert all(a.endswith(HOST_ANSWER) for a in answers), answers
+    finally:
+        err = end(proc)
+    assert "cannot replicate" not in err, err
+
+
+@pytest.mark.skipif(not DNSMASQ, reason="dnsmasq not installed (scripts/setup.sh installs it)")
+def test_dnsmasq_forking_a_child_per_tcp_query_is_refused(tmp_path):
+    """dnsmasq without -d (here -k, in the foreground) forks a child for
+    each TCP query, which would answer it unreplicated: refused at the
+    first TCP query, the UDP service before it intact."""
+    port = 7421
+    proc = run_dnsmasq(tmp_path, port, "-k")
+    try:
+        assert udp_dns(port, "box.test").endswith(HOST_ANSWER)
+        assert tcp_dns(port, "box.test") == b"", "a forked child answered a client unreplicated"
+        proc.wait(timeout=30)
+    finally:
+        err = end(proc)
+    assert proc.returncode == 1, err
+    assert "a process the program forked" in err and "used a client connection" in err, err
