@@ -22,6 +22,7 @@ PRELOAD_SOURCES = [
     "native/wrap_random.c",
     "native/wrap_open.c",
     "native/wrap_exec.c",
+    "native/wrap_fork.c",
     "native/elf_check.c",
     "native/fdtable.c",
     "native/channel.c",

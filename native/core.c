@@ -1,9 +1,8 @@
-/* Start-up, attaching to the controller's shared file, fork handling and
+/* Start-up, attaching to the controller's shared file, exits and
  * divergence reports.  Uses raw system calls only: it runs before, and
  * underneath, the functions it wraps. */
 #include "shim.h"
 #include "channel.h"
-#include "fdtable.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -141,44 +140,6 @@ __attribute__((constructor)) static void llft_ctor(void)
 {
     if (__atomic_load_n(&llft_state, __ATOMIC_ACQUIRE) == 0)
         llft_init_slow();
-}
-
-/* A forked child is not a replica: it runs unrecorded.  It may run what
- * it execs, or work on its own files and pipes; a client connection,
- * listener or UDP socket it inherited is the replicas' alone, and a child
- * that uses one is refused (llft_forked_use) rather than serve a client
- * unreplicated (nginx's workers would read llft's connection headers as
- * requests). */
-llft_ctl_t *llft_forked_from;
-
-DEFINE_REAL(fork)
-EXPORT pid_t fork(void)
-{
-    pid_t p = REAL(fork)();
-    if (p == 0 && llft_ctl) {
-        llft_forked_from = llft_ctl;
-        llft_ctl = NULL;
-    } else if (p > 0 && llft_ctl) {
-        llft_fds_shared_with_child();
-    }
-    return p;
-}
-
-/* vfork's child borrows its parent's memory until it execs: whatever it
- * called through the shim would be recorded (or replayed) as the parent's
- * own calls, as dash's child recorded its exec of /bin/true in its
- * parent's stream and a backup's consumed its parent's record.  A fork is
- * what POSIX lets vfork be: the child then runs unrecorded on its own. */
-EXPORT pid_t vfork(void)
-{
-    return fork();
-}
-
-void llft_forked_use(int fd, const char *what)
-{
-    llft_refuse("a process the program forked (pid %d) %s (fd %d): llft replicates a program's threads, "
-                "not the processes it forks to serve clients; run the server in its single-process mode",
-                (int)syscall(SYS_getpid), what, fd);
 }
 
 /* The frames as text, one per line (function+offset, object), without

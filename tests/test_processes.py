@@ -159,6 +159,7 @@ Mutex file:{tmp_path}/logs
     p = llft_run(tmp_path, APACHE, "-f", conf, "-DFOREGROUND")
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
+    assert "sharing with it an anonymous shared mapping" in p.stderr, "the scoreboard is not named"
     no_process_left(str(conf))
 
 

@@ -1,0 +1,108 @@
+/* fork and vfork.  A forked child is not a replica: it runs unrecorded.
+ * It may run what it execs, or work on its own files and pipes (what the
+ * program reads back from it is recorded whole: FD_CHILD_IPC); a client
+ * connection, listener or UDP socket it inherited is the replicas' alone,
+ * and a child that uses one is refused (llft_forked_use) rather than serve
+ * a client unreplicated (nginx's workers would read llft's connection
+ * headers as requests).  The refusal names the memory the child shares
+ * with the replica, if any (apache's scoreboard): what one process writes
+ * there the other reads, and nothing records it. */
+#include "fdtable.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+llft_ctl_t *llft_forked_from;
+
+/* In a child: the first memory its parent shared with it, as a phrase. */
+static char shared_memory[128];
+
+/* Whether a /proc/self/maps line maps memory processes share without a
+ * file of their own: MAP_SHARED|MAP_ANONYMOUS (/dev/zero), System V
+ * segments, memfds. */
+static const char *shared_kind(const char *perms, const char *path)
+{
+    if (perms[3] != 's')
+        return NULL;
+    if (strncmp(path, "/dev/zero", 9) == 0)
+        return "an anonymous shared mapping";
+    if (strncmp(path, "/SYSV", 5) == 0)
+        return "a System V shared memory segment";
+    if (strncmp(path, "/memfd:", 7) == 0)
+        return "a shared memfd mapping";
+    return NULL;
+}
+
+/* Parent, before a fork: notes the first such mapping (read with raw
+ * system calls: the shim's own read would be the program's). */
+static void note_shared_memory(char *out, size_t cap)
+{
+    out[0] = 0;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char buf[8192];
+    size_t have = 0;
+    for (;;) {
+        long n = syscall(SYS_read, fd, buf + have, sizeof buf - 1 - have);
+        if (n <= 0 && have == 0)
+            break;
+        have += n > 0 ? (size_t)n : 0;
+        buf[have] = 0;
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            *nl = 0;
+            unsigned long lo;
+            char perms[8] = "", path[64] = "";
+            if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) >= 2) {
+                const char *kind = shared_kind(perms, path);
+                if (kind) {
+                    snprintf(out, cap, "%s at %#lx", kind, lo);
+                    syscall(SYS_close, fd);
+                    return;
+                }
+            }
+            line = nl + 1;
+        }
+        have = (size_t)(buf + have - line);
+        memmove(buf, line, have);
+        if (n <= 0 || have == sizeof buf - 1)
+            break;
+    }
+    syscall(SYS_close, fd);
+}
+
+DEFINE_REAL(fork)
+EXPORT pid_t fork(void)
+{
+    if (llft_ctl)
+        note_shared_memory(shared_memory, sizeof shared_memory);
+    pid_t p = REAL(fork)();
+    if (p == 0 && llft_ctl) {
+        llft_forked_from = llft_ctl;
+        llft_ctl = NULL;
+    } else if (p > 0 && llft_ctl) {
+        llft_fds_shared_with_child();
+    }
+    return p;
+}
+
+/* vfork's child borrows its parent's memory until it execs: whatever it
+ * called through the shim would be recorded (or replayed) as the parent's
+ * own calls, as dash's child recorded its exec of /bin/true in its
+ * parent's stream and a backup's consumed its parent's record.  A fork is
+ * what POSIX lets vfork be: the child then runs unrecorded on its own. */
+EXPORT pid_t vfork(void)
+{
+    return fork();
+}
+
+void llft_forked_use(int fd, const char *what)
+{
+    llft_refuse("a process the program forked (pid %d) %s (fd %d)%s%s: llft replicates a program's threads, "
+                "not the processes it forks to serve clients; run the server in its single-process mode",
+                (int)syscall(SYS_getpid), what, fd, shared_memory[0] ? ", sharing with it " : "", shared_memory);
+}
