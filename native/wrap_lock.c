@@ -28,6 +28,8 @@ DEFINE_REAL(pthread_mutex_unlock)
 DEFINE_REAL_V(pthread_cond_wait, "GLIBC_2.3.2")
 DEFINE_REAL_V(pthread_cond_timedwait, "GLIBC_2.3.2")
 DEFINE_REAL(pthread_cond_clockwait)
+DEFINE_REAL_V(pthread_cond_signal, "GLIBC_2.3.2")
+DEFINE_REAL_V(pthread_cond_broadcast, "GLIBC_2.3.2")
 DEFINE_REAL(pthread_rwlock_rdlock)
 DEFINE_REAL(pthread_rwlock_wrlock)
 DEFINE_REAL(pthread_rwlock_tryrdlock)
@@ -190,21 +192,54 @@ static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, stru
     return primary_result;
 }
 
-/* Backup: the result in *res, or LLFT_PROMOTED: the mutex held again, and
- * the caller returns as from a spurious wake-up.  It must not wait for
- * real: the signal that ended this wait at the primary (or would have,
- * had it lived) was sent here while this thread was not in the real wait,
- * and a real wait would never see it (a worker pool's job queued and
- * signalled during the replay would wait for the next job's signal). */
-static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, int *res)
+/* Backup: how many signals and broadcasts each condition variable has had
+ * here, by address in a small table (two variables that share a count
+ * only make a waiter below return early, as a spurious wake-up). */
+#define COND_SIGNAL_SLOTS 1024
+static uint64_t cond_signals[COND_SIGNAL_SLOTS];
+
+static inline uint64_t *signals_of(const pthread_cond_t *c)
 {
+    return &cond_signals[((uintptr_t)c * 0x9E3779B97F4A7C15ull) >> 54];
+}
+
+EXPORT int pthread_cond_signal(pthread_cond_t *c)
+{
+    struct llft_thread *t;
+    if (UNLIKELY(llft_mode(&t) == LLFT_ROLE_BACKUP))
+        __atomic_fetch_add(signals_of(c), 1, __ATOMIC_SEQ_CST);
+    return REAL(pthread_cond_signal)(c);
+}
+
+EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
+{
+    struct llft_thread *t;
+    if (UNLIKELY(llft_mode(&t) == LLFT_ROLE_BACKUP))
+        __atomic_fetch_add(signals_of(c), 1, __ATOMIC_SEQ_CST);
+    return REAL(pthread_cond_broadcast)(c);
+}
+
+#define COND_WOKEN 1   /* taken over, and signalled meanwhile */
+#define COND_STILL 2   /* taken over, and not signalled: wait for real */
+
+/* Backup: the result in *res; or, when this replica takes over while the
+ * wait is open (its primary died before the wait's end was recorded), the
+ * mutex held again and COND_WOKEN or COND_STILL.  A signal sent here since
+ * the wait began reached no real wait (a worker pool's job queued and
+ * signalled during the replay): the caller returns as woken.  Without one
+ * it waits for real, as its primary's thread still was: programs that
+ * take any wake-up for their signal (memcached's hash-table thread
+ * expands the table on each) would act on a wake-up nobody sent. */
+static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int *res)
+{
+    uint64_t signals = __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST);
     /* Release first, as the real wait does: the record of this wait's end
      * may be long in coming, and other threads need the mutex meanwhile. */
     REAL(pthread_mutex_unlock)(m);
     llft_rec_t e;
     if (llft_replay_next(t, op, &e)) {
         REAL(pthread_mutex_lock)(m);
-        return LLFT_PROMOTED;
+        return __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST) != signals ? COND_WOKEN : COND_STILL;
     }
     *res = (int)e.ret;
     if (e.turn == 0) { /* it failed at the primary without waiting */
@@ -219,15 +254,18 @@ static int cond_replay(uint16_t op, pthread_mutex_t *m, struct llft_thread *t, i
     return 0;
 }
 
-#define COND_WAIT(op, m, real_call)                                                 \
+#define COND_WAIT(op, c, m, real_call)                                              \
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
         if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
             int res;                                                                \
-            if (!cond_replay(op, m, t, &res))                                       \
+            int how = cond_replay(op, c, m, t, &res);                               \
+            if (how == 0)                                                           \
                 return res;                                                         \
-            return cond_common(op, m, 0, t); /* taken over: woken spuriously */     \
+            if (how == COND_WOKEN)                                                  \
+                return cond_common(op, m, 0, t);                                    \
+            role = LLFT_ROLE_PRIMARY; /* taken over: wait on, for real */           \
         }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
             return cond_common(op, m, real_call, t);                                \
@@ -243,17 +281,17 @@ static inline int cond_clock(const pthread_cond_t *c)
 
 EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m)
 {
-    COND_WAIT(LLFT_OP_COND_WAIT, m, REAL(pthread_cond_wait)(c, m));
+    COND_WAIT(LLFT_OP_COND_WAIT, c, m, REAL(pthread_cond_wait)(c, m));
 }
 
 EXPORT int pthread_cond_timedwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
 }
 
 EXPORT int pthread_cond_clockwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m, clockid_t clk,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, m, REAL(pthread_cond_clockwait)(c, m, clk, LOCAL_DEADLINE(clk, at)));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, REAL(pthread_cond_clockwait)(c, m, clk, LOCAL_DEADLINE(clk, at)));
 }

@@ -6,6 +6,7 @@ reply is lost or repeated, the group clock never goes back, and the
 surviving replicas agree byte for byte."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -189,3 +190,48 @@ def primary_pid(group) -> int | None:
     except (OSError, ValueError):
         return None
     return next((r["pid"] for r in state["replicas"] if r["role"] == "primary"), None)
+
+
+def memcached_stat(group: ServingGroup, name: str) -> str:
+    with group.connect() as s:
+        f = s.makefile("rwb")
+        f.write(b"stats\r\n")
+        f.flush()
+        for line in iter(f.readline, b"END\r\n"):
+            parts = line.split()
+            if parts[1] == name.encode():
+                return parts[2].decode()
+    raise AssertionError(f"memcached has no stat {name}")
+
+
+@pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
+def test_a_thread_waiting_on_a_condition_at_the_failover_goes_on_waiting(tmp_path):
+    """memcached's hash-table thread waits on a condition variable and
+    expands the table (doubling it, and the work of the next expansion) at
+    any wake-up.  A backup whose primary died during that wait must not
+    wake it at the takeover: nobody signalled it.  Three failovers, one of
+    them while idle, and the table is still the size it started at."""
+    group = ServingGroup(tmp_path / "rd", [shutil.which("memcached"), "-A", "-t", "4", "-p", "11211", "-U", "0",
+                                           "-l", "127.0.0.1", "-u", "root", "-o", "no_lru_crawler,no_lru_maintainer"],
+                         extra=["--respawn"])
+    start = memcached_stat(group, "hash_power_level")
+    progress = Progress()
+
+    def client(i):
+        with group.connect() as s:
+            f = s.makefile("rwb")
+            for j in range(300):
+                f.write(b"set k%d-%d 0 0 1\r\nx\r\n" % (i, j))
+                f.flush()
+                assert f.readline() == b"STORED\r\n"
+                progress.tick()
+
+    concurrently(client, 3, kill_after(group, progress, 200, 600))
+    kill_primary(group)                            # idle
+    wait_until = time.monotonic() + 30
+    while json.loads((group.run_dir / "llft-run.json").read_text())["view"]["pvn"] < 4:
+        assert time.monotonic() < wait_until, "no third failover"
+        time.sleep(0.05)
+    assert memcached_stat(group, "curr_items") == "900"
+    assert memcached_stat(group, "hash_power_level") == start, "the hash table grew at a takeover"
+    assert memcached_stat(group, "hash_is_expanding") == "0"
