@@ -21,6 +21,13 @@ static inline int offset_slot(clockid_t c)
     return (c >= 0 && c < LLFT_NCLOCKS && c != CLOCK_PROCESS_CPUTIME_ID && c != CLOCK_THREAD_CPUTIME_ID) ? c : -1;
 }
 
+static inline void atomic_max(int64_t *p, int64_t v)
+{
+    int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
 /* Primary: local reading -> group clock.  The offset is 0 until this
  * replica takes over from a failed primary. */
 static inline int64_t to_group(int slot, int64_t local)
@@ -32,18 +39,28 @@ static inline int64_t to_group(int slot, int64_t local)
         return local;
     int64_t v = local + off, last = __atomic_load_n(&llft_ctl->clock_last_ns[slot], __ATOMIC_RELAXED);
     if (v < last)
-        v = last;
-    __atomic_store_n(&llft_ctl->clock_last_ns[slot], v, __ATOMIC_RELAXED);
+        return last;
+    atomic_max(&llft_ctl->clock_last_ns[slot], v);
     return v;
 }
 
-/* Backup: remember how far the group clock is from ours. */
+/* Backup: remember how far the group clock is from ours, as the largest
+ * offset any replayed reading showed.  Threads replay at lags of their
+ * own, so the last reading replayed may show a larger lag than an earlier
+ * one of another thread; an offset taken from it would put the clock after
+ * a takeover below a reading the primary had already handed out (a kv
+ * client saw TIME go back).  With the largest, local time plus the offset
+ * is at least every reading replayed, and is closest to real time. */
 static inline void note_offset(int slot, int64_t group, int64_t local)
 {
     if (slot < 0)
         return;
-    __atomic_store_n(&llft_ctl->clock_offset_ns[slot], group - local, __ATOMIC_RELAXED);
-    __atomic_store_n(&llft_ctl->clock_last_ns[slot], group, __ATOMIC_RELAXED);
+    int64_t *off = &llft_ctl->clock_offset_ns[slot], *last = &llft_ctl->clock_last_ns[slot];
+    if (__atomic_load_n(last, __ATOMIC_ACQUIRE) == 0) /* the first reading replayed: nothing to compare */
+        __atomic_store_n(off, group - local, __ATOMIC_RELAXED);
+    else
+        atomic_max(off, group - local);
+    atomic_max(last, group);
 }
 
 static inline int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * NS + ts->tv_nsec; }
