@@ -21,6 +21,7 @@ from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSou
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
                          StreamFile)
 from llft.process_tree import end_orphans
+from llft.thread_snapshot import keep_stall_snapshot
 from llft.replica import Replica
 from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
@@ -270,7 +271,12 @@ class LocalGroup:
                 continue
             change = self.follow.check(r.index, sink.delivered, r.stream.records)
             if change == "stalled":
-                log.error("replica %d (backup) %s", r.index, self.follow.describe(r.index))
+                primary = next((p for p in self.replicas if p.role == "primary"), None)
+                where = keep_stall_snapshot(r.out_dir / "stall-threads.txt", {
+                    f"replica {r.index} (backup)": r.pid,
+                    f"replica {primary.index} (primary)" if primary else "primary": primary and primary.pid})
+                log.error("replica %d (backup) %s (where its threads and the primary's were: %s)", r.index,
+                          self.follow.describe(r.index), where)
             elif change == "moving":
                 log.warning("replica %d (backup) replays again: it follows the primary", r.index)
 

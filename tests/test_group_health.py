@@ -72,6 +72,9 @@ def test_a_stalled_backup_is_flagged_and_logged_within_the_bound(examples, tmp_p
                               text=True).stdout
         assert "STALLED" in text, text
         assert "replica 1 (backup) has replayed no record" in (run_dir / "llft.log").read_text()
+        snapshot = (run_dir / "replica-1" / "stall-threads.txt").read_text()
+        assert "replica 1 (backup)" in snapshot and "replica 0 (primary)" in snapshot, snapshot
+        assert snapshot.count("thread ") >= 2 and " syscall " in snapshot, snapshot
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)   # lets backup 1 go on
         os.close(fd)
         _, err = proc.communicate(timeout=60)
