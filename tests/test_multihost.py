@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tool
+from llft.nemesis import hosts
 from netns import bridged_hosts, drop_randomly, in_ns
 from serving import Progress, concurrently, cpu_share, sha
 
@@ -100,15 +101,7 @@ class Cluster:
         return ClientConn(self.hosts[self.gateway_host][0])
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        hosts.stop_processes(self.procs)
 
     def states(self) -> str:
         """Every member's and gateway's llft-status --json, one per line."""

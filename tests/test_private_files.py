@@ -156,6 +156,29 @@ def test_redis_loads_an_existing_aof_alike_at_every_replica(tmp_path):
     assert tree_digest(data) == before, "a replica changed the machine's AOF"
 
 
+def pages_under_a_kill(group: ServingGroup, page: bytes, clients: int = 3, each: int = 100,
+                       kill_at: int = 120) -> dict[int, list[bool]]:
+    """Each client GETs / each times on one keep-alive connection while the
+    primary is killed after the kill_at-th answer; per client, whether each
+    answer was 200 with the page."""
+    progress = Progress()
+    served: dict[int, list[bool]] = {}
+
+    def client(i):
+        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        served[i] = []
+        for _ in range(each):
+            conn.request("GET", "/")
+            r = conn.getresponse()
+            body = r.read()
+            served[i].append(r.status == 200 and body == page)
+            progress.tick()
+        conn.close()
+
+    concurrently(client, clients, kill_after(group, progress, kill_at))
+    return served
+
+
 LIGHTTPD_CONF = """\
 server.modules = ("mod_accesslog")
 server.document-root = "{root}/www"
@@ -183,22 +206,8 @@ def test_lighttpd_serves_across_failovers_with_its_own_logs(tmp_path):
     conf = tmp_path / "lighttpd.conf"
     conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
     group = ServingGroup(tmp_path / "rd", [LIGHTTPD, "-D", "-f", conf])
-    progress = Progress()
-    statuses: dict[int, list[int]] = {}
-
-    def client(i):
-        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
-        statuses[i] = []
-        for _ in range(100):
-            conn.request("GET", "/")
-            r = conn.getresponse()
-            body = r.read()
-            statuses[i].append(r.status if body == page else -r.status)
-            progress.tick()
-        conn.close()
-
-    concurrently(client, 3, kill_after(group, progress, 120))
-    assert all(s == [200] * 100 for s in statuses.values()), statuses
+    served = pages_under_a_kill(group, page)
+    assert all(s == [True] * 100 for s in served.values()), served
 
     kill_primary(group.run_dir)             # idle: every connection has closed
     for _ in range(20):
@@ -246,21 +255,8 @@ http {{
 }}
 """)
     group = ServingGroup(tmp_path / "rd", [NGINX, "-c", conf, "-p", tmp_path])
-    progress = Progress()
-    bodies: dict[int, list[bool]] = {}
-
-    def client(i):
-        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
-        bodies[i] = []
-        for _ in range(100):
-            conn.request("GET", "/")
-            r = conn.getresponse()
-            bodies[i].append(r.status == 200 and r.read() == page)
-            progress.tick()
-        conn.close()
-
-    concurrently(client, 3, kill_after(group, progress, 120))
-    assert all(all(b) and len(b) == 100 for b in bodies.values()), bodies
+    served = pages_under_a_kill(group, page)
+    assert all(s == [True] * 100 for s in served.values()), served
     group.stop()
     state = group.finish()
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]

@@ -22,7 +22,7 @@ from llft.nemesis import hosts
 from llft.nemesis.faults import GroupLost
 from llft.nemesis.history import check
 from llft.nemesis.protocols import Connection
-from llft.nemesis.run import PROGRESS_TIMEOUT_S, ShapeResult, tool
+from llft.nemesis.run import PROGRESS_TIMEOUT_S, ShapeResult, run_in_groups, tool
 from llft.nemesis.shapes import Shape
 from llft.nemesis.workload import Workload
 
@@ -135,15 +135,7 @@ class Cluster:
         p.wait()
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        hosts.stop_processes(self.procs)
 
 
 def inject(c: Cluster, kind: str, rng) -> str:
@@ -195,17 +187,8 @@ class ClusterRun:
         """The faults, FAULTS_PER_GROUP to a group: a member that rejoins
         gets its group's whole history by state transfer (no checkpoints
         yet), which grows with every operation."""
-        r = self.result
-        left, g = self.faults, 0
-        while r.ok and (left > 0 or g == 0):
-            n = min(left, FAULTS_PER_GROUP)
-            r.run_dir = self.work_dir / f"{self.shape.name}-hosts-{self.seed}-{g}"
-            self._run_group(n)
-            if r.ok and not self.keep:
-                shutil.rmtree(r.run_dir, ignore_errors=True)
-            left -= n
-            g += 1
-        return r
+        return run_in_groups(self.result, self.faults, FAULTS_PER_GROUP, self.keep,
+                             lambda g: self.work_dir / f"{self.shape.name}-hosts-{self.seed}-{g}", self._run_group)
 
     def _run_group(self, faults: int):
         r = self.result

@@ -116,3 +116,18 @@ def enter(ns: str) -> None:
             raise OSError(err, f"setns {ns}: {os.strerror(err)}")
     finally:
         os.close(fd)
+
+
+def stop_processes(procs: list[subprocess.Popen]):
+    """Ends what was started in the hosts (members, gateways): SIGTERM to
+    all, so that each stops its replicas; SIGKILL to any still there after
+    15 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

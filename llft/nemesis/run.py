@@ -66,6 +66,23 @@ def wait_served(port: int, proc: subprocess.Popen):
     raise GroupLost("the group never served its port")
 
 
+def run_in_groups(result: ShapeResult, faults: int, per_group: int, keep: bool, run_dir_of, run_group):
+    """The faults, per_group to a group, each group in run_dir_of(g) and run
+    by run_group(n), until they are all injected or a group fails.  A group
+    that passed leaves nothing behind unless keep."""
+    left, g = faults, 0
+    while result.ok and (left > 0 or g == 0):
+        n = min(left, per_group)
+        result.run_dir = run_dir_of(g)
+        run_group(n)
+        if result.ok and not keep:
+            shutil.rmtree(result.run_dir, ignore_errors=True)
+            (result.run_dir.parent / f"{result.run_dir.name}.stderr").unlink(missing_ok=True)
+        left -= n
+        g += 1
+    return result
+
+
 class ShapeRun:
     def __init__(self, shape: Shape, seed: int, faults: int, work_dir: Path, examples: Path, *, replicas: int = 3,
                  clients: int = 4, progress: int = 150, pace_ms: float = 1.0, fault_timeout_ms: float = 30.0,
@@ -82,18 +99,8 @@ class ShapeRun:
         """The faults, FAULTS_PER_GROUP to a group: a replacement replays
         its group's whole history (no checkpoints yet), so a group that
         lived through hundreds of faults would make each recovery longer."""
-        r = self.result
-        left, g = self.faults, 0
-        while r.ok and (left > 0 or g == 0):
-            n = min(left, FAULTS_PER_GROUP)
-            r.run_dir = self.work_dir / f"{self.shape.name}-{self.seed}-{g}"
-            self._run_group(n)
-            if r.ok and not self.keep:
-                shutil.rmtree(r.run_dir, ignore_errors=True)
-                (r.run_dir.parent / f"{r.run_dir.name}.stderr").unlink(missing_ok=True)
-            left -= n
-            g += 1
-        return r
+        return run_in_groups(self.result, self.faults, FAULTS_PER_GROUP, self.keep,
+                             lambda g: self.work_dir / f"{self.shape.name}-{self.seed}-{g}", self._run_group)
 
     def _run_group(self, faults: int):
         r = self.result
