@@ -219,20 +219,27 @@ EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
     return REAL(pthread_cond_broadcast)(c);
 }
 
+/* Backup: the condition variable this thread last returned from a
+ * replayed wait on, and its signal count then. */
+static __thread const pthread_cond_t *last_cond TLS_IE;
+static __thread uint64_t last_signals TLS_IE;
+
 #define COND_WOKEN 1   /* taken over, and signalled meanwhile */
 #define COND_STILL 2   /* taken over, and not signalled: wait for real */
 
 /* Backup: the result in *res; or, when this replica takes over while the
  * wait is open (its primary died before the wait's end was recorded), the
  * mutex held again and COND_WOKEN or COND_STILL.  A signal sent here since
- * the wait began reached no real wait (a worker pool's job queued and
- * signalled during the replay): the caller returns as woken.  Without one
- * it waits for real, as its primary's thread still was: programs that
- * take any wake-up for their signal (memcached's hash-table thread
- * expands the table on each) would act on a wake-up nobody sent. */
+ * this thread's last wait on the variable ended (or ever, if it had none)
+ * reached no real wait of it (a worker pool's job queued and signalled
+ * during the replay, possibly before this backup's worker, lagging, even
+ * began this wait): the caller returns as woken.  Without one it waits for
+ * real, as its primary's thread still was: programs that take any wake-up
+ * for their signal (memcached's hash-table thread expands the table on
+ * each) would act on a wake-up nobody sent. */
 static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int *res)
 {
-    uint64_t signals = __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST);
+    uint64_t signals = last_cond == c ? last_signals : 0;
     /* Release first, as the real wait does: the record of this wait's end
      * may be long in coming, and other threads need the mutex meanwhile. */
     REAL(pthread_mutex_unlock)(m);
@@ -242,12 +249,15 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
         return __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST) != signals ? COND_WOKEN : COND_STILL;
     }
     *res = (int)e.ret;
+    last_cond = c;
     if (e.turn == 0) { /* it failed at the primary without waiting */
         REAL(pthread_mutex_lock)(m);
+        last_signals = __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST);
         return 0;
     }
     struct turnstile *ts = llft_turn_wait(t, &e);
     int r = REAL(pthread_mutex_lock)(m);
+    last_signals = __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST);
     llft_turn_done(t, ts, m, e.turn);
     if (UNLIKELY(r != 0))
         llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "re-acquiring the mutex failed here (error %d)", r);
