@@ -9,7 +9,11 @@
  * pop jobs, read the clock, update a table under a second mutex, and write
  * the reply under a per-fd mutex with a write() loop that retries on EAGAIN.
  *
- * usage: pool_server PORT [WORKERS] */
+ * With "unlocked" the main thread signals after releasing the queue's
+ * mutex (a common saving: the woken worker does not wait for it), else
+ * while holding it.
+ *
+ * usage: pool_server PORT [WORKERS [unlocked]] */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,6 +37,7 @@ struct job {
 static pthread_mutex_t queue_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queue_cv = PTHREAD_COND_INITIALIZER;
 static struct job *queue_head, *queue_tail;
+static int signal_unlocked;
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t table[256]; /* requests per first byte, stamped with the clock */
@@ -52,8 +57,13 @@ static void push_job(int fd, const char *line, size_t len)
     else
         queue_head = j;
     queue_tail = j;
-    pthread_cond_signal(&queue_cv);
-    pthread_mutex_unlock(&queue_mu);
+    if (signal_unlocked) {
+        pthread_mutex_unlock(&queue_mu);
+        pthread_cond_signal(&queue_cv);
+    } else {
+        pthread_cond_signal(&queue_cv);
+        pthread_mutex_unlock(&queue_mu);
+    }
 }
 
 static struct job *pop_job(void)
@@ -139,6 +149,7 @@ int main(int argc, char **argv)
     int workers = argc > 2 ? atoi(argv[2]) : 3;
     if (workers < 1 || workers > MAX_WORKERS)
         workers = 3;
+    signal_unlocked = argc > 3 && strcmp(argv[3], "unlocked") == 0;
     for (int i = 0; i < MAX_FD; i++)
         pthread_mutex_init(&fdm[i], NULL);
     pthread_t tids[MAX_WORKERS];

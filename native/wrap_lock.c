@@ -18,7 +18,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 DEFINE_REAL(pthread_mutex_lock)
 DEFINE_REAL(pthread_mutex_trylock)
@@ -192,9 +194,12 @@ static int cond_common(uint16_t op, pthread_mutex_t *m, int primary_result, stru
     return primary_result;
 }
 
-/* Backup: how many signals and broadcasts each condition variable has had
- * here, by address in a small table (two variables that share a count
- * only make a waiter below return early, as a spurious wake-up). */
+/* How many signals and broadcasts each condition variable has had here,
+ * by address in a small table (two variables that share a count only make
+ * a waiter below return early, as a spurious wake-up).  Counted at the
+ * primary too: a backup's thread that has not yet seen its replica take
+ * over is still in the replay, not in the real wait, when the threads
+ * that have seen it signal, and only the count tells it so. */
 #define COND_SIGNAL_SLOTS 1024
 static uint64_t cond_signals[COND_SIGNAL_SLOTS];
 
@@ -206,7 +211,7 @@ static inline uint64_t *signals_of(const pthread_cond_t *c)
 EXPORT int pthread_cond_signal(pthread_cond_t *c)
 {
     struct llft_thread *t;
-    if (UNLIKELY(llft_mode(&t) == LLFT_ROLE_BACKUP))
+    if (LIKELY(llft_mode(&t) != LLFT_ROLE_OFF))
         __atomic_fetch_add(signals_of(c), 1, __ATOMIC_SEQ_CST);
     return REAL(pthread_cond_signal)(c);
 }
@@ -214,7 +219,7 @@ EXPORT int pthread_cond_signal(pthread_cond_t *c)
 EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
 {
     struct llft_thread *t;
-    if (UNLIKELY(llft_mode(&t) == LLFT_ROLE_BACKUP))
+    if (LIKELY(llft_mode(&t) != LLFT_ROLE_OFF))
         __atomic_fetch_add(signals_of(c), 1, __ATOMIC_SEQ_CST);
     return REAL(pthread_cond_broadcast)(c);
 }
@@ -226,6 +231,9 @@ static __thread uint64_t last_signals TLS_IE;
 
 #define COND_WOKEN 1   /* taken over, and signalled meanwhile */
 #define COND_STILL 2   /* taken over, and not signalled: wait for real */
+
+/* The signal count a wait open at a takeover compares against. */
+static __thread uint64_t takeover_signals TLS_IE;
 
 /* Backup: the result in *res; or, when this replica takes over while the
  * wait is open (its primary died before the wait's end was recorded), the
@@ -246,6 +254,7 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
     llft_rec_t e;
     if (llft_replay_next(t, op, &e)) {
         REAL(pthread_mutex_lock)(m);
+        takeover_signals = signals;
         return __atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST) != signals ? COND_WOKEN : COND_STILL;
     }
     *res = (int)e.ret;
@@ -264,7 +273,39 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
     return 0;
 }
 
-#define COND_WAIT(op, c, m, real_call)                                              \
+/* A wait open at a takeover that nobody had signalled: the real wait, in
+ * slices of TAKEOVER_SLICE_NS, the signal count checked between them.  A
+ * thread that signals without holding the mutex can signal between this
+ * thread's reading of the count and its real wait, reaching no waiter; the
+ * count it raised first wakes this one at the end of the slice.  0, or
+ * ETIMEDOUT at the program's deadline on clock clk (NULL: none). */
+#define TAKEOVER_SLICE_NS 10000000
+
+static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk,
+                               const struct timespec *deadline)
+{
+    for (;;) {
+        struct timespec now, slice;
+        syscall(SYS_clock_gettime, clk, &now);
+        if (deadline && (now.tv_sec > deadline->tv_sec ||
+                         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec)))
+            return ETIMEDOUT;
+        slice.tv_sec = now.tv_sec + (now.tv_nsec + TAKEOVER_SLICE_NS) / 1000000000;
+        slice.tv_nsec = (now.tv_nsec + TAKEOVER_SLICE_NS) % 1000000000;
+        if (deadline && (deadline->tv_sec < slice.tv_sec ||
+                         (deadline->tv_sec == slice.tv_sec && deadline->tv_nsec < slice.tv_nsec)))
+            slice = *deadline;
+        int r = REAL(pthread_cond_clockwait)(c, m, clk, &slice);
+        if (r != ETIMEDOUT)
+            return r;
+        if (__atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST) != takeover_signals)
+            return 0;
+    }
+}
+
+/* clk and deadline: what wait_after_takeover needs of the program's wait
+ * (deadline NULL for an untimed one). */
+#define COND_WAIT(op, c, m, clk, deadline, real_call)                               \
     do {                                                                            \
         struct llft_thread *t;                                                      \
         int role = llft_mode(&t);                                                   \
@@ -275,7 +316,7 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
                 return res;                                                         \
             if (how == COND_WOKEN)                                                  \
                 return cond_common(op, m, 0, t);                                    \
-            role = LLFT_ROLE_PRIMARY; /* taken over: wait on, for real */           \
+            return cond_common(op, m, wait_after_takeover(c, m, clk, deadline), t); \
         }                                                                           \
         if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
             return cond_common(op, m, real_call, t);                                \
@@ -291,17 +332,19 @@ static inline int cond_clock(const pthread_cond_t *c)
 
 EXPORT int pthread_cond_wait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m)
 {
-    COND_WAIT(LLFT_OP_COND_WAIT, c, m, REAL(pthread_cond_wait)(c, m));
+    COND_WAIT(LLFT_OP_COND_WAIT, c, m, CLOCK_MONOTONIC, NULL, REAL(pthread_cond_wait)(c, m));
 }
 
 EXPORT int pthread_cond_timedwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, cond_clock(c), LOCAL_DEADLINE(cond_clock(c), at),
+              REAL(pthread_cond_timedwait)(c, m, LOCAL_DEADLINE(cond_clock(c), at)));
 }
 
 EXPORT int pthread_cond_clockwait(pthread_cond_t *restrict c, pthread_mutex_t *restrict m, clockid_t clk,
                                   const struct timespec *restrict at)
 {
-    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, REAL(pthread_cond_clockwait)(c, m, clk, LOCAL_DEADLINE(clk, at)));
+    COND_WAIT(LLFT_OP_COND_TIMEDWAIT, c, m, clk, LOCAL_DEADLINE(clk, at),
+              REAL(pthread_cond_clockwait)(c, m, clk, LOCAL_DEADLINE(clk, at)));
 }

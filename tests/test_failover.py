@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import time
 
@@ -235,3 +236,55 @@ def test_a_thread_waiting_on_a_condition_at_the_failover_goes_on_waiting(tmp_pat
     assert memcached_stat(group, "curr_items") == "900"
     assert memcached_stat(group, "hash_power_level") == start, "the hash table grew at a takeover"
     assert memcached_stat(group, "hash_is_expanding") == "0"
+
+
+@pytest.mark.parametrize("signalling", ["locked", "unlocked"])
+def test_jobs_queued_at_the_takeover_reach_the_idle_worker(signalling, examples, tmp_path):
+    """pool_server with one worker, waiting on the queue's condition
+    variable when the primary, frozen, is killed with a request waiting on
+    each of four connections.  The successor's main thread queues the jobs
+    and signals (holding the queue's mutex, or after releasing it) the
+    moment it takes over, possibly before the worker has seen the takeover:
+    no signal may be lost (a worker that then waits for real waits forever,
+    and the clients with it).  Eight rounds, each after every earlier
+    signal has woken the worker."""
+    from llft.nemesis.faults import Group
+    group = ServingGroup(tmp_path / "rd", [examples / "pool_server", 7000, 1, signalling], extra=["--respawn"])
+    members = Group(group.run_dir)
+    socks = [group.connect() for _ in range(4)]
+    for s in socks:
+        s.settimeout(10)
+    files = [s.makefile("rwb") for s in socks]
+
+    def received() -> int:
+        return sum(f.stat().st_size for f in (group.run_dir / "input").iterdir())
+
+    def ask(f, line):
+        f.write(line.encode() + b"\n")
+        f.flush()
+
+    for round_ in range(8):
+        for i, f in enumerate(files):              # every worker idle afterwards
+            ask(f, f"c{i}-{round_}-a")
+            assert f.readline().decode().endswith(f"c{i}-{round_}-a\n")
+        primary = members.primary()
+        members.signal(primary, signal.SIGSTOP)
+        before = received()
+        for i, f in enumerate(files):
+            ask(f, f"c{i}-{round_}-b")
+        end = time.monotonic() + 30
+        while received() < before + sum(len(f"c{i}-{round_}-b\n") for i in range(4)):
+            assert time.monotonic() < end, "the requests never reached the group"
+            time.sleep(0.001)
+        members.signal(primary, signal.SIGKILL)
+        for i, f in enumerate(files):
+            try:
+                reply = f.readline().decode()
+            except TimeoutError:
+                pytest.fail(f"round {round_}: request c{i}-{round_}-b was never answered after the takeover")
+            assert reply.endswith(f"c{i}-{round_}-b\n"), reply
+        members.wait_recovered(3, {primary.index})
+    for f, s in zip(files, socks):
+        f.close()
+        s.close()
+    finish_and_check(group)
