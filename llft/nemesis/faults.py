@@ -130,8 +130,15 @@ def inject(group: Group, kind: str, fault_timeout_s: float, rng) -> tuple[str, s
 
 
 def freeze(group: Group, r: Replica, role: str, fault_timeout_s: float) -> str:
-    """A timing fault: stopped past the fault timeout, so llft-run fences it."""
+    """A timing fault: stopped past the fault timeout, and kept stopped
+    until llft-run fences it (a loaded host may take it a while to look;
+    resumed sooner, the replica would only have been slow)."""
     group.signal(r, signal.SIGSTOP)
-    time.sleep(fault_timeout_s * 3)
+    start = time.monotonic()
+    end = start + max(fault_timeout_s * 3, RECOVERY_TIMEOUT_S)
+    time.sleep(fault_timeout_s)
+    while time.monotonic() < end and any(x.index == r.index and x.role == role and owns(x.pid, x.started)
+                                         for x in group.replicas()):
+        time.sleep(0.005)
     group.signal(r, signal.SIGCONT)
-    return f"SIGSTOP replica {r.index} ({role}) for {fault_timeout_s * 3 * 1000:.0f} ms"
+    return f"SIGSTOP replica {r.index} ({role}) until fenced, {(time.monotonic() - start) * 1000:.0f} ms"
