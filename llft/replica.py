@@ -61,11 +61,14 @@ class Replica:
 
     def start(self, argv: list[str], base_env: dict[str, str]):
         env = dict(base_env)
-        preload = env.get("LD_PRELOAD", "")
-        env["LD_PRELOAD"] = f"{PRELOAD_LIBRARY}{' ' + preload if preload else ''}"
-        # The stream file goes down as an fd, not a name: a program that
-        # drops its privileges before an exec could not open the name.
+        # The stream file and the library go down as fds, not names: a
+        # program that drops its privileges before an exec could open
+        # neither name (a checkout in a private home, say).  procfs takes no
+        # leading zero, so the library's number is padded with slashes.
         stream_fd = os.open(self.stream.path, os.O_RDWR | os.O_CLOEXEC)
+        library_fd = os.open(PRELOAD_LIBRARY, os.O_RDONLY | os.O_CLOEXEC)
+        preload = env.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = f"/proc/self/fd/{library_fd:/>5}{' ' + preload if preload else ''}"
         env["LLFT_SHM"] = f"fd:{stream_fd:05d}"     # one length for all: the same stack layout
         env["LLFT_REPLICA"] = f"{self.index:03d}"
         env["LLFT_CHANNEL"] = f"{self.channel.child_fd():05d}"
@@ -75,13 +78,14 @@ class Replica:
                 self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                              preexec_fn=functools.partial(_child_setup, os.getpid(), files_plan),
                                              start_new_session=True, close_fds=True,
-                                             pass_fds=(self.channel.child_fd(), stream_fd))
+                                             pass_fds=(self.channel.child_fd(), stream_fd, library_fd))
         except subprocess.SubprocessError:
             said = (self.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
             raise OSError(f"replica {self.index} could not start: "
                           + (said[-1] if said else "its set-up between fork and exec failed")) from None
         finally:
             os.close(stream_fd)
+            os.close(library_fd)
         self.channel.started()
         self.started = start_time(self.proc.pid)
 

@@ -3,11 +3,14 @@
  * without a name anyone else on the host could connect to; and its stream
  * file, which the shim maps from the fd (LLFT_SHM=fd:N) rather than by
  * name, so that a program that drops its privileges (setpriv, setuid)
- * before an exec still attaches.
+ * before an exec still attaches; and the preload library itself
+ * (LD_PRELOAD=/proc/self/fd/N), which the next image's loader opens
+ * through the fd, so that the uid the program drops to needs no right to
+ * the directory llft is installed in.
  *
- * The shim moves both high, out of the numbers the program's own fds take,
+ * The shim moves them high, out of the numbers the program's own fds take,
  * and keeps them there whatever the program closes: daemons close every fd
- * they did not open, and both must outlive them, and an exec. */
+ * they did not open, and these must outlive them, and an exec. */
 #include "channel.h"
 
 #include "atomics.h"
@@ -25,6 +28,7 @@
 
 int llft_channel = -1;
 int llft_stream_fd = -1;
+int llft_library_fd = -1;
 
 /* The lowest number the channel may move to: a few below the soft limit
  * (at most 1024, so that select()'s fd sets never meet it). */
@@ -73,28 +77,72 @@ void llft_channel_attach(llft_ctl_t *ctl)
     __atomic_store_n(&llft_channel, fd, __ATOMIC_RELEASE);
 }
 
-/* The stream's fd as LLFT_SHM says it, "fd:" and five digits: a fixed
- * length, so that rewriting it never moves the environment (nor the stack
- * layout, which is the same at every replica). */
-#define STREAM_FD_DIGITS 5
+/* Where the environment names a kept fd: the variable's text up to the
+ * number, five characters wide, and what pads a short number (LLFT_SHM's
+ * "fd:" and zeros; LD_PRELOAD's /proc/self/fd/ and slashes, since procfs
+ * takes no leading zero).  A fixed width, so that rewriting it in place
+ * never moves the environment (nor the stack layout, which is the same at
+ * every replica). */
+#define FD_DIGITS 5
 
-static void note_stream_fd(int fd)
+struct env_fd {
+    const char *prefix;
+    char pad;
+};
+
+static const struct env_fd STREAM_VAR = {"LLFT_SHM=fd:", '0'};
+static const struct env_fd LIBRARY_VAR = {"LD_PRELOAD=/proc/self/fd/", '/'};
+
+/* The environment entry's number field for var, or NULL. */
+static char *env_fd_field(const struct env_fd *var)
 {
     extern char **environ;
+    size_t n = strlen(var->prefix);
     for (char **e = environ; e && *e; e++) {
-        if (strncmp(*e, "LLFT_SHM=fd:", 12) != 0 || strlen(*e + 12) != STREAM_FD_DIGITS)
+        if (strncmp(*e, var->prefix, n) != 0 || strlen(*e + n) < FD_DIGITS)
             continue;
-        char *d = *e + 12;
-        for (int i = STREAM_FD_DIGITS - 1, v = fd; i >= 0; i--, v /= 10)
-            d[i] = (char)('0' + v % 10);
+        char end = (*e)[n + FD_DIGITS];
+        if (end == 0 || end == ' ' || end == ':')
+            return *e + n;
     }
+    return NULL;
+}
+
+static void note_fd(const struct env_fd *var, int fd)
+{
+    char *d = env_fd_field(var);
+    if (!d)
+        return;
+    int i = FD_DIGITS - 1, v = fd;
+    do {
+        d[i--] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v && i >= 0);
+    while (i >= 0)
+        d[i--] = var->pad;
 }
 
 void llft_stream_keep(int fd)
 {
     fd = above_the_floor(fd);
-    note_stream_fd(fd);
+    note_fd(&STREAM_VAR, fd);
     __atomic_store_n(&llft_stream_fd, fd, __ATOMIC_RELEASE);
+}
+
+void llft_library_keep(void)
+{
+    const char *d = env_fd_field(&LIBRARY_VAR);
+    if (!d)
+        return;
+    int fd = 0;
+    for (int i = 0; i < FD_DIGITS; i++)
+        if (d[i] >= '0' && d[i] <= '9')
+            fd = fd * 10 + (d[i] - '0');
+    if (syscall(SYS_fcntl, fd, F_GETFD) < 0)
+        return;
+    fd = above_the_floor(fd);
+    note_fd(&LIBRARY_VAR, fd);
+    __atomic_store_n(&llft_library_fd, fd, __ATOMIC_RELEASE);
 }
 
 int llft_kept_move(int fd)
@@ -103,8 +151,11 @@ int llft_kept_move(int fd)
     if (moved < 0)
         return -1;
     if (fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE)) {
-        note_stream_fd(moved);
+        note_fd(&STREAM_VAR, moved);
         __atomic_store_n(&llft_stream_fd, moved, __ATOMIC_RELEASE);
+    } else if (fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE)) {
+        note_fd(&LIBRARY_VAR, moved);
+        __atomic_store_n(&llft_library_fd, moved, __ATOMIC_RELEASE);
     } else {
         __atomic_store_n(&llft_channel, moved, __ATOMIC_RELEASE);
         if (llft_ctl)

@@ -18,12 +18,22 @@ void llft_channel_attach(llft_ctl_t *ctl);
  * LLFT_SHM in the environment rewritten to say where, in place. */
 void llft_stream_keep(int fd);
 
-/* Whether fd is one the shim keeps (the channel, the stream file): the
- * program's close of it is not carried out. */
+/* The fd of the preload library itself (LD_PRELOAD=/proc/self/fd/N), kept
+ * so that an exec, after a privilege drop too, loads the shim; -1 when
+ * preloaded by path. */
+extern int llft_library_fd;
+
+/* At start-up: the library's fd, if LD_PRELOAD names one, moved out of the
+ * program's way and LD_PRELOAD rewritten in place to say where. */
+void llft_library_keep(void);
+
+/* Whether fd is one the shim keeps (the channel, the stream file, the
+ * library): the program's close of it is not carried out. */
 static inline int llft_is_kept(int fd)
 {
     return fd >= 0 && (fd == __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE) ||
-                       fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE));
+                       fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE) ||
+                       fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE));
 }
 
 /* The program wants a kept fd's number (dup2 over it): that fd moves to

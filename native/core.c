@@ -130,6 +130,7 @@ void llft_init_slow(void)
     int expected = 0;
     if (!__atomic_compare_exchange_n(&llft_state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return; /* already running (a nested call passes through) or done */
+    llft_library_keep();
     const char *path = getenv("LLFT_SHM");
     if (path && *path)
         attach(path);
