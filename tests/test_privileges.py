@@ -1,12 +1,15 @@
 """Programs that drop their privileges before they serve: started through
 setpriv (util-linux) or a launcher that calls setuid itself and execs the
 server with an environment of its own.  Each replica's program runs as the
-unprivileged user, still replicated (the stream file reaches it as an fd,
-and the exec keeps the replica's variables), and fails over."""
+unprivileged user, still replicated (the stream file and the preload
+library reach it as fds, so llft may be installed where that user cannot
+look, and the exec keeps the replica's variables), and fails over."""
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +33,22 @@ LAUNCHERS = {
 }
 
 
+@pytest.fixture
+def public_examples(examples):
+    """The example programs where the unprivileged user can reach them
+    (a checkout may sit in a directory only root can enter)."""
+    where = Path(tempfile.mkdtemp(prefix="llft-privileges-"))
+    where.chmod(0o755)
+    for name in ("epoll_server", "drop_privileges"):
+        shutil.copy2(examples / name, where / name)
+    yield where
+    shutil.rmtree(where)
+
+
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
-def test_privilege_dropping_server_replicates_and_fails_over(launcher, examples, tmp_path):
-    group = ServingGroup(tmp_path / "rd", [*LAUNCHERS[launcher](examples), examples / "epoll_server", 7000])
+def test_privilege_dropping_server_replicates_and_fails_over(launcher, public_examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [*LAUNCHERS[launcher](public_examples), public_examples / "epoll_server",
+                                           7000])
     replicas = json.loads((group.run_dir / "llft-run.json").read_text())["replicas"]
     assert [uid_of(r["pid"]) for r in replicas] == [NOBODY] * 3, "the program does not run as the user it chose"
     results = run_clients(group, nclients=3, nlines=200, kills=1)
