@@ -34,6 +34,7 @@ PRELOAD_SOURCES = [
     "native/wrap_io.c",
     "native/wrap_poll.c",
     "native/wrap_process.c",
+    "native/serialize.c",
 ]
 PRELOAD_CFLAGS = ["-O2", "-g", "-fPIC", "-fvisibility=hidden", "-D_GNU_SOURCE",
                   "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]

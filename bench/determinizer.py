@@ -1,9 +1,11 @@
 """Determinizer micro-benchmark: the cost llft adds per recorded call.
 
-Each round times examples/bin/determinizer_bench three ways, in turn:
+Each round times examples/bin/determinizer_bench five ways, in turn:
   plain    - no llft (backend plain)
   primary  - llft-run --replicas 1 (recording; the controller drains the ring)
   backup   - llft-run --replay-from the primary's saved stream (replaying)
+and primary and backup again with --serialize (backend llft-serialize:
+threads take turns at the calls llft sees)
 and records one event per call measured and way: its median ns per call
 over the program's repetitions (scenario determinizer/CALL), and the
 whole run's elapsed time (determinizer/total)."""
@@ -49,11 +51,12 @@ def determinizer(ctx, ops: int, reps: int, rounds: int):
     ctx.plan(rounds)
     for rnd in range(rounds):
         stream = ctx.tmp / "stream"
-        results = {("plain", None): run_plain(ops, reps),
-                   ("llft", "primary"): run_llft(ops, reps, ctx.tmp, ["--replicas", "1", "--save-stream",
-                                                                      str(stream)], 0),
-                   ("llft", "backup"): run_llft(ops, reps, ctx.tmp, ["--replay-from", str(stream)], 1)}
-        stream.unlink()
+        results = {("plain", None): run_plain(ops, reps)}
+        for backend, extra in (("llft", []), ("llft-serialize", ["--serialize"])):
+            results[(backend, "primary")] = run_llft(ops, reps, ctx.tmp, ["--replicas", "1", "--save-stream",
+                                                                          str(stream), *extra], 0)
+            results[(backend, "backup")] = run_llft(ops, reps, ctx.tmp, ["--replay-from", str(stream), *extra], 1)
+            stream.unlink()
         for (backend, role), res in results.items():
             for key, rec in res.items():
                 metrics = {"elapsed_ms": rec["elapsed_ms"]} if key == "total" else {"ns_per_op": rec["ns_per_op"]}

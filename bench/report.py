@@ -34,7 +34,7 @@ def table(header: list[str], body: list[list[str]], right_from: int = 0) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in [header, align, *body])
 
 
-BACKENDS = ("plain", "llft", "ceiling")
+BACKENDS = ("plain", "llft", "llft-serialize", "ceiling")
 
 
 def in_order(r: dict) -> tuple:
@@ -112,16 +112,22 @@ def determinizer_md(rows: list[dict]) -> str:
     body = []
     for c in calls:
         plain, prim, back = p50(c, "plain", None), p50(c, "llft", "primary"), p50(c, "llft", "backup")
+        sprim, sback = p50(c, "llft-serialize", "primary"), p50(c, "llft-serialize", "backup")
         body.append([f"`{c}`", num(plain, 1), num(prim, 1), num(prim - plain if None not in (prim, plain) else None),
-                     num(back, 1), ratio(back / plain if back and plain else None)])
-    plain, prim, back = (p50("total", b, v, "elapsed_ms") for b, v in (("plain", None), ("llft", "primary"),
-                                                                       ("llft", "backup")))
+                     num(back, 1), ratio(back / plain if back and plain else None), num(sprim, 1), num(sback, 1),
+                     ratio(sprim / prim if sprim and prim else None)])
+    plain, prim, back, sprim, sback = (p50("total", b, v, "elapsed_ms") for b, v in (
+        ("plain", None), ("llft", "primary"), ("llft", "backup"), ("llft-serialize", "primary"),
+        ("llft-serialize", "backup")))
     if prim:
         body.append(["whole run (ms)", num(plain), num(prim), "", num(back),
-                     f"backup/primary **{ratio(back / prim if back else None)}**"])
+                     f"backup/primary **{ratio(back / prim if back else None)}**", num(sprim), num(sback),
+                     ratio(sprim / prim if sprim else None)])
     n = max(r["count"] for r in rows)
-    return (f"Medians of {n} rounds, ns per call (`plain` no llft, `primary` recording, `backup` replaying):\n\n"
-            + table(["call", "plain", "primary", "added", "backup", "backup/plain"], body, 1))
+    return (f"Medians of {n} rounds, ns per call (`plain` no llft, `primary` recording, `backup` replaying; "
+            f"`serialized` the same with `--serialize`):\n\n"
+            + table(["call", "plain", "primary", "added", "backup", "backup/plain", "serialized primary",
+                     "serialized backup", "serialized/primary"], body, 1))
 
 
 def targets(tables: dict) -> list[list[str]]:

@@ -59,13 +59,13 @@ def wait_port(port: int, proc: subprocess.Popen):
 class Server:
     """The server under test, plain or under llft-run, on a free port."""
 
-    def __init__(self, argv_for_port, replicas: int | None, tmp: Path):
+    def __init__(self, argv_for_port, replicas: int | None, tmp: Path, extra=()):
         self.port = free_port()
         if replicas is None:
             cmd = argv_for_port(self.port)
         else:
             cmd = [LLFT_RUN, "--replicas", str(replicas), "--run-dir", str(tmp / f"rd-{self.port}"),
-                   "--port", str(self.port), "--", *argv_for_port(7000)]
+                   "--port", str(self.port), *extra, "--", *argv_for_port(7000)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         wait_port(self.port, self.proc)
@@ -142,9 +142,10 @@ def window_measure(ctx, scenario: str, mode: str, target, size: int, clients: in
 
 
 def servers(ctx, stack: ExitStack):
-    """start(argv_for_port, replicas): a Server stopped when `stack` closes."""
-    def start(argv_for_port, replicas):
-        srv = Server(argv_for_port, replicas, ctx.tmp)
+    """start(argv_for_port, replicas, extra llft-run options): a Server
+    stopped when `stack` closes."""
+    def start(argv_for_port, replicas, extra=()):
+        srv = Server(argv_for_port, replicas, ctx.tmp, extra)
         stack.callback(srv.stop)
         return srv
     return start
@@ -228,10 +229,13 @@ def real_server(ctx, backends: dict, load, rounds: int, clients: int, net: str =
 
 
 def plain_and_llft(ctx, program, replicas: int, load, rounds: int, clients: int):
+    """Unreplicated, replicated, and replicated with --serialize."""
     with ExitStack() as stack:
         start = servers(ctx, stack)
         real_server(ctx, {"plain": (start(program, None).port, 1),
-                          "llft": (start(program, replicas).port, replicas)}, load, rounds, clients)
+                          "llft": (start(program, replicas).port, replicas),
+                          "llft-serialize": (start(program, replicas, ["--serialize"]).port, replicas)},
+                    load, rounds, clients)
 
 
 def redis_sets(ctx, replicas: int, rounds: int, requests: int, clients: int = 16):

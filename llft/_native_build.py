@@ -57,6 +57,7 @@ ffibuilder.cdef("""
         uint32_t stopped_for_good;
         char div_where[1536];
         uint32_t refused;
+        uint32_t serial_steals;
         ...;
     } llft_ctl_t;
 

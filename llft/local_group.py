@@ -49,6 +49,7 @@ class GroupOptions:
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
+    serialize: bool = False       # --serialize: threads take turns (native/serialize.c)
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
@@ -68,6 +69,7 @@ class LocalGroup:
         self.forwarder: RecordForwarder | None = None
         self.source = None
         self.interrupted: int | None = None
+        self.steals_said = False          # --serialize: a steal has been logged
         self.failed: str | None = None
         self.relays: list[PlaneRelay] = []
         self.plane: DataPlane | None = None   # the client connections' byte path
@@ -91,7 +93,8 @@ class LocalGroup:
         stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
         out_dir = self.run_dir / f"replica-{k}"
         out_dir.mkdir(exist_ok=True)
-        r = Replica(k, stream, out_dir, private_files=self.opts.private_files)
+        r = Replica(k, stream, out_dir, private_files=self.opts.private_files,
+                    serialize=self.opts.serialize)
         self.replicas.append(r)
         self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
@@ -146,6 +149,7 @@ class LocalGroup:
                           "precedence": r.index, "rank": ranks.get(r.index),
                           "stream": r.stream.path, "files": r.files_dir and str(r.files_dir),
                           "status": r.status, "records": r.stream.records,
+                          "serial_steals": r.stream.serial_steals,
                           "clock_offsets_ns": r.stream.clock_offsets(),
                           "replaces": r.replaces, "catch_up": r.catch_up,
                           "follow": self.follow.view(r.index) if r.role == "backup" else None,
@@ -257,9 +261,8 @@ class LocalGroup:
         what, report = r.report_divergence()
         left = sum(1 for x in self.replicas if x.role in ("primary", "backup") and x is not r and x.alive())
         log.error("replica %d (backup) diverged from the primary and left the group: %s.  %d replica%s left%s.  "
-                  "The report is in %s.  A program whose threads share memory outside the locks llft orders "
-                  "(atomics, unlocked variables) diverges so (docs/determinizer.md)", r.index, what, left,
-                  "" if left == 1 else "s", ": no backup to fail over to" if left <= 1 else "", report)
+                  "The report is in %s.  %s", r.index, what, left, "" if left == 1 else "s",
+                  ": no backup to fail over to" if left <= 1 else "", report, r.divergence_advice())
         self.lost.append(f"replica {r.index} diverged: {what}")
         r.problems.append(what)
         self._backup_failed(r, "diverged")
@@ -360,6 +363,7 @@ class LocalGroup:
             if time.monotonic() > next_state:  # live counters for llft-status
                 self.write_state("running")
                 next_state = time.monotonic() + 1
+                self._check_serial_steals(primary)
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:
@@ -370,6 +374,8 @@ class LocalGroup:
                 self.stop()
                 break
             if primary is not None and not primary.alive() and not self.source.finished():
+                if primary.status < 128 and self._check_unreplicable():
+                    break   # the shim stopped it, saying why: not the program's own end
                 # Killed by a signal: a fault.  An exit is the program's own end.
                 successor = self._successor() if primary.status >= 128 else None
                 if successor is not None:
@@ -406,6 +412,19 @@ class LocalGroup:
                 pass
             self.exited.clear()
 
+    def _check_serial_steals(self, primary: Replica | None):
+        """Under --serialize, said once: a thread ran on without a call that
+        gives up its turn, and another ran beside it (native/serialize.c)."""
+        if primary is None or not self.opts.serialize or self.steals_said:
+            return
+        steals = primary.stream.serial_steals
+        if steals:
+            self.steals_said = True
+            log.warning("under --serialize, a thread of the program ran 10 ms without a call that gives up its "
+                        "turn (a spin on memory, or a wait llft does not see), and another was let run beside "
+                        "it, %d time%s so far (llft-status counts them): the threads race there, and a backup "
+                        "may diverge", steals, "" if steals == 1 else "s")
+
     def _check_unreplicable(self) -> bool:
         """A replica whose process did what llft cannot replicate (a forked
         child reaching a client: the shim says so in the control block), or
@@ -432,6 +451,7 @@ class LocalGroup:
                 r.kill()
 
     def _verdict(self, primary: Replica | None) -> int:
+        self._check_serial_steals(primary)
         refused = next((r for r in self.replicas if r.stream.refused), None)
         if refused is not None and not self.failed:
             self.failed = f"cannot replicate the program: {refused.stream.divergence}"
@@ -461,7 +481,7 @@ class LocalGroup:
             elif expected is not None and r.status == expected and not r.stream.stopped_for_good:
                 problem = stdout_problem(primary.out_dir / "stdout", r.out_dir / "stdout")
                 if problem:
-                    r.problems.append(problem)
+                    r.problems.append(f"{problem}; {r.divergence_advice()}")
         bad = [r for r in self.replicas if r.problems]
         for r in self.replicas:
             replayed = "" if r is primary else f", replayed {r.stream.records} records"
@@ -475,6 +495,16 @@ class LocalGroup:
 
     def problems(self) -> list[tuple[Replica, str]]:
         return [(r, p) for r in self.replicas for p in r.problems]
+
+    def primary_last_words(self) -> str:
+        """The last line the primary wrote on its stderr: why a program that
+        failed did ("" if none)."""
+        primary = next((r for r in self.replicas if r.role == "primary"), self.replicas[0])
+        try:
+            lines = (primary.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
 
     def cleanup(self):
         end_orphans(keep={r.pid for r in self.replicas if r.alive()})

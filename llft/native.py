@@ -224,6 +224,12 @@ class StreamFile:
         return bool(self.ctl.refused)
 
     @property
+    def serial_steals(self) -> int:
+        """--serialize: turns taken from a thread that ran on without
+        giving its turn up (native/serialize.c)."""
+        return self.ctl.serial_steals
+
+    @property
     def stopped_for_good(self) -> bool:
         """A backup exited once its threads stopped where the primary's were,
         without its program's exit path: what its stdio held is not out."""

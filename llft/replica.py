@@ -45,6 +45,7 @@ class Replica:
     replaced: bool = False              # failed, and a replacement has been started
     fenced_at: float | None = None      # time.monotonic() when llft-run fenced it (a timing fault)
     private_files: bool = False         # in its own view of the files, kept in files_dir
+    serialize: bool = False             # --serialize: its threads take turns (native/serialize.c)
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -71,6 +72,9 @@ class Replica:
         env["LD_PRELOAD"] = f"/proc/self/fd/{library_fd:/>5}{' ' + preload if preload else ''}"
         env["LLFT_SHM"] = f"fd:{stream_fd:05d}"     # one length for all: the same stack layout
         env["LLFT_REPLICA"] = f"{self.index:03d}"
+        env.pop("LLFT_SERIALIZE", None)
+        if self.serialize:
+            env["LLFT_SERIALIZE"] = "1"
         env["LLFT_CHANNEL"] = f"{self.channel.child_fd():05d}"
         files_plan = private_files.prepare(self.files_dir) if self.private_files else None
         try:
@@ -93,10 +97,10 @@ class Replica:
         """What this replica's processes did that llft cannot replicate, or
         None: a forked child that reached a client (the shim says so in the
         control block), or a port held natively, around the gateway."""
-        if not self.alive():
-            return None
         if self.stream.refused:
             return f"cannot replicate the program: {self.stream.divergence}"
+        if not self.alive():
+            return None
         ports = bypassing_ports(self.pid)
         return bypass_message(self.index, self.pid, ports) if ports else None
 
@@ -130,6 +134,14 @@ class Replica:
             return True
         fields = stat[stat.rindex(")") + 2:].split()
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)
+
+    def divergence_advice(self) -> str:
+        """What to try about a divergence of this replica."""
+        if self.serialize:
+            return ("it ran under --serialize, so its threads took turns in the primary's order: a divergence "
+                    "then comes from elsewhere (docs/determinizer.md)")
+        return ("a program whose threads share memory outside the locks llft orders (atomics, unlocked "
+                "variables) diverges so: run it with --serialize (docs/determinizer.md)")
 
     def report_divergence(self) -> tuple[str, Path]:
         """What stopped this backup, kept in its dir (divergence.txt) with

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -129,6 +130,8 @@ void llft_stream_keep(int fd)
     __atomic_store_n(&llft_stream_fd, fd, __ATOMIC_RELEASE);
 }
 
+char llft_library_path[256];
+
 void llft_library_keep(void)
 {
     const char *d = env_fd_field(&LIBRARY_VAR);
@@ -140,6 +143,10 @@ void llft_library_keep(void)
             fd = fd * 10 + (d[i] - '0');
     if (syscall(SYS_fcntl, fd, F_GETFD) < 0)
         return;
+    char link[40];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    long n = syscall(SYS_readlink, link, llft_library_path, sizeof llft_library_path - 1);
+    llft_library_path[n > 0 ? n : 0] = 0;
     fd = above_the_floor(fd);
     note_fd(&LIBRARY_VAR, fd);
     __atomic_store_n(&llft_library_fd, fd, __ATOMIC_RELEASE);
@@ -191,7 +198,7 @@ int llft_channel_send(const llft_channel_msg_t *m, int fd)
             return EIO;
         if (errno == EAGAIN) { /* the controller reads on */
             struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
+            llft_nap(&ms);
         } else if (errno != EINTR) {
             return errno;
         }

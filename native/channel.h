@@ -26,6 +26,10 @@ extern int llft_library_fd;
 /* At start-up: the library's fd, if LD_PRELOAD names one, moved out of the
  * program's way and LD_PRELOAD rewritten in place to say where. */
 void llft_library_keep(void);
+/* The library's own path, read through that fd ("" when preloaded by
+ * path): what a backtrace names, since /proc/self/fd/N means nothing
+ * outside this process. */
+extern char llft_library_path[256];
 
 /* Whether fd is one the shim keeps (the channel, the stream file, the
  * library): the program's close of it is not carried out. */

@@ -120,6 +120,7 @@ static void attach(const char *spec)
     llft_channel_attach(ctl);
     if (ctl->role == LLFT_ROLE_BACKUP)
         llft_replay_setup();
+    llft_serial_init();
     llft_self.tid = 0;
     llft_self.state = TS_TRACKED;
     __atomic_store_n(&llft_ctl, ctl, __ATOMIC_RELEASE);
@@ -149,13 +150,18 @@ static void where_into(char *out, size_t cap, void *const *frames, int n)
 {
     size_t len = 0;
     out[0] = 0;
+    Dl_info self;
+    void *self_base = dladdr((void *)where_into, &self) ? self.dli_fbase : NULL;
     for (int i = 0; i < n && len + 1 < cap; i++) {
         Dl_info info;
         int w;
-        if (dladdr(frames[i], &info) && info.dli_sname)
+        int found = dladdr(frames[i], &info);
+        if (found && info.dli_fbase == self_base && llft_library_path[0])
+            info.dli_fname = llft_library_path; /* loaded as /proc/self/fd/N: name the file */
+        if (found && info.dli_sname)
             w = snprintf(out + len, cap - len, "#%d %s+%#lx (%s)\n", i, info.dli_sname,
                          (unsigned long)((char *)frames[i] - (char *)info.dli_saddr), info.dli_fname);
-        else if (dladdr(frames[i], &info) && info.dli_fname)
+        else if (found && info.dli_fname)
             w = snprintf(out + len, cap - len, "#%d %p (%s+%#lx)\n", i, frames[i], info.dli_fname,
                          (unsigned long)((char *)frames[i] - (char *)info.dli_fbase));
         else
@@ -227,6 +233,7 @@ void llft_refuse(const char *fmt, ...)
 static void at_exit(void)
 {
     struct llft_thread *t;
+    llft_serial_give(); /* the others run on to where the primary's were */
     int role = llft_mode(&t);
     if (role == LLFT_ROLE_BACKUP)
         llft_replay_at_exit(t);

@@ -116,7 +116,7 @@ static void place_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, in
                          want, what, llft_fd_kind(want));
         }
         struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
+        llft_nap(&ms);
     }
     REAL(close)(fd);
 }

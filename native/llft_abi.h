@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 4u
+#define LLFT_ABI_VERSION 5u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -78,7 +78,8 @@ enum llft_op {
     LLFT_OP_BIND_PORT = 85,      /* bind() to port 0 (or by a send) of a UDP or TCP socket: the port */
     LLFT_OP_CLOSE = 86,          /* close (or dup2 over) a connection, pipe, counter or listener: aux: fd */
     LLFT_OP_CHILD_READ = 87,     /* read() of a pipe shared with a process the program forked: its bytes */
-    LLFT_OP_MAX = 88
+    LLFT_OP_SERIAL_TURN = 88,    /* --serialize: the thread takes the replica's turn (turn: its order) */
+    LLFT_OP_MAX = 89
 };
 
 /* What the controller writes first on each connection it hands to a
@@ -242,7 +243,8 @@ typedef struct llft_ctl {
                                    * whatever the program did with its stderr */
     uint32_t refused;             /* a process of the replica did what llft cannot replicate (div_text
                                    * says what): the controller stops the group (llft_refuse) */
-    uint32_t _pad3;
+    uint32_t serial_steals;       /* --serialize: turns taken from a thread that ran on without giving
+                                   * its turn up (serialize.c) */
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

@@ -484,7 +484,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
             continue;
         }
         if (spins < 72 && records_on_the_way()) {
-            sched_yield(); /* more threads than cores: let whoever brings them run */
+            llft_yield(); /* more threads than cores: let whoever brings them run */
             continue;
         }
         if (spin_try(&dispatch_lock)) {
@@ -734,7 +734,7 @@ static void wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slot
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 80) {
-            sched_yield();
+            llft_yield();
         } else {
             uint64_t now = llft_now_ms();
             if (!since)
@@ -746,7 +746,7 @@ static void wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slot
                              (unsigned long long)q->popped, (unsigned long long)upto,
                              q->state == Q_DEAD ? "has ended" : "runs");
             struct timespec us = {0, 50000};
-            nanosleep(&us, NULL);
+            llft_nap(&us);
         }
     }
 }
@@ -880,7 +880,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 80) {
-            sched_yield(); /* more threads than cores: let the turn's owner run */
+            llft_yield(); /* more threads than cores: let the turn's owner run */
         } else {
             uint64_t now = llft_now_ms();
             if (!since)
@@ -1059,7 +1059,7 @@ void llft_replay_at_exit(struct llft_thread *t)
     uint64_t since = llft_now_ms();
     while (LOAD(&stream_ended, ACQ) && !others_replayed(t) && llft_now_ms() - since < llft_ctl->end_grace_ms) {
         struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
+        llft_nap(&ms);
     }
     t->depth--;
 }

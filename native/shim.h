@@ -8,8 +8,11 @@
 #include "ring.h"
 
 #include <stdint.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT   __attribute__((visibility("default")))
 #define LIKELY(x)   __builtin_expect(!!(x), 1)
@@ -29,6 +32,7 @@ struct llft_thread {
     uint64_t cached_tail;    /* primary: last seen ring tail, saves a shared load */
     struct tqueue *q;        /* backup: this thread's replay queue */
     uint64_t stamp;          /* backup: when its last record was replayed (the replica's record count) */
+    uint32_t serial_turn;    /* --serialize: 1 while this thread holds the replica's turn (serialize.c) */
 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
@@ -67,6 +71,46 @@ static inline int llft_mode(struct llft_thread **tp)
     *tp = t;
     return (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
 }
+
+/* The shim's own naps and yields: raw, never the program's switch points
+ * (serialize.c wraps nanosleep and sched_yield). */
+static inline void llft_nap(const struct timespec *d) { syscall(SYS_nanosleep, d, NULL); }
+static inline void llft_yield(void) { syscall(SYS_sched_yield); }
+
+/* ---- --serialize: one thread runs at a time (serialize.c) ---- */
+extern int llft_serial_on;            /* set once, at attach */
+void llft_serial_init(void);
+void llft_serial_give_slow(void);
+void llft_serial_take_slow(void);
+static inline void llft_serial_give(void)
+{
+    if (UNLIKELY(llft_serial_on))
+        llft_serial_give_slow();
+}
+static inline void llft_serial_take(void)
+{
+    if (UNLIKELY(llft_serial_on))
+        llft_serial_take_slow();
+}
+/* Returns call's value; under --serialize the turn is given up around it
+ * (a call that may wait for another thread or for input), errno kept. */
+#define LLFT_SWITCH_POINT(type, call)                                               \
+    do {                                                                            \
+        if (LIKELY(!llft_serial_on))                                                \
+            return call;                                                            \
+        llft_serial_give_slow();                                                    \
+        type switch_ret_ = call;                                                    \
+        int switch_err_ = errno;                                                    \
+        llft_serial_take_slow();                                                    \
+        errno = switch_err_;                                                        \
+        return switch_ret_;                                                         \
+    } while (0)
+/* An exported wrapper that is a switch point: its body follows, as
+ * NAME_call's. */
+#define SWITCHING(ret, name, params, args)                                          \
+    static ret name##_call params;                                                  \
+    EXPORT ret name params { LLFT_SWITCH_POINT(ret, name##_call args); }           \
+    static ret name##_call params
 
 /* ---- primary: recording (record.c) ---- */
 void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,

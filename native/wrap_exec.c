@@ -23,7 +23,8 @@ typedef int (*exec_fn)(const void *target, char *const argv[], char *const envp[
 /* What the next image needs to attach as this replica.  A program that
  * hands its exec an environment of its own (a privilege-dropping wrapper,
  * a daemon scrubbing it) would otherwise start the image unreplicated. */
-static const char *const REPLICA_VARS[] = {"LD_PRELOAD", "LLFT_SHM", "LLFT_CHANNEL", "LLFT_REPLICA"};
+static const char *const REPLICA_VARS[] = {"LD_PRELOAD", "LLFT_SHM", "LLFT_CHANNEL", "LLFT_REPLICA",
+                                           "LLFT_SERIALIZE"};
 #define NVARS (sizeof REPLICA_VARS / sizeof REPLICA_VARS[0])
 
 static int has_var(char *const envp[], const char *name)

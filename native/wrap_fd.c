@@ -88,7 +88,7 @@ static void wait_transfers(int fd)
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 128) {
-            sched_yield();
+            llft_yield();
         } else {
             uint64_t now = llft_now_ms();
             if (!since)
@@ -96,7 +96,7 @@ static void wait_transfers(int fd)
             if (now - since > 2)
                 return;
             struct timespec us = {0, 20000};
-            nanosleep(&us, NULL);
+            llft_nap(&us);
         }
     }
 }

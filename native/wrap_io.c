@@ -153,7 +153,7 @@ static void no_peer_address(int fd, struct sockaddr *addr, socklen_t *len)
 
 /* ---- reads ---------------------------------------------------------- */
 
-EXPORT ssize_t read(int fd, void *buf, size_t n)
+SWITCHING(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n))
 {
     int kind = llft_fd_kind(fd);
     if (LIKELY(kind == FD_LOCAL))
@@ -183,7 +183,7 @@ static ssize_t recorded_readv(int fd, const struct iovec *iov, int niov)
     return 0;
 }
 
-EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
+SWITCHING(ssize_t, readv, (int fd, const struct iovec *iov, int niov), (fd, iov, niov))
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_readv(fd, iov, niov);
@@ -200,7 +200,7 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int niov)
     return REAL(readv)(fd, iov, niov);
 }
 
-EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
+SWITCHING(ssize_t, recv, (int fd, void *buf, size_t n, int flags), (fd, buf, n, flags))
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, flags, NULL, NULL);
@@ -218,8 +218,9 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
     return REAL(recv)(fd, buf, n, flags);
 }
 
-EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct sockaddr *restrict addr,
-                        socklen_t *restrict len)
+SWITCHING(ssize_t, recvfrom,
+          (int fd, void *restrict buf, size_t n, int flags, struct sockaddr *restrict addr, socklen_t *restrict len),
+          (fd, buf, n, flags, addr, len))
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, flags, addr, len);
@@ -239,7 +240,7 @@ EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, struct 
     return r;
 }
 
-EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, flags))
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recvmsg(fd, msg, flags);

@@ -90,25 +90,27 @@ static int block_sem(void *s)
     return r ? errno : 0;
 }
 
-/* An acquisition wrapper.  err_of(r) is the errno to record for result r:
+/* An acquisition's result.  err_of(r) is the errno to record for result r:
  * pthread calls return the error (record 0), semaphores -1 and errno. */
-#define ACQUIRE(op, obj, block, real_call, err_of)                                  \
-    do {                                                                            \
+#define ACQUIRED(op, obj, block, real_call, err_of)                                 \
+    ({                                                                              \
         struct llft_thread *t;                                                      \
-        int role = llft_mode(&t);                                                   \
-        if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
-            int64_t res;                                                            \
-            if (!replay_acquire(t, op, (void *)(obj), block, &res))                 \
-                return (int)res;                                                    \
-            role = LLFT_ROLE_PRIMARY;                                               \
+        int role = llft_mode(&t), got_;                                             \
+        int64_t res;                                                                \
+        if (UNLIKELY(role == LLFT_ROLE_BACKUP) &&                                   \
+            !replay_acquire(t, op, (void *)(obj), block, &res)) {                   \
+            got_ = (int)res;                                                        \
+        } else if (LIKELY(role != LLFT_ROLE_OFF)) { /* or taken over just now */    \
+            got_ = real_call;                                                       \
+            record_acquire(t, op, obj, got_ == 0, got_, err_of(got_));              \
+        } else {                                                                    \
+            got_ = real_call;                                                       \
         }                                                                           \
-        if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                                    \
-            int r = real_call;                                                      \
-            record_acquire(t, op, obj, r == 0, r, err_of(r));                       \
-            return r;                                                               \
-        }                                                                           \
-        return real_call;                                                           \
-    } while (0)
+        got_;                                                                       \
+    })
+/* The wrapper's body: an acquisition, a switch point under --serialize. */
+#define ACQUIRE(op, obj, block, real_call, err_of)                                  \
+    LLFT_SWITCH_POINT(int, ACQUIRED(op, obj, block, real_call, err_of))
 #define PTHREAD_ERR(r) 0
 #define SEM_ERR(r) ((r) ? errno : 0)
 #define PTHREAD_ACQUIRE(op, obj, block, real_call) ACQUIRE(op, obj, block, real_call, PTHREAD_ERR)
@@ -303,25 +305,27 @@ static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t 
     }
 }
 
-/* clk and deadline: what wait_after_takeover needs of the program's wait
- * (deadline NULL for an untimed one). */
-#define COND_WAIT(op, c, m, clk, deadline, real_call)                               \
-    do {                                                                            \
+/* A condition wait's result.  clk and deadline: what wait_after_takeover
+ * needs of the program's wait (deadline NULL for an untimed one). */
+#define COND_WAITED(op, c, m, clk, deadline, real_call)                             \
+    ({                                                                              \
         struct llft_thread *t;                                                      \
-        int role = llft_mode(&t);                                                   \
+        int role = llft_mode(&t), res = 0, how = 0;                                 \
         if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
-            int res;                                                                \
-            int how = cond_replay(op, c, m, t, &res);                               \
-            if (how == 0)                                                           \
-                return res;                                                         \
+            how = cond_replay(op, c, m, t, &res);                                   \
             if (how == COND_WOKEN)                                                  \
-                return cond_common(op, m, 0, t);                                    \
-            return cond_common(op, m, wait_after_takeover(c, m, clk, deadline), t); \
+                res = cond_common(op, m, 0, t);                                     \
+            else if (how == COND_STILL)                                             \
+                res = cond_common(op, m, wait_after_takeover(c, m, clk, deadline), t); \
+        } else if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                             \
+            res = cond_common(op, m, real_call, t);                                 \
+        } else {                                                                    \
+            res = real_call;                                                        \
         }                                                                           \
-        if (LIKELY(role == LLFT_ROLE_PRIMARY))                                      \
-            return cond_common(op, m, real_call, t);                                \
-        return real_call;                                                           \
-    } while (0)
+        res;                                                                        \
+    })
+#define COND_WAIT(op, c, m, clk, deadline, real_call)                               \
+    LLFT_SWITCH_POINT(int, COND_WAITED(op, c, m, clk, deadline, real_call))
 
 /* The clock a condition variable's timed waits use (glibc keeps it in bit 1
  * of __wrefs: pthread_condattr_setclock). */

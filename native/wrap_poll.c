@@ -111,7 +111,7 @@ static void forked_poll_check(const struct pollfd *fds, nfds_t n)
             llft_forked_use(fds[i].fd, "polls the program's clients' sockets");
 }
 
-EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+SWITCHING(int, poll, (struct pollfd *fds, nfds_t n, int timeout), (fds, n, timeout))
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -127,7 +127,7 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
     return REAL(poll)(fds, n, timeout);
 }
 
-EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+SWITCHING(int, ppoll, (struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask), (fds, n, ts, mask))
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -191,7 +191,8 @@ static int select_backup(struct llft_thread *t, int n, fd_set *sets[3], int *res
     return 0;
 }
 
-EXPORT int select(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex, struct timeval *restrict tv)
+SWITCHING(int, select, (int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex, struct timeval *restrict tv),
+          (n, rd, wr, ex, tv))
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -206,8 +207,10 @@ EXPORT int select(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restr
     return REAL(select)(n, rd, wr, ex, tv);
 }
 
-EXPORT int pselect(int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex,
-                   const struct timespec *restrict ts, const sigset_t *restrict mask)
+SWITCHING(int, pselect,
+          (int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex, const struct timespec *restrict ts,
+           const sigset_t *restrict mask),
+          (n, rd, wr, ex, ts, mask))
 {
     struct llft_thread *t;
     int role = llft_mode(&t);
@@ -325,14 +328,15 @@ static int epoll_common(int epfd, struct epoll_event *evs, int max, int timeout,
     return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
 }
 
-EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
+SWITCHING(int, epoll_wait, (int epfd, struct epoll_event *evs, int max, int timeout), (epfd, evs, max, timeout))
 {
     if (llft_fd_kind(epfd) != FD_EPOLL)
         return REAL(epoll_wait)(epfd, evs, max, timeout);
     return epoll_common(epfd, evs, max, timeout, NULL, 0);
 }
 
-EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
+SWITCHING(int, epoll_pwait, (int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask),
+          (epfd, evs, max, timeout, mask))
 {
     if (llft_fd_kind(epfd) != FD_EPOLL)
         return REAL(epoll_pwait)(epfd, evs, max, timeout, mask);

@@ -516,14 +516,14 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
     }
 }
 
-EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+SWITCHING(int, accept4, (int fd, struct sockaddr *addr, socklen_t *len, int flags), (fd, addr, len, flags))
 {
     if (llft_fd_kind(fd) != FD_LISTEN)
         return REAL(accept4)(fd, addr, len, flags);
     return accept_common(fd, addr, len, flags);
 }
 
-EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+SWITCHING(int, accept, (int fd, struct sockaddr *addr, socklen_t *len), (fd, addr, len))
 {
     if (llft_fd_kind(fd) != FD_LISTEN)
         return REAL(accept)(fd, addr, len);
@@ -532,7 +532,7 @@ EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 
 /* ---- the rest of the socket API on virtual sockets ------------------- */
 
-EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+SWITCHING(int, connect, (int fd, const struct sockaddr *addr, socklen_t len), (fd, addr, len))
 {
     int kind = llft_fd_kind(fd);
     if (LIKELY(!virtual_kind(kind)))

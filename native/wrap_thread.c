@@ -20,7 +20,7 @@ void llft_primary_at_exit(void)
 {
     uint64_t since = llft_now_ms();
     while (__atomic_load_n(&creating, __ATOMIC_SEQ_CST) && llft_now_ms() - since < 1000)
-        sched_yield();
+        llft_yield();
 }
 
 struct start {
@@ -42,6 +42,7 @@ static void thread_finish(struct llft_thread *t)
     }
     if (role == LLFT_ROLE_PRIMARY)
         llft_record(t, LLFT_OP_THREAD_EXIT, 0, 0, 0, 0, 0);
+    llft_serial_give();
     /* Whatever runs after this (TLS destructors) is not replicated. */
     t->state = TS_UNTRACKED;
 }
@@ -56,9 +57,11 @@ static void *trampoline(void *p)
     t->depth = 0;
     t->cached_tail = 0;
     t->q = NULL;
+    t->serial_turn = 0;
     t->state = TS_TRACKED;
     if (llft_ctl && __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) == LLFT_ROLE_BACKUP)
         llft_replay_thread_start(t);
+    llft_serial_take(); /* --serialize: its first turn */
     void *ret = s.fn(s.arg);
     thread_finish(t);
     return ret;
@@ -91,6 +94,9 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
     int role = llft_mode(&t);
     if (role != LLFT_ROLE_OFF)
         llft_python_threads_start();
+    /* --serialize: the first thread runs without the turn while alone; the
+     * child must not run beside it. */
+    llft_serial_take();
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e)) {

@@ -267,7 +267,7 @@ static int send_replay(struct llft_thread *t, int fd, const struct msghdr *m, in
     struct turnstile *ts = llft_turn_wait(t, &e);
     while (send_real(fd, m, flags | MSG_DONTWAIT, h) < 0 && (errno == EAGAIN || errno == EINTR)) {
         struct timespec ms = {0, 1000000}; /* the controller's queue is full: it reads on */
-        nanosleep(&ms, NULL);
+        llft_nap(&ms);
     }
     llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
     return 0;
@@ -345,7 +345,8 @@ ssize_t llft_dgram_writev(int fd, const struct iovec *iov, int n)
 DEFINE_REAL(recvmmsg)
 DEFINE_REAL(sendmmsg)
 
-EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout)
+SWITCHING(int, recvmmsg, (int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *timeout),
+          (fd, v, n, flags, timeout))
 {
     if (llft_fd_kind(fd) != FD_DGRAM)
         return REAL(recvmmsg)(fd, v, n, flags, timeout);

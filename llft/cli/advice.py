@@ -9,11 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def known_race(program: list[str]) -> str | None:
-    """Advice for program (argv), or None."""
+def known_race(program: list[str], serialize: bool = False) -> str | None:
+    """Advice for program (argv), or None.  Under --serialize the threads
+    take turns, which orders their atomics too (docs/determinizer.md)."""
     name, args = Path(program[0]).name, " ".join(program[1:])
-    if name == "memcached" and not ("no_lru_maintainer" in args and "no_lru_crawler" in args):
+    if name == "memcached" and not serialize and not ("no_lru_maintainer" in args and "no_lru_crawler" in args):
         return ("memcached's LRU maintainer and crawler threads decide on item reference counts that "
                 "workers change with atomics outside any lock, so a backup can diverge under load; run it "
-                "with -o no_lru_crawler,no_lru_maintainer (docs/serving.md, \"memcached\")")
+                "with --serialize, or with -o no_lru_crawler,no_lru_maintainer (docs/serving.md, \"memcached\")")
+    if name == "redis-server" and io_threads(program[1:]) > 1:
+        return ("redis's I/O threads and its main thread wait for each other by spinning on atomics a bounded "
+                "number of times, so a backup can diverge, with --serialize too (docs/determinizer.md); run it "
+                "with io-threads 1")
     return None
+
+
+def io_threads(args: list[str]) -> int:
+    """redis-server's --io-threads N among its arguments (1 if absent)."""
+    for flag, value in zip(args, args[1:]):
+        if flag == "--io-threads" and value.isdigit():
+            return int(value)
+    return 1

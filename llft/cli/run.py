@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(llft-status shows where), reading the machine's files beneath it: replicas of a "
                         "program with a log or a data directory would otherwise write the same files.  "
                         "Without root, replicas share the files, with a warning")
+    p.add_argument("--serialize", action="store_true",
+                   help="let the program's threads run one at a time, taking turns at the calls llft sees "
+                        "(locks, waits, reads, sleeps) in the order the primary records and the backups "
+                        "follow, so that threads sharing memory outside any lock (atomics, flags, counters) "
+                        "do the same at every replica.  Costs a record per such call and all parallelism.  "
+                        "A thread that runs 10 ms without such a call (a spin on memory) has another run beside "
+                        "it until its next one, and llft-run says so: there the threads race again")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
@@ -220,7 +227,7 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
                          rejoin=not args.no_rejoin, realtime=not args.no_realtime,
                          history_limit=int(args.history_limit * (1 << 20)), stall_alarm=args.stall_alarm,
-                         private_files=private_files(args))
+                         private_files=private_files(args), serialize=args.serialize)
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):
@@ -252,7 +259,7 @@ def main(argv=None) -> int:
         return fail(PROG, str(e))
     setup_logging(args.log_level, run_dir / "llft.log")
     become_subreaper()   # a daemon the program forks is ended with the group (llft/process_tree.py)
-    advice = known_race(program)
+    advice = known_race(program, serialize=args.serialize)
     if advice:
         log.warning("%s", advice)
     if args.join:
@@ -265,7 +272,8 @@ def main(argv=None) -> int:
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn,
-                           stall_alarm=args.stall_alarm, private_files=private_files(args))
+                           stall_alarm=args.stall_alarm, private_files=private_files(args),
+                           serialize=args.serialize)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):
@@ -283,6 +291,10 @@ def main(argv=None) -> int:
             print(f"{PROG}: replica {replica.index} ({replica.role}): {problem}", file=sys.stderr)
         if status == EXIT_DIVERGED:
             print(f"{PROG}: the replicas did not stay consistent; see {run_dir}", file=sys.stderr)
+        elif 0 < status < 128 and not group.interrupted:
+            said = group.primary_last_words()
+            print(f"{PROG}: the program exited with status {status}" + (f"; it said: {said}" if said else ""),
+                  file=sys.stderr)
         return status
     except (StreamError, OSError) as e:
         group.stop()

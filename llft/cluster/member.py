@@ -97,6 +97,7 @@ class MemberOptions:
     realtime: bool = True           # controller at real-time priority where permitted (priority.py)
     stall_alarm: float = STALL_S    # its replica, a backup, replaying nothing this long while records wait
     private_files: bool = False     # its replica in its own view of the files (llft/private_files.py)
+    serialize: bool = False         # --serialize: threads take turns (native/serialize.c)
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
     config: Config = field(default_factory=lambda: Config(liveness=0.005))
@@ -233,7 +234,8 @@ class HostMember:
         stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
         out_dir = self.run_dir / f"replica-{index}"
         out_dir.mkdir(exist_ok=True)
-        self.replica = Replica(index, stream, out_dir, private_files=self.opts.private_files)
+        self.replica = Replica(index, stream, out_dir, private_files=self.opts.private_files,
+                               serialize=self.opts.serialize)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
@@ -759,7 +761,8 @@ class HostMember:
             return status
         if r.stream.diverged or status == EXIT_DIVERGED:
             what, report = r.report_divergence()
-            log.error("replica %d diverged from the primary: %s.  The report is in %s", r.index, what, report)
+            log.error("replica %d diverged from the primary: %s.  The report is in %s.  %s", r.index, what, report,
+                      r.divergence_advice())
             return EXIT_DIVERGED
         if self.primary_status is not None and status != self.primary_status:
             log.error("replica %d exited with status %s, the primary with %s", r.index, status,

@@ -1,0 +1,191 @@
+/* --serialize (LLFT_SERIALIZE=1 in the environment): the threads of
+ * a replica take turns, one running the program's code at a time and
+ * switching only at calls the shim sees, in an order the primary records
+ * and the backups follow (deterministic multithreading, as rr gets its
+ * determinism from running on one core).  Accesses to memory outside any
+ * lock, atomics included, then happen in the same order at every replica.
+ *
+ * The turn is a word naming its holder, taken in turns recorded as the
+ * program's lock acquisitions are (LLFT_OP_SERIAL_TURN), so that a backup
+ * takes it in the primary's order and a takeover needs nothing of its own.
+ * A thread holds it while it runs the program; a call that may wait for
+ * another thread or for input gives it up around the wait
+ * (LLFT_SWITCH_POINT in shim.h).  Writes are not switch points: stdio holds
+ * a stream's lock across its write(), and a thread that took the turn
+ * meanwhile and blocked on that lock would keep it.
+ *
+ * A holder that runs on for STEAL_AFTER_MS without such a call (a spin on
+ * memory that waits for another thread, as redis's main thread waits for
+ * its I/O threads, or a wait in the kernel the shim does not see) would
+ * keep the others from running for good.  A waiting thread then takes the
+ * turn beside it, recorded as taken from it: a backup's thread takes it so
+ * too, once the holder there has started every call it had started at the
+ * primary by then (replay.c's previous-holder wait).  The holder goes on
+ * until its next switch point, where it finds the turn gone and waits for
+ * it as any thread does.  The two run side by side until then, which is
+ * harmless for a spin but not for a holder that computes long and races:
+ * the steals are counted in the control block, and llft-run says so. */
+#include "shim.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+DEFINE_REAL(nanosleep)
+DEFINE_REAL(clock_nanosleep)
+DEFINE_REAL(usleep)
+DEFINE_REAL(sleep)
+DEFINE_REAL(sched_yield)
+DEFINE_REAL(pthread_join)
+
+/* Longer than a bounded spin runs (redis's I/O threads spin a million
+ * times before they sleep): a holder that would give the turn up by
+ * itself is left alone. */
+#define STEAL_AFTER_MS 10
+
+int llft_serial_on;
+static uint32_t owner; /* logical tid + 1 of the thread holding the turn; 0: none */
+
+/* The holder, for stealing. */
+static uint32_t holder_ktid;
+static uint64_t held_since_ms;
+
+void llft_serial_init(void)
+{
+    const char *v = getenv("LLFT_SERIALIZE");
+    llft_serial_on = v && *v && *v != '0';
+}
+
+/* Whether thread ktid of this process runs, or waits in the kernel (not
+ * stopped by a debugger or a signal: a frozen replica is the controller's
+ * to fence). */
+static int running_or_waiting(uint32_t ktid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%u/stat", ktid);
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
+    syscall(SYS_close, fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')');
+    return paren && paren[1] && paren[2] && strchr("RSD", paren[2]) != NULL;
+}
+
+/* Primary: takes the turn; returns the holder it was taken from (its tid
+ * + 1), or 0 when it was free. */
+static uint32_t primary_take(struct llft_thread *t)
+{
+    uint32_t me = t->tid + 1;
+    for (;;) {
+        uint32_t o = __atomic_load_n(&owner, __ATOMIC_SEQ_CST);
+        if (o == 0) {
+            if (__atomic_compare_exchange_n(&owner, &o, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                return 0;
+            continue;
+        }
+        llft_futex_wait(&owner, o, STEAL_AFTER_MS);
+        if (__atomic_load_n(&owner, __ATOMIC_SEQ_CST) != o)
+            continue;
+        uint64_t held = llft_now_ms() - __atomic_load_n(&held_since_ms, __ATOMIC_SEQ_CST);
+        if (held < STEAL_AFTER_MS || !running_or_waiting(__atomic_load_n(&holder_ktid, __ATOMIC_SEQ_CST)))
+            continue;
+        if (__atomic_compare_exchange_n(&owner, &o, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            __atomic_fetch_add(&llft_ctl->serial_steals, 1, __ATOMIC_RELAXED);
+            return o;
+        }
+    }
+}
+
+/* Backup: the turn as the primary's thread took it: after the previous
+ * holder gave it up, or beside it when the primary's took it from it. */
+static void backup_take(struct llft_thread *t, uint32_t from)
+{
+    uint32_t me = t->tid + 1;
+    for (;;) {
+        uint32_t o = __atomic_load_n(&owner, __ATOMIC_SEQ_CST);
+        if (o == 0 || (from && o == from)) {
+            if (__atomic_compare_exchange_n(&owner, &o, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                return;
+            continue;
+        }
+        llft_futex_wait(&owner, o, 50);
+    }
+}
+
+static void take(struct llft_thread *t)
+{
+    int role = (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_SERIAL_TURN, &e)) {
+            struct turnstile *ts = llft_turn_wait(t, &e);
+            backup_take(t, (uint32_t)e.val);
+            llft_turn_done(t, ts, &owner, e.turn);
+            return;
+        }
+    }
+    uint32_t from = primary_take(t);
+    struct llft_obj *o = llft_obj_get(&owner, t);
+    llft_record(t, LLFT_OP_SERIAL_TURN, o->id, llft_obj_take_turn(o), 0, 0, from);
+}
+
+void llft_serial_give_slow(void)
+{
+    struct llft_thread *t;
+    if (llft_mode(&t) == LLFT_ROLE_OFF || !t->serial_turn)
+        return;
+    t->serial_turn = 0;
+    uint32_t me = t->tid + 1;
+    /* Taken from this thread meanwhile: it is the taker's to give. */
+    if (__atomic_compare_exchange_n(&owner, &me, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        llft_futex_wake(&owner);
+}
+
+void llft_serial_take_slow(void)
+{
+    struct llft_thread *t;
+    if (llft_mode(&t) == LLFT_ROLE_OFF || t->serial_turn)
+        return;
+    take(t);
+    t->serial_turn = 1;
+    __atomic_store_n(&holder_ktid, (uint32_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&held_since_ms, llft_now_ms(), __ATOMIC_SEQ_CST);
+}
+
+/* Calls that only wait, recorded nowhere, are switch points all the same:
+ * a thread that sleeps or joins another keeping the turn would stop the
+ * others for as long, or for good. */
+EXPORT int nanosleep(const struct timespec *d, struct timespec *rem)
+{
+    LLFT_SWITCH_POINT(int, REAL(nanosleep)(d, rem));
+}
+
+EXPORT int clock_nanosleep(clockid_t c, int flags, const struct timespec *d, struct timespec *rem)
+{
+    LLFT_SWITCH_POINT(int, REAL(clock_nanosleep)(c, flags, d, rem));
+}
+
+EXPORT int usleep(useconds_t us)
+{
+    LLFT_SWITCH_POINT(int, REAL(usleep)(us));
+}
+
+EXPORT unsigned int sleep(unsigned int s)
+{
+    LLFT_SWITCH_POINT(unsigned int, REAL(sleep)(s));
+}
+
+EXPORT int sched_yield(void)
+{
+    LLFT_SWITCH_POINT(int, REAL(sched_yield)());
+}
+
+EXPORT int pthread_join(pthread_t th, void **ret)
+{
+    LLFT_SWITCH_POINT(int, REAL(pthread_join)(th, ret));
+}

@@ -1,0 +1,110 @@
+"""llft-run --serialize: the threads of a replica take turns at the calls
+llft sees, in the order the primary records, so that threads sharing memory
+outside any lock (a counter under two different mutexes, a spin on an
+atomic flag, memcached's LRU threads) compute the same at every replica,
+and fail over; a thread that spins without ever making a call does not
+hang the replica, and llft-run says what was done about it."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from serving import Progress, ServingGroup, concurrently, kill_after
+from test_failover import check_exactly_once, finish_and_check, run_clients
+
+EXIT_DIVERGED = 86
+
+
+def test_a_data_race_diverges_without_serialize_and_the_advice_says_so(examples, llft_run):
+    for _ in range(5):
+        run = llft_run([examples / "racy_counter", "20000"])
+        if len({run.out(k) for k in range(3)}) > 1:
+            assert run.status == EXIT_DIVERGED, run.stderr
+            assert "--serialize" in run.stderr, "the message names the cure"
+            return
+    raise AssertionError("the race never showed in 5 runs")
+
+
+def test_a_data_race_agrees_at_every_replica_under_serialize(examples, llft_run):
+    """Lost updates and spins happen under --serialize too (a nap inside the
+    critical section and the yields are where threads switch), but the
+    same at every replica."""
+    counts = set()
+    for _ in range(3):
+        run = llft_run([examples / "racy_counter", "20000"], extra=["--serialize"])
+        assert run.status == 0, run.stderr
+        outs = {run.out(k) for k in range(3)}
+        assert len(outs) == 1, outs
+        counts |= outs
+    assert all(int(out.split()[3]) > 0 for out in counts), f"the second thread never spun: {counts}"
+
+
+def test_a_thread_spinning_without_a_call_does_not_hang_the_replicas(examples, llft_run):
+    """The second thread spins on the flag without any call, keeping its
+    turn: the main thread takes it beside it, raises the flag, and the
+    replicas end alike; llft-run says that threads ran side by side."""
+    run = llft_run([examples / "racy_counter", "2000", "pure-spin"], extra=["--serialize"], timeout=60)
+    assert run.status == 0, run.stderr
+    assert len({run.out(k) for k in range(3)}) == 1
+    assert "another was let run beside it" in run.stderr, run.stderr
+
+
+def test_a_worker_pool_under_serialize_fails_over(examples, tmp_path):
+    """pool_server's main thread and three workers taking turns, the
+    primary killed twice under load: every answer once, survivors equal."""
+    group = ServingGroup(tmp_path / "rd", [examples / "pool_server", 7000], extra=["--serialize", "--respawn"])
+    results = run_clients(group, nclients=4, nlines=200, kills=2)
+    check_exactly_once(results, 4, 200)
+    finish_and_check(group)
+
+
+@pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
+def test_memcached_with_its_default_threads_under_serialize_fails_over(tmp_path):
+    """memcached as it starts by default (LRU maintainer and crawler
+    threads deciding on reference counts workers change with atomics):
+    CAS answers exactly once across a primary kill."""
+    group = ServingGroup(tmp_path / "rd", [shutil.which("memcached"), "-A", "-p", "11211", "-U", "0",
+                                           "-l", "127.0.0.1", "-u", "root"], extra=["--serialize"])
+    progress = Progress()
+    wins: dict[int, int] = {}
+
+    def client(i):
+        with group.connect() as s:
+            f = s.makefile("rwb")
+            wins[i] = 0
+            while progress.replies < 600:
+                f.write(b"gets counter\r\n")
+                f.flush()
+                line = f.readline()
+                if line == b"END\r\n":           # not set yet: add it (one client wins)
+                    f.write(b"add counter 0 0 1\r\n0\r\n")
+                    f.flush()
+                    f.readline()
+                    continue
+                _, _, _, nbytes, cas = line.split()
+                value = int(f.read(int(nbytes) + 2))
+                assert f.readline() == b"END\r\n"
+                new = b"%d" % (value + 1)
+                f.write(b"cas counter 0 0 %d %s\r\n%s\r\n" % (len(new), cas, new))
+                f.flush()
+                answer = f.readline()
+                assert answer in (b"STORED\r\n", b"EXISTS\r\n"), answer
+                if answer == b"STORED\r\n":
+                    wins[i] += 1
+                progress.tick()
+
+    concurrently(client, 4, kill_after(group, progress, 250))
+    with group.connect() as s:
+        f = s.makefile("rwb")
+        f.write(b"get counter\r\n")
+        f.flush()
+        _, _, _, nbytes = f.readline().split()
+        final = int(f.read(int(nbytes) + 2))
+        assert final == sum(wins.values()), "a CAS acknowledged as STORED was lost, or one applied twice"
+        f.write(b"shutdown\r\n")
+        f.flush()
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
+    assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
