@@ -381,10 +381,14 @@ def _ip(family: int, raw) -> str:
 
 
 def address_text(family: int, raw: bytes) -> str:
-    """An address as the shim keeps it (16 bytes, network order) in text."""
+    """An address as the shim keeps it (16 bytes, network order) in text.
+    An IPv4-mapped IPv6 address (::ffff:127.0.0.1, what a JVM binds for
+    127.0.0.1) is its IPv4 address: only IPv4 clients reach it, and a
+    socket can listen on it only as that."""
     import ipaddress
     import socket
-    return str(ipaddress.ip_address(raw[:16] if family == socket.AF_INET6 else raw[:4]))
+    ip = ipaddress.ip_address(raw[:16] if family == socket.AF_INET6 else raw[:4])
+    return str(ip.ipv4_mapped or ip) if ip.version == 6 else str(ip)
 
 
 CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")

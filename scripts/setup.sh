@@ -8,10 +8,12 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(build-essential python3-dev python3-venv libffi-dev iproute2 nftables iptables
               libssl-dev redis-server redis-tools memcached libmemcached-tools procps
               default-jre-headless    # Java for PySpark (python -m bench analyze)
+              default-jdk-headless    # javac: a JVM server under --serialize (tests/test_serialize.py)
               webhook                 # a Go server: llft must refuse it (tests/test_unreplicable.py)
               lighttpd                # sizes its fd budget by fd numbers (tests/test_private_files.py)
               nginx-light apache2-bin # fork workers to serve: refused (tests/test_processes.py)
-              dnsmasq-base)           # UDP and TCP in the foreground; forks per TCP query with -k
+              dnsmasq-base            # UDP and TCP in the foreground; forks per TCP query with -k
+              nodejs)                 # V8's threads share memory outside locks: --serialize (tests/test_serialize.py)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -1,8 +1,8 @@
 """llft-run --serialize: the threads of a replica take turns at the calls
 llft sees, in the order the primary records, so that threads sharing memory
 outside any lock (a counter under two different mutexes, a spin on an
-atomic flag, memcached's LRU threads) compute the same at every replica,
-and fail over; a thread that spins without ever making a call does not
+atomic flag, memcached's LRU threads, Node's V8 threads) compute the same
+at every replica, and fail over; a thread that spins without ever making a call does not
 hang the replica, and llft-run says what was done about it."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from conftest import PROGRAMS_DIR as PROGRAMS
 from serving import Progress, ServingGroup, concurrently, kill_after
 from test_failover import check_exactly_once, finish_and_check, run_clients
 
@@ -104,6 +105,72 @@ def test_memcached_with_its_default_threads_under_serialize_fails_over(tmp_path)
         assert final == sum(wins.values()), "a CAS acknowledged as STORED was lost, or one applied twice"
         f.write(b"shutdown\r\n")
         f.flush()
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
+    assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="node not installed (scripts/setup.sh installs nodejs)")
+def test_a_node_http_server_under_serialize_fails_over(tmp_path):
+    """An ordinary Node HTTP server (a counter, Date.now(), Math.random(),
+    an interval timer): V8's threads hand work over outside any lock, so
+    without --serialize the backups diverge; with it four keep-alive
+    clients get every count exactly once across a primary kill, and the
+    survivors sent the same bytes."""
+    import http.client
+    group = ServingGroup(tmp_path / "rd", [shutil.which("node"), PROGRAMS / "counter_server.js", 8080],
+                         extra=["--serialize"])
+    progress = Progress()
+    counts: list[int] = []
+
+    def client(i):
+        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        for _ in range(150):
+            conn.request("GET", "/inc")
+            counts.append(int(conn.getresponse().read().split()[0]))
+            progress.tick()
+        conn.close()
+
+    concurrently(client, 4, kill_after(group, progress, 250))
+    assert sorted(counts) == list(range(1, 601)), "a request was lost or applied twice"
+    quit_and_compare(group)
+
+
+@pytest.mark.skipif(not shutil.which("javac"), reason="javac not installed (scripts/setup.sh installs a JDK)")
+def test_a_jvm_http_server_under_serialize_fails_over(tmp_path):
+    """A small JVM server (com.sun.net.httpserver, an AtomicLong counter):
+    the JVM's own threads (JIT compilers, GC) share memory outside locks,
+    so without --serialize the backups diverge; with it every count comes
+    exactly once across a primary kill."""
+    import http.client
+    import subprocess
+    subprocess.run([shutil.which("javac"), "-d", str(tmp_path), str(PROGRAMS / "CounterServer.java")], check=True)
+    group = ServingGroup(tmp_path / "rd", [shutil.which("java"), "-cp", tmp_path, "CounterServer", 8080],
+                         extra=["--serialize"])
+    progress = Progress()
+    counts: list[int] = []
+
+    def client(i):
+        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        for _ in range(100):
+            conn.request("GET", "/inc")
+            counts.append(int(conn.getresponse().read().split()[0]))
+            progress.tick()
+        conn.close()
+
+    concurrently(client, 4, kill_after(group, progress, 150))
+    assert sorted(counts) == list(range(1, 401)), "a request was lost or applied twice"
+    quit_and_compare(group)
+
+
+def quit_and_compare(group):
+    """GET /quit; the group ends with status 0, and the new primary and the
+    backup left sent the same bytes."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+    conn.request("GET", "/quit")
+    assert conn.getresponse().read() == b"bye\n"
     state = group.finish()
     assert group.proc.returncode == 0, group.stderr
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr

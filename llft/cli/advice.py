@@ -17,6 +17,10 @@ def known_race(program: list[str], serialize: bool = False) -> str | None:
         return ("memcached's LRU maintainer and crawler threads decide on item reference counts that "
                 "workers change with atomics outside any lock, so a backup can diverge under load; run it "
                 "with --serialize, or with -o no_lru_crawler,no_lru_maintainer (docs/serving.md, \"memcached\")")
+    if name in ("node", "nodejs", "java") and not serialize:
+        return (f"{'Node' if name != 'java' else 'the JVM'}'s own threads (its compilers, garbage collector, "
+                "workers) hand work to each other through memory outside any lock, so its backups diverge: "
+                "run it with --serialize (docs/determinizer.md)")
     if name == "redis-server" and io_threads(program[1:]) > 1:
         return ("redis's I/O threads and its main thread wait for each other by spinning on atomics a bounded "
                 "number of times, so a backup can diverge, with --serialize too (docs/determinizer.md); run it "
