@@ -101,6 +101,22 @@ static void wait_transfers(int fd)
     }
 }
 
+/* Primary, closing: the file goes, but its number stays taken (by a copy
+ * of the read-only library fd) until the close is recorded, so that
+ * another thread's new fd of that number is recorded after it.  A backup
+ * that got the reuse without the close would wait for the number, and a
+ * primary dying between the two would leave it waiting for good.  1 when
+ * so held (the close's own errors are lost, as dup2's are); 0 when the
+ * caller must retire it for real. */
+static int hold_number(const struct retire *r)
+{
+    int hold = __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE);
+    if (r->from >= 0 || hold < 0)
+        return 0;
+    forget(r->fd);
+    return REAL(dup2)(hold, r->fd) == r->fd;
+}
+
 /* An fd whose object takes turns (llft_ordered_kind) is retired in a turn
  * of its own: at a backup after every transfer the primary made on it
  * before, and before any on the next fd to get its number.  A backup's
@@ -136,9 +152,17 @@ static int retire_ordered(const struct retire *r)
     wait_transfers(r->fd);
     struct llft_obj *o = llft_obj_get(llft_fd_object(r->fd), t);
     uint64_t turn = llft_obj_take_turn(o);
-    int res = retire_real(r);
-    int err = errno;
+    int res, err, held = hold_number(r);
+    if (held) {
+        res = 0;
+        err = 0;
+    } else {
+        res = retire_real(r);
+        err = errno;
+    }
     llft_record_aux(t, LLFT_OP_CLOSE, o->id, turn, res, res < 0 ? err : 0, 0, (uint32_t)r->fd);
+    if (held)
+        REAL(close)(r->fd); /* recorded: now the number may go to another thread's new fd */
     errno = err;
     return res;
 }

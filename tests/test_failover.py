@@ -288,3 +288,34 @@ def test_jobs_queued_at_the_takeover_reach_the_idle_worker(signalling, examples,
         f.close()
         s.close()
     finish_and_check(group)
+
+
+def test_connections_closing_and_opening_across_kills(examples, tmp_path):
+    """echo_server closes each connection on its own thread while the main
+    thread accepts the next, which may get the same fd number: four
+    clients open a connection per request, and the primary is killed
+    after every 150th reply, eight times.  A backup must never get the
+    reuse of a number without the close that freed it (it would wait for
+    the number until it was called diverged, and the group with it)."""
+    from llft.nemesis.faults import Group
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000], extra=["--respawn"])
+    members = Group(group.run_dir)
+    progress = Progress()
+    replies: list[int] = []
+
+    def client(i):
+        for j in range(400):
+            with group.connect() as s:
+                got, _ = line_client(s, [f"c{i}-{j}"])
+            replies.append(int(got[0].split()[0]))
+            progress.tick()
+
+    def kills():
+        for k in range(1, 9):
+            progress.wait(150 * k)
+            primary = members.primary()
+            members.signal(primary, signal.SIGKILL)
+            members.wait_recovered(3, {primary.index})
+    concurrently(client, 4, kills)
+    assert sorted(replies) == list(range(1, 1601)), "a request was lost or applied twice"
+    finish_and_check(group)

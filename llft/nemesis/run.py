@@ -164,13 +164,18 @@ class ShapeRun:
         """The program's own shutdown; every survivor ends as the primary
         did, having sent the same bytes."""
         r = self.result
-        conn = Connection("127.0.0.1", port, 30)
+        try:
+            conn = Connection("127.0.0.1", port, 30)
+        except OSError as e:
+            raise GroupLost(f"the group took no connection for its shutdown: {e}") from None
         try:
             self.shape.protocol(10_000).shutdown(conn)
             try:
                 conn.f.read()   # until the program closes it
             except OSError:
                 pass
+        except OSError as e:   # ConnectionError too
+            raise GroupLost(f"the group did not answer its shutdown: {e}") from None
         finally:
             conn.close()
         try:
