@@ -228,17 +228,13 @@ void llft_refuse(const char *fmt, ...)
     llft_exit_now(LLFT_EXIT_UNREACHABLE);
 }
 
-/* exit(): a backup's exiting thread waits for the primary's end of stream;
- * the primary's, for the creations of threads that are running already. */
+/* exit(): a backup's exiting thread waits for the primary's end of stream. */
 static void at_exit(void)
 {
     struct llft_thread *t;
     llft_serial_give(); /* the others run on to where the primary's were */
-    int role = llft_mode(&t);
-    if (role == LLFT_ROLE_BACKUP)
+    if (llft_mode(&t) == LLFT_ROLE_BACKUP)
         llft_replay_at_exit(t);
-    else if (role == LLFT_ROLE_PRIMARY)
-        llft_primary_at_exit();
 }
 
 __attribute__((destructor)) static void llft_dtor(void) { at_exit(); }

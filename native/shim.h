@@ -165,8 +165,6 @@ void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
 void llft_replay_exec_failed(void);
-/* Primary, at exit: every thread creation recorded (wrap_thread.c). */
-void llft_primary_at_exit(void);
 void llft_python_threads_start(void); /* python_gil.c */
 
 /* ---- group clock (wrap_time.c) ---- */

@@ -11,22 +11,16 @@
 DEFINE_REAL(pthread_create)
 DEFINE_REAL(pthread_exit)
 
-/* Primary: creations not yet recorded.  The child runs before its
- * parent records it, and may end the process (exit() on a request it
- * served at once): a backup could then never create it. */
-static uint32_t creating;
-
-void llft_primary_at_exit(void)
-{
-    uint64_t since = llft_now_ms();
-    while (__atomic_load_n(&creating, __ATOMIC_SEQ_CST) && llft_now_ms() - since < 1000)
-        llft_yield();
-}
-
+/* What a child needs to start.  At the primary it starts only once its
+ * parent has recorded its creation (created): a child that recorded
+ * calls first (a connection thread answering its client at once) would
+ * leave, were the primary to die before the parent's record, records of a
+ * thread no backup could create, and no backup could take over. */
 struct start {
     void *(*fn)(void *);
     void *arg;
     uint32_t tid;
+    uint32_t created;
 };
 
 static void thread_finish(struct llft_thread *t)
@@ -49,8 +43,11 @@ static void thread_finish(struct llft_thread *t)
 
 static void *trampoline(void *p)
 {
-    struct start s = *(struct start *)p;
-    free(p);
+    struct start *sp = p;
+    while (!__atomic_load_n(&sp->created, __ATOMIC_ACQUIRE))
+        llft_futex_wait(&sp->created, 0, 100);
+    struct start s = *sp;
+    free(sp);
     struct llft_thread *t = &llft_self;
     t->tid = s.tid;
     t->tn = 0;
@@ -67,7 +64,10 @@ static void *trampoline(void *p)
     return ret;
 }
 
-static int create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, uint32_t tid)
+/* Creates the thread; *started (when not NULL) gets its start, for the
+ * primary to let it go once the creation is recorded (let_go). */
+static int create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg, uint32_t tid,
+                  struct start **started)
 {
     /* What pthread_create does inside (malloc, and the TLS of the child:
      * calloc) passes through unrecorded: the primary records the creation
@@ -80,12 +80,21 @@ static int create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *)
         s->fn = fn;
         s->arg = arg;
         s->tid = tid;
+        s->created = started == NULL;
         r = REAL(pthread_create)(th, attr, trampoline, s);
         if (r != 0)
             free(s);
+        else if (started)
+            *started = s;
     }
     llft_self.depth--;
     return r;
+}
+
+static void let_go(struct start *s)
+{
+    __atomic_store_n(&s->created, 1, __ATOMIC_RELEASE);
+    llft_futex_wake(&s->created); /* a key only: the child may have freed s already */
 }
 
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
@@ -102,7 +111,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
         if (!llft_replay_next(t, LLFT_OP_THREAD_CREATE, &e)) {
             if (e.ret != 0)
                 return (int)e.ret; /* it failed at the primary: fail the same way */
-            int r = create(th, attr, fn, arg, (uint32_t)e.val);
+            int r = create(th, attr, fn, arg, (uint32_t)e.val, NULL);
             if (r != 0)
                 llft_diverge(t, LLFT_OP_THREAD_CREATE, &e, LLFT_EXIT_DIVERGED,
                              "pthread_create failed here (error %d) but succeeded at the primary", r);
@@ -113,12 +122,13 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
     }
     if (role == LLFT_ROLE_PRIMARY) {
         uint32_t tid = __atomic_fetch_add(&llft_next_tid, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&creating, 1, __ATOMIC_SEQ_CST);
-        int r = create(th, attr, fn, arg, tid);
+        struct start *started = NULL;
+        int r = create(th, attr, fn, arg, tid, &started);
         llft_record(t, LLFT_OP_THREAD_CREATE, 0, 0, r, 0, tid);
-        __atomic_fetch_sub(&creating, 1, __ATOMIC_SEQ_CST);
-        if (r == 0)
+        if (r == 0) {
+            let_go(started);
             __atomic_fetch_add(&llft_ctl->threads, 1, __ATOMIC_RELAXED);
+        }
         return r;
     }
     return REAL(pthread_create)(th, attr, fn, arg);

@@ -291,12 +291,14 @@ def test_jobs_queued_at_the_takeover_reach_the_idle_worker(signalling, examples,
 
 
 def test_connections_closing_and_opening_across_kills(examples, tmp_path):
-    """echo_server closes each connection on its own thread while the main
-    thread accepts the next, which may get the same fd number: four
-    clients open a connection per request, and the primary is killed
-    after every 150th reply, eight times.  A backup must never get the
-    reuse of a number without the close that freed it (it would wait for
-    the number until it was called diverged, and the group with it)."""
+    """echo_server starts a thread per connection, which answers at once
+    and closes it while the main thread accepts the next, which may get
+    the same fd number: four clients open a connection per request, and
+    the primary is killed after every 150th reply, eight times.  A backup
+    must never get the reuse of a number without the close that freed it,
+    nor a connection thread's calls without its creation (it would wait
+    for the number, or for a thread it cannot create, and the group would
+    be lost)."""
     from llft.nemesis.faults import Group
     group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000], extra=["--respawn"])
     members = Group(group.run_dir)
