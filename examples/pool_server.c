@@ -11,9 +11,11 @@
  *
  * With "unlocked" the main thread signals after releasing the queue's
  * mutex (a common saving: the woken worker does not wait for it), else
- * while holding it.
+ * while holding it.  With "pipe" there is no queue: the main thread writes
+ * each job's address to a pipe the workers read (older memcached's
+ * notify pipes).
  *
- * usage: pool_server PORT [WORKERS [unlocked]] */
+ * usage: pool_server PORT [WORKERS [unlocked|pipe]] */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +40,7 @@ static pthread_mutex_t queue_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t queue_cv = PTHREAD_COND_INITIALIZER;
 static struct job *queue_head, *queue_tail;
 static int signal_unlocked;
+static int job_pipe[2] = {-1, -1}; /* "pipe": jobs go through it */
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t table[256]; /* requests per first byte, stamped with the clock */
@@ -51,6 +54,11 @@ static void push_job(int fd, const char *line, size_t len)
     j->fd = fd;
     j->len = len;
     memcpy(j->line, line, len);
+    if (job_pipe[1] >= 0) {
+        if (write(job_pipe[1], &j, sizeof j) != sizeof j)
+            abort();
+        return;
+    }
     pthread_mutex_lock(&queue_mu);
     if (queue_tail)
         queue_tail->next = j;
@@ -68,6 +76,15 @@ static void push_job(int fd, const char *line, size_t len)
 
 static struct job *pop_job(void)
 {
+    if (job_pipe[0] >= 0) {
+        struct job *j;
+        pthread_mutex_lock(&queue_mu); /* one reader at a time: a job's address is read whole */
+        ssize_t n = read(job_pipe[0], &j, sizeof j);
+        pthread_mutex_unlock(&queue_mu);
+        if (n != sizeof j)
+            abort();
+        return j;
+    }
     pthread_mutex_lock(&queue_mu);
     while (!queue_head)
         pthread_cond_wait(&queue_cv, &queue_mu);
@@ -150,6 +167,8 @@ int main(int argc, char **argv)
     if (workers < 1 || workers > MAX_WORKERS)
         workers = 3;
     signal_unlocked = argc > 3 && strcmp(argv[3], "unlocked") == 0;
+    if (argc > 3 && strcmp(argv[3], "pipe") == 0 && pipe(job_pipe) != 0)
+        return 1;
     for (int i = 0; i < MAX_FD; i++)
         pthread_mutex_init(&fdm[i], NULL);
     pthread_t tids[MAX_WORKERS];

@@ -5,7 +5,10 @@
  * the pipe it waited on (a recorded call: the primary's main thread has a
  * record after its loop) and the program exits with status 3.
  *
- * Usage: stop_signal
+ * Usage: stop_signal [quiet]
+ * With "quiet" the handler only sets the flag, as memcached's does (it
+ * prints), and the worker records nothing after the raise: no call but
+ * the raise marks the flag as set.
  * STOP_FLAG_LATE_REPLICA=K makes replica K (from $LLFT_REPLICA) raise the
  * signal 200 ms late: its main thread's waits return, replayed, while the
  * worker has not got that far, unless each wait waits for the calls the
@@ -18,6 +21,7 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
+static int quiet;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t never = PTHREAD_COND_INITIALIZER;
 
@@ -25,6 +29,8 @@ static void on_usr1(int sig)
 {
     (void)sig;
     stop = 1;
+    if (quiet)
+        return;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
 }
@@ -34,16 +40,24 @@ static void *worker(void *arg)
     int late = *(int *)arg;
     pthread_mutex_lock(&lock);
     pthread_mutex_unlock(&lock);
-    usleep(late ? 200 * 1000 : 20 * 1000);
+    if (quiet) { /* nothing recorded after the raise: it waits for good */
+        usleep(20 * 1000);
+        pthread_mutex_lock(&lock);
+        usleep(late ? 200 * 1000 : 0);
+    } else {
+        usleep(late ? 200 * 1000 : 20 * 1000);
+    }
     raise(SIGUSR1);
-    pthread_mutex_lock(&lock);
+    if (!quiet)
+        pthread_mutex_lock(&lock);
     for (;;)
         pthread_cond_wait(&never, &lock);
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    quiet = argc > 1 && argv[1][0] == 'q';
     const char *lr = getenv("STOP_FLAG_LATE_REPLICA"), *me = getenv("LLFT_REPLICA");
     int late = lr && me && atoi(lr) == atoi(me);
     struct sigaction sa = {.sa_handler = on_usr1};

@@ -205,10 +205,12 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     llft_log("llft: %s: %s", exit_code == LLFT_EXIT_DIVERGED ? "divergence" : "incomplete record stream", text);
     void *frames[24];
     int n = backtrace(frames, 24);
+    char where[sizeof c->div_where];
+    where_into(where, sizeof where, frames, n);
     llft_log("llft: where the backup was (innermost first):");
-    backtrace_symbols_fd(frames, n, 2);
+    write_all(2, where, strlen(where));
     if (c)
-        where_into(c->div_where, sizeof c->div_where, frames, n);
+        memcpy(c->div_where, where, sizeof c->div_where);
     llft_exit_now(exit_code);
 }
 

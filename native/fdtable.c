@@ -33,6 +33,36 @@ void llft_fd_set(int fd, int kind)
     }
 }
 
+void llft_wait_zero(const uint32_t *count, uint64_t max_ms)
+{
+    uint64_t since = 0;
+    for (unsigned spins = 0; __atomic_load_n(count, __ATOMIC_ACQUIRE); spins++) {
+        if (spins < 64) {
+            __builtin_ia32_pause();
+        } else if (spins < 128) {
+            llft_yield();
+        } else {
+            uint64_t now = llft_now_ms();
+            if (!since)
+                since = now;
+            if (now - since > max_ms)
+                return;
+            struct timespec us = {0, 20000};
+            llft_nap(&us);
+        }
+    }
+}
+
+void llft_fd_channel(int a, int b)
+{
+    static uint32_t channels;
+    uint32_t c = __atomic_add_fetch(&channels, 1, __ATOMIC_RELAXED);
+    if ((unsigned)a < LLFT_FD_MAX)
+        llft_fds[a].channel = c;
+    if ((unsigned)b < LLFT_FD_MAX)
+        llft_fds[b].channel = c;
+}
+
 void llft_fds_shared_with_child(void)
 {
     for (int fd = 0; fd < LLFT_FD_MAX; fd++)

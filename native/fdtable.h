@@ -37,6 +37,7 @@ struct llft_fd {
     int32_t handover;        /* FD_VSOCK, FD_DGRAM: the controller's end of the program's socket, until the
                               * channel hands it over (listen, bind, connect); 0: none */
     uint64_t *epoll_data;    /* FD_EPOLL: the program's epoll_data, indexed by fd */
+    uint32_t channel;        /* FD_IPC: which pipe or socketpair (both ends, dups too); 0: none */
 };
 
 extern struct llft_fd llft_fds[LLFT_FD_MAX];
@@ -74,6 +75,14 @@ static inline void llft_transfer_end(int fd)
     if ((unsigned)fd < LLFT_FD_MAX)
         __atomic_sub_fetch(&llft_fd_transfers[fd], 1, __ATOMIC_RELEASE);
 }
+
+/* Primary: waits until *count is 0 (the calls it counts have been
+ * recorded), at most max_ms: one may stay blocked in the kernel. */
+void llft_wait_zero(const uint32_t *count, uint64_t max_ms);
+
+/* A pipe's or socketpair's two ends made a channel of their own, between
+ * the program's threads (wrap_io.c). */
+void llft_fd_channel(int a, int b);
 
 /* fd kinds whose fd object takes turns (transfers, accepts, datagrams):
  * closing one takes a turn too, so that a backup closes it after the

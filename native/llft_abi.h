@@ -79,7 +79,8 @@ enum llft_op {
     LLFT_OP_CLOSE = 86,          /* close (or dup2 over) a connection, pipe, counter or listener: aux: fd */
     LLFT_OP_CHILD_READ = 87,     /* read() of a pipe shared with a process the program forked: its bytes */
     LLFT_OP_SERIAL_TURN = 88,    /* --serialize: the thread takes the replica's turn (turn: its order) */
-    LLFT_OP_MAX = 89
+    LLFT_OP_SIGNAL_SELF = 89,    /* raise, or kill of its own process: val: the signal */
+    LLFT_OP_MAX = 90
 };
 
 /* What the controller writes first on each connection it hands to a

@@ -83,22 +83,7 @@ static int retire_real(const struct retire *r)
  * past a few milliseconds. */
 static void wait_transfers(int fd)
 {
-    uint64_t since = 0;
-    for (unsigned spins = 0; LOAD(&llft_fd_transfers[fd], ACQ); spins++) {
-        if (spins < 64) {
-            __builtin_ia32_pause();
-        } else if (spins < 128) {
-            llft_yield();
-        } else {
-            uint64_t now = llft_now_ms();
-            if (!since)
-                since = now;
-            if (now - since > 2)
-                return;
-            struct timespec us = {0, 20000};
-            llft_nap(&us);
-        }
-    }
+    llft_wait_zero(&llft_fd_transfers[fd], 2);
 }
 
 /* Primary, closing: the file goes, but its number stays taken (by a copy
@@ -272,6 +257,7 @@ int llft_ipc_pair(int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int 
     if (r == 0) {
         llft_fd_set(fds[0], FD_IPC);
         llft_fd_set(fds[1], FD_IPC);
+        llft_fd_channel(fds[0], fds[1]);
     }
     return r;
 }

@@ -34,8 +34,41 @@ static inline int recorded_kind(int kind) { return kind == FD_CONN || kind == FD
 
 /* ---- primary -------------------------------------------------------- */
 
+/* Threads of the program that talk through a pipe or socketpair of its
+ * own (a worker's notify pipe): a reader may get bytes whose writer has
+ * not recorded its write yet.  Were the primary to die between
+ * the two records, a backup would hold the read without the write: its
+ * reader would wait for bytes no replayed write brings, and since a read
+ * must end before a takeover, no backup could take over.  So at the
+ * primary a reader records only once the writes under way on its channel
+ * are recorded; at most WRITES_WAIT_MS, since a writer blocked on a full
+ * pipe may need more reads than this one.  Counted by channel, in a small
+ * table (channels that share a count only wait for each other).  (An
+ * eventfd's read replays the count recorded, waiting for no write.) */
+#define CHANNEL_SLOTS 4096
+#define WRITES_WAIT_MS 20
+static uint32_t channel_writes[CHANNEL_SLOTS];
+
+static inline uint32_t *writes_on(int fd)
+{
+    uint32_t c = (unsigned)fd < LLFT_FD_MAX ? llft_fds[fd].channel : 0;
+    return c ? &channel_writes[c % CHANNEL_SLOTS] : NULL;
+}
+
+static inline void write_begin(int fd)
+{
+    llft_transfer_begin(fd);
+    uint32_t *w = writes_on(fd);
+    if (w)
+        __atomic_add_fetch(w, 1, __ATOMIC_SEQ_CST);
+}
+
+
 static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize_t r, int err, const void *buf)
 {
+    uint32_t *w = writes_on(fd);
+    if (w && op == LLFT_OP_READ && r > 0)
+        llft_wait_zero(w, WRITES_WAIT_MS);
     if (r > 0) {
         struct llft_obj *o = llft_obj_get(llft_fd_object(fd), t);
         uint64_t turn = llft_obj_take_turn(o);
@@ -47,6 +80,8 @@ static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize
         llft_record_aux(t, op, 0, 0, r, r < 0 ? err : 0, 0, (uint32_t)fd);
     }
     llft_transfer_end(fd);
+    if (w && op == LLFT_OP_WRITE)
+        __atomic_sub_fetch(w, 1, __ATOMIC_SEQ_CST);
     if (r < 0)
         errno = err;
     return r;
@@ -277,7 +312,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
+        write_begin(fd);
         ssize_t r = REAL(write)(fd, buf, n);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -292,7 +327,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
+        write_begin(fd);
         ssize_t r = REAL(writev)(fd, iov, niov);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
@@ -308,7 +343,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
+        write_begin(fd);
         ssize_t r = REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -332,7 +367,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
+        write_begin(fd);
         ssize_t r = REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL);
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }

@@ -3,7 +3,8 @@
  * goes on seeing it once it has taken over (redis compares getpid() with
  * the pid it kept to tell itself from a forked child).  A replica that
  * signals "itself" by that pid must reach itself, not the old primary:
- * kill() translates it back. */
+ * kill() translates it back.  The signals a process sends itself are
+ * ordered with its other calls (signal_self). */
 #include "shim.h"
 
 #include <errno.h>
@@ -45,13 +46,54 @@ EXPORT pid_t getpid(void)
     return REAL(getpid)();
 }
 
+/* A signal a thread sends its own process (raise, kill of its own pid):
+ * its handler runs in the call, and often sets a flag another thread
+ * reads without a lock (memcached's shutdown command raises SIGINT, whose
+ * handler sets the flag its main loop reads after each wait).  The primary
+ * records the call once it has returned; a backup makes it for real
+ * first, then takes the record, so that another thread that waits until
+ * this one has taken the records the primary made before (replay.c:
+ * waits follow the primary's order) finds the flag as the primary's did. */
+static int signal_self(int (*send)(pid_t pid, int sig), pid_t pid, int sig)
+{
+    struct llft_thread *t;
+    int role = llft_mode(&t);
+    int r = send(pid, sig);
+    int err = errno;
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_SIGNAL_SELF, &e)) {
+            errno = err;
+            return r;
+        }
+        role = LLFT_ROLE_PRIMARY; /* taken over */
+    }
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_record(t, LLFT_OP_SIGNAL_SELF, 0, 0, r, r < 0 ? err : 0, sig);
+    errno = err;
+    return r;
+}
+
+static int send_kill(pid_t pid, int sig) { return REAL(kill)(pid, sig); }
+
 EXPORT int kill(pid_t pid, int sig)
 {
     pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED);
     if (p && (pid == p || pid == -p))
         pid = (pid_t)(pid > 0 ? 1 : -1) * (pid_t)syscall(SYS_getpid);
+    if (pid == (pid_t)syscall(SYS_getpid) && sig != 0)
+        return signal_self(send_kill, pid, sig);
     return REAL(kill)(pid, sig);
 }
+
+/* raise() is tgkill of the calling thread. */
+static int send_raise(pid_t unused, int sig)
+{
+    (void)unused;
+    return (int)syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), sig) == 0 ? 0 : -1;
+}
+
+EXPORT int raise(int sig) { return signal_self(send_raise, 0, sig); }
 
 /* Resource usage is this process's own (CPU time, RSS): every replica sees
  * the primary's, as programs turn it into statistics and allocations. */

@@ -163,6 +163,22 @@ def kill_after(group: ServingGroup, progress: Progress, *at: int):
     return meanwhile
 
 
+def kill_and_recover(group: ServingGroup, progress: Progress, every: int, times: int, replicas: int = 3):
+    """meanwhile() for a --respawn group: SIGKILL the primary once the
+    clients have had `every` more replies, `times` times, each time waiting
+    until the group has recovered (replicas live, replacements caught up)."""
+    def meanwhile():
+        import signal
+        from llft.nemesis.faults import Group
+        members = Group(group.run_dir)
+        for k in range(1, times + 1):
+            progress.wait(every * k)
+            primary = members.primary()
+            members.signal(primary, signal.SIGKILL)
+            members.wait_recovered(replicas, {primary.index})
+    return meanwhile
+
+
 def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: float = 0.0,
                  progress: Progress | None = None) -> dict:
     """n clients, each on its own connection, send lines_of(i) one at a time
