@@ -140,7 +140,7 @@ def targets(tables: dict) -> list[list[str]]:
     def check(what, value, target, ok):
         out.append([what, value, target, "**met**" if ok else "not met"])
     ev, lat, thr = tables["events"], tables["latency"], tables["throughput"]
-    det = newest([r for r in ev if r["scenario"].startswith("determinizer/")])
+    det = newest([r for r in ev if r["scenario"].startswith("determinizer/") and r["backend"] in ("plain", "llft")])
     added = [r["added_p50"] for r in det if r["variant"] == "primary" and r["metric"] == "ns_per_op"
              and r["added_p50"] is not None]
     if added:
