@@ -548,6 +548,37 @@ def test_partition_then_heal_one_branch_survives(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 90)
 
 
+def test_a_primary_steps_down_for_a_membership_it_never_knew(cluster, examples):
+    """Two memberships, the older never told of the newer's members: A
+    (primary) is cut off from B, B takes over, D joins B's group (A never
+    hears of D), then A can hear D but not B.  D's messages name a primary
+    of higher precedence in a newer view: A must step down and rejoin,
+    though it never knew D (the soak across hosts had two primaries serve
+    side by side when a backup missed a newcomer's admission)."""
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program)
+    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
+    cluster.start_member(1, program)
+    cluster.wait_members(2)
+    cluster.start_gateway(3)
+    a = cluster.status(first)
+    old = a["members"][0]["member"]
+    assert "partitioned replicas [0] from [1]" in cluster.kill("--partition", "0 / 1")
+    cluster.wait(lambda: (st := cluster.status(cluster.members[1][1])) and st["view"]["pvn"] >= 2
+                 and st["view"]["primary"] != old, "B to take over")
+    os.kill(a["controller_pid"], signal.SIGSTOP)   # A hears nothing while D joins: D can join B's group only
+    try:
+        cluster.start_member(2, program)
+        cluster.wait(lambda: (st := cluster.status(cluster.members[1][1])) and len(st["members"]) == 2
+                     and (d := cluster.status(cluster.members[2][1])) and len(d["members"]) == 2,
+                     "D to join B's group")
+    finally:
+        os.kill(a["controller_pid"], signal.SIGCONT)
+    # A still cannot hear B; it hears D, a member it never knew, in view 2 of primary B.
+    cluster.wait(lambda: "which replaces ours" in (cluster.members[0][1] / "llft.log").read_text(),
+                 "A to step down for D's membership", timeout=60)
+
+
 def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
     old = start_three(cluster, examples)["members"][0]["member"]
     writes_then_reads(cluster, "before", 30)

@@ -447,18 +447,19 @@ class HostMember:
             self._view_changed()
 
     def _competing_primary(self, info: dict):
-        """Fig. 6 lines 18-20: a primary of higher precedence in a view no
-        older than ours.  A primary steps down (one primary per view); a
-        backup leaves it to its fault detector and the election."""
+        """Fig. 6 lines 18-20: a message of a view no older than ours whose
+        primary has a higher precedence.  A primary steps down (one primary
+        per view), whoever sent it: the competing primary itself, a backup
+        we removed that is primary now, or a member of a membership formed
+        without us, whose admission we missed or whom we removed (two
+        backups each took over with a view of its own, and served side by
+        side, when only the primary itself counted).  A backup leaves it to
+        its fault detector and the election."""
         if not self.ep.is_primary or self.taking_over:
             return
         sender, precedence = info.get("sender"), info.get("precedence")
-        # The sender says it is primary (the header names its primary's precedence);
-        # it may be a backup we removed (e.g. cut off by a partition) that is primary now.
-        known = self.ep.view.precedences.get(sender) or self.removal.removed.get(sender)
-        if known == precedence:
-            self.stepped_down = (f"member {sender} (precedence {precedence}) is primary of view {info.get('pvn')}, "
-                                 f"which replaces ours ({self.ep.view.pvn})")
+        self.stepped_down = (f"member {sender} is in view {info.get('pvn')} of a primary of precedence "
+                             f"{precedence}, which replaces ours ({self.ep.view.pvn})")
 
     def _conn_num(self, cid: ConnId) -> int:
         """The connection's id in the program's connection header: the same at every member."""

@@ -45,7 +45,6 @@ class BackupRemoval:
         self.pending: list | None = None  # [encoded RemoveBackup, sends, members yet to acknowledge]
         self.last_sent = float("-inf")
         self.told: dict[int, float] = {}
-        self.removed: dict[int, int] = {}   # member -> precedence it had (see HostMember._competing_primary)
         self.deadline = Deadline(silence, self._check)
 
     # -- the fault detector ------------------------------------------------------
@@ -86,7 +85,7 @@ class BackupRemoval:
         if not members:
             return
         for m in members:
-            self.removed[m] = ep.view.precedences.pop(m)
+            ep.view.precedences.pop(m)
             self.since.pop(m, None)
         ep.forget_backups(members)
         self.round += 1
