@@ -294,13 +294,16 @@ def test_two_gateways_serve_one_group_at_once(cluster, examples):
     survivors_agree_and_end(cluster, [0, 1, 2], 48)
 
 
-def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, examples):
-    program = [examples / "kv_server", PROGRAM_PORT]
-    first = cluster.start_member(0, program)
-    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    cluster.start_member(1, program)
-    cluster.wait_members(2)
+def start_two(cluster, examples) -> Path:
+    """kv_server members on hosts 0 (the first, primary) and 1, and the
+    gateway on host 3; returns the first's run dir."""
+    first = cluster.start_members(2, [examples / "kv_server", PROGRAM_PORT])
     cluster.start_gateway(3)
+    return first
+
+
+def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, examples):
+    start_two(cluster, examples)
     c = cluster.client()
     assert c.lines(["SET a 1"])[0] == ["OK"]
     import sys
@@ -308,7 +311,7 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
     assert c.lines(["GET a", "GET stolen"])[0] == ["VALUE 1", "NONE"], "the group still serves, unforged"
 
     # A member joining once clients are served gets the group's log as its state and catches up.
-    cluster.start_member(2, program)
+    cluster.start_member(2, [examples / "kv_server", PROGRAM_PORT])
     cluster.wait_members(3)
     assert c.lines(["SET b 2", "GET a", "GET b"])[0] == ["OK", "VALUE 1", "VALUE 2"]
 
@@ -555,12 +558,8 @@ def test_a_primary_steps_down_for_a_membership_it_never_knew(cluster, examples):
     of higher precedence in a newer view: A must step down and rejoin,
     though it never knew D (the soak across hosts had two primaries serve
     side by side when a backup missed a newcomer's admission)."""
+    first = start_two(cluster, examples)
     program = [examples / "kv_server", PROGRAM_PORT]
-    first = cluster.start_member(0, program)
-    cluster.wait(lambda: (s := cluster.status(first)) and s["members"], "the first member")
-    cluster.start_member(1, program)
-    cluster.wait_members(2)
-    cluster.start_gateway(3)
     a = cluster.status(first)
     old = a["members"][0]["member"]
     assert "partitioned replicas [0] from [1]" in cluster.kill("--partition", "0 / 1")

@@ -118,22 +118,9 @@ def test_a_node_http_server_under_serialize_fails_over(tmp_path):
     without --serialize the backups diverge; with it four keep-alive
     clients get every count exactly once across a primary kill, and the
     survivors sent the same bytes."""
-    import http.client
     group = ServingGroup(tmp_path / "rd", [shutil.which("node"), PROGRAMS / "counter_server.js", 8080],
                          extra=["--serialize"])
-    progress = Progress()
-    counts: list[int] = []
-
-    def client(i):
-        conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
-        for _ in range(150):
-            conn.request("GET", "/inc")
-            counts.append(int(conn.getresponse().read().split()[0]))
-            progress.tick()
-        conn.close()
-
-    concurrently(client, 4, kill_after(group, progress, 250))
-    assert sorted(counts) == list(range(1, 601)), "a request was lost or applied twice"
+    assert counts_across_a_kill(group, 150, kill_at=250) == list(range(1, 601)), "a request lost or applied twice"
     quit_and_compare(group)
 
 
@@ -143,25 +130,31 @@ def test_a_jvm_http_server_under_serialize_fails_over(tmp_path):
     the JVM's own threads (JIT compilers, GC) share memory outside locks,
     so without --serialize the backups diverge; with it every count comes
     exactly once across a primary kill."""
-    import http.client
     import subprocess
     subprocess.run([shutil.which("javac"), "-d", str(tmp_path), str(PROGRAMS / "CounterServer.java")], check=True)
     group = ServingGroup(tmp_path / "rd", [shutil.which("java"), "-cp", tmp_path, "CounterServer", 8080],
                          extra=["--serialize"])
+    assert counts_across_a_kill(group, 100, kill_at=150) == list(range(1, 401)), "a request lost or applied twice"
+    quit_and_compare(group)
+
+
+def counts_across_a_kill(group, per_client: int, kill_at: int) -> list[int]:
+    """Four keep-alive clients GET /inc per_client times each, the primary
+    killed at the kill_at-th answer; every count they got, sorted."""
+    import http.client
     progress = Progress()
     counts: list[int] = []
 
     def client(i):
         conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
-        for _ in range(100):
+        for _ in range(per_client):
             conn.request("GET", "/inc")
             counts.append(int(conn.getresponse().read().split()[0]))
             progress.tick()
         conn.close()
 
-    concurrently(client, 4, kill_after(group, progress, 150))
-    assert sorted(counts) == list(range(1, 401)), "a request was lost or applied twice"
-    quit_and_compare(group)
+    concurrently(client, 4, kill_after(group, progress, kill_at))
+    return sorted(counts)
 
 
 def quit_and_compare(group):
