@@ -116,19 +116,28 @@ def test_network_faults_on_a_local_group_are_refused(args, message, tmp_path):
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_llft_run_warns_of_a_program_known_to_race(tmp_path):
-    """memcached's LRU threads race on atomics outside any lock
-    (docs/serving.md): llft-run says how to run it instead (here a stand-in
-    that exits at once, named memcached)."""
+def test_llft_run_serializes_programs_known_to_race(tmp_path):
+    """memcached's LRU threads, Node's and the JVM's own threads race on
+    memory outside any lock (docs/determinizer.md): llft-run runs them with
+    --serialize and says so; told --no-serialize, it says how else to run
+    them; memcached without its LRU threads runs as it is (here stand-ins
+    that exit at once, named so)."""
     import shutil
+    for name in ("memcached", "node", "java"):
+        fake = tmp_path / name
+        fake.symlink_to(shutil.which("true"))
+        chosen = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / f"{name}-a"), "--", str(fake))
+        assert chosen.returncode == 0 and "running it with --serialize" in chosen.stderr, chosen.stderr
     fake = tmp_path / "memcached"
-    fake.symlink_to(shutil.which("true"))
-    warned = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "a"), "--", str(fake), "-t", "4")
+    warned = run(tool("llft-run"), "--replicas", "1", "--no-serialize", "--run-dir", str(tmp_path / "b"), "--",
+                 str(fake), "-t", "4")
     assert warned.returncode == 0, warned.stderr
-    assert "-o no_lru_crawler,no_lru_maintainer" in warned.stderr, warned.stderr
-    quiet = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "b"), "--", str(fake), "-t", "4",
+    assert "--serialize, or with -o no_lru_crawler,no_lru_maintainer" in warned.stderr, warned.stderr
+    quiet = run(tool("llft-run"), "--replicas", "1", "--run-dir", str(tmp_path / "c"), "--", str(fake), "-t", "4",
                 "-o", "no_lru_crawler,no_lru_maintainer")
-    assert quiet.returncode == 0 and "no_lru" not in quiet.stderr, quiet.stderr
+    assert quiet.returncode == 0 and "serialize" not in quiet.stderr, quiet.stderr
+    both = run(tool("llft-run"), "--serialize", "--no-serialize", "--", str(fake))
+    assert both.returncode == 2 and "choose one" in both.stderr
 
 
 def test_status_shows_what_each_replica_sent(examples, tmp_path):

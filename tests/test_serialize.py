@@ -114,12 +114,12 @@ def test_memcached_with_its_default_threads_under_serialize_fails_over(tmp_path)
 @pytest.mark.skipif(not shutil.which("node"), reason="node not installed (scripts/setup.sh installs nodejs)")
 def test_a_node_http_server_under_serialize_fails_over(tmp_path):
     """An ordinary Node HTTP server (a counter, Date.now(), Math.random(),
-    an interval timer): V8's threads hand work over outside any lock, so
-    without --serialize the backups diverge; with it four keep-alive
+    an interval timer), started as `llft-run -- node server.js`: V8's
+    threads hand work over outside any lock, so without --serialize the
+    backups diverge, and llft-run chooses it; four keep-alive
     clients get every count exactly once across a primary kill, and the
     survivors sent the same bytes."""
-    group = ServingGroup(tmp_path / "rd", [shutil.which("node"), PROGRAMS / "counter_server.js", 8080],
-                         extra=["--serialize"])
+    group = ServingGroup(tmp_path / "rd", [shutil.which("node"), PROGRAMS / "counter_server.js", 8080])
     assert counts_across_a_kill(group, 150, kill_at=250) == list(range(1, 601)), "a request lost or applied twice"
     quit_and_compare(group)
 
@@ -128,12 +128,11 @@ def test_a_node_http_server_under_serialize_fails_over(tmp_path):
 def test_a_jvm_http_server_under_serialize_fails_over(tmp_path):
     """A small JVM server (com.sun.net.httpserver, an AtomicLong counter):
     the JVM's own threads (JIT compilers, GC) share memory outside locks,
-    so without --serialize the backups diverge; with it every count comes
-    exactly once across a primary kill."""
+    so without --serialize the backups diverge, and llft-run chooses it;
+    every count comes exactly once across a primary kill."""
     import subprocess
     subprocess.run([shutil.which("javac"), "-d", str(tmp_path), str(PROGRAMS / "CounterServer.java")], check=True)
-    group = ServingGroup(tmp_path / "rd", [shutil.which("java"), "-cp", tmp_path, "CounterServer", 8080],
-                         extra=["--serialize"])
+    group = ServingGroup(tmp_path / "rd", [shutil.which("java"), "-cp", tmp_path, "CounterServer", 8080])
     assert counts_across_a_kill(group, 100, kill_at=150) == list(range(1, 401)), "a request lost or applied twice"
     quit_and_compare(group)
 
@@ -166,5 +165,6 @@ def quit_and_compare(group):
     assert conn.getresponse().read() == b"bye\n"
     state = group.finish()
     assert group.proc.returncode == 0, group.stderr
+    assert "running it with --serialize" in group.stderr, "llft-run chose --serialize for it, and said so"
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
     assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, rundir
-from llft.cli.advice import known_race
+from llft.cli.advice import known_race, races_by_design
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, reader_may_stop, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "follow, so that threads sharing memory outside any lock (atomics, flags, counters) "
                         "do the same at every replica.  Costs a record per such call and all parallelism.  "
                         "A thread that runs 10 ms without such a call (a spin on memory) has another run beside "
-                        "it until its next one, and llft-run says so: there the threads race again")
+                        "it until its next one, and llft-run says so: there the threads race again.  On by "
+                        "default for programs known to share memory so (node, java, memcached with its LRU "
+                        "threads)")
+    p.add_argument("--no-serialize", action="store_true",
+                   help="run the threads of such a program at once all the same (its backups may diverge)")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
@@ -170,6 +174,8 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         if args.port or args.host:
             raise UsageError("with --join, clients connect through llft-gateway (its --port and --host)")
         args.key = network_settings(args)
+    if args.serialize and args.no_serialize:
+        raise UsageError("--serialize and --no-serialize: choose one")
     args.replicas = 3 if args.replicas is None else args.replicas
     if args.replicas < 1:
         raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
@@ -259,6 +265,10 @@ def main(argv=None) -> int:
         return fail(PROG, str(e))
     setup_logging(args.log_level, run_dir / "llft.log")
     become_subreaper()   # a daemon the program forks is ended with the group (llft/process_tree.py)
+    why = races_by_design(program)
+    if why and not args.serialize and not args.no_serialize:
+        args.serialize = True
+        log.warning("%s: running it with --serialize (--no-serialize runs its threads at once)", why)
     advice = known_race(program, serialize=args.serialize)
     if advice:
         log.warning("%s", advice)
