@@ -499,12 +499,7 @@ class LocalGroup:
     def primary_last_words(self) -> str:
         """The last line the primary wrote on its stderr: why a program that
         failed did ("" if none)."""
-        primary = next((r for r in self.replicas if r.role == "primary"), self.replicas[0])
-        try:
-            lines = (primary.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return lines[-1] if lines else ""
+        return next((r for r in self.replicas if r.role == "primary"), self.replicas[0]).last_words()
 
     def cleanup(self):
         end_orphans(keep={r.pid for r in self.replicas if r.alive()})

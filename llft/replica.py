@@ -84,9 +84,8 @@ class Replica:
                                              start_new_session=True, close_fds=True,
                                              pass_fds=(self.channel.child_fd(), stream_fd, library_fd))
         except subprocess.SubprocessError:
-            said = (self.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
             raise OSError(f"replica {self.index} could not start: "
-                          + (said[-1] if said else "its set-up between fork and exec failed")) from None
+                          + (self.last_words() or "its set-up between fork and exec failed")) from None
         finally:
             os.close(stream_fd)
             os.close(library_fd)
@@ -134,6 +133,14 @@ class Replica:
             return True
         fields = stat[stat.rindex(")") + 2:].split()
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)
+
+    def last_words(self) -> str:
+        """The last line the program wrote on its stderr ("" if none)."""
+        try:
+            lines = (self.out_dir / "stderr").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
 
     def divergence_advice(self) -> str:
         """What to try about a divergence of this replica."""

@@ -117,9 +117,8 @@ static void backup_take(struct llft_thread *t, uint32_t from)
     }
 }
 
-static void take(struct llft_thread *t)
+static void take(struct llft_thread *t, int role)
 {
-    int role = (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_SERIAL_TURN, &e)) {
@@ -149,9 +148,10 @@ void llft_serial_give_slow(void)
 void llft_serial_take_slow(void)
 {
     struct llft_thread *t;
-    if (llft_mode(&t) == LLFT_ROLE_OFF || t->serial_turn)
+    int role = llft_mode(&t);
+    if (role == LLFT_ROLE_OFF || t->serial_turn)
         return;
-    take(t);
+    take(t, role);
     t->serial_turn = 1;
     __atomic_store_n(&holder_ktid, (uint32_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
     __atomic_store_n(&held_since_ms, llft_now_ms(), __ATOMIC_SEQ_CST);

@@ -72,6 +72,9 @@ static inline int llft_mode(struct llft_thread **tp)
     return (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
 }
 
+#define LLFT_NS 1000000000LL
+static inline int64_t llft_ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * LLFT_NS + ts->tv_nsec; }
+
 /* The shim's own naps and yields: raw, never the program's switch points
  * (serialize.c wraps nanosleep and sched_yield). */
 static inline void llft_nap(const struct timespec *d) { syscall(SYS_nanosleep, d, NULL); }

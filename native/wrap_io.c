@@ -63,7 +63,6 @@ static inline void write_begin(int fd)
         __atomic_add_fetch(w, 1, __ATOMIC_SEQ_CST);
 }
 
-
 static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize_t r, int err, const void *buf)
 {
     uint32_t *w = writes_on(fd);

@@ -286,17 +286,15 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
 static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk,
                                const struct timespec *deadline)
 {
+    int64_t end = deadline ? llft_ts_ns(deadline) : INT64_MAX;
     for (;;) {
-        struct timespec now, slice;
+        struct timespec now;
         syscall(SYS_clock_gettime, clk, &now);
-        if (deadline && (now.tv_sec > deadline->tv_sec ||
-                         (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec)))
+        int64_t at = llft_ts_ns(&now);
+        if (at >= end)
             return ETIMEDOUT;
-        slice.tv_sec = now.tv_sec + (now.tv_nsec + TAKEOVER_SLICE_NS) / 1000000000;
-        slice.tv_nsec = (now.tv_nsec + TAKEOVER_SLICE_NS) % 1000000000;
-        if (deadline && (deadline->tv_sec < slice.tv_sec ||
-                         (deadline->tv_sec == slice.tv_sec && deadline->tv_nsec < slice.tv_nsec)))
-            slice = *deadline;
+        int64_t until = end - at < TAKEOVER_SLICE_NS ? end : at + TAKEOVER_SLICE_NS;
+        struct timespec slice = {until / LLFT_NS, until % LLFT_NS};
         int r = REAL(pthread_cond_clockwait)(c, m, clk, &slice);
         if (r != ETIMEDOUT)
             return r;

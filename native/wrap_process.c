@@ -78,10 +78,10 @@ static int send_kill(pid_t pid, int sig) { return REAL(kill)(pid, sig); }
 
 EXPORT int kill(pid_t pid, int sig)
 {
-    pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED);
+    pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED), self = (pid_t)syscall(SYS_getpid);
     if (p && (pid == p || pid == -p))
-        pid = (pid_t)(pid > 0 ? 1 : -1) * (pid_t)syscall(SYS_getpid);
-    if (pid == (pid_t)syscall(SYS_getpid) && sig != 0)
+        pid = pid > 0 ? self : -self;
+    if (pid == self && sig != 0)
         return signal_self(send_kill, pid, sig);
     return REAL(kill)(pid, sig);
 }

@@ -12,7 +12,6 @@ DEFINE_REAL(clock_gettime)
 DEFINE_REAL(gettimeofday)
 DEFINE_REAL(time)
 
-#define NS 1000000000LL
 
 /* Clocks that follow wall or monotonic time carry an offset; CPU-time
  * clocks (2, 3 and negative ids) are per-process and do not. */
@@ -63,7 +62,6 @@ static inline void note_offset(int slot, int64_t group, int64_t local)
     atomic_max(last, group);
 }
 
-static inline int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * NS + ts->tv_nsec; }
 
 const struct timespec *llft_local_deadline(int clock, const struct timespec *at, struct timespec *buf)
 {
@@ -73,18 +71,18 @@ const struct timespec *llft_local_deadline(int clock, const struct timespec *at,
     int64_t off = __atomic_load_n(&llft_ctl->clock_offset_ns[slot], __ATOMIC_RELAXED);
     if (LIKELY(off == 0) || __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) != LLFT_ROLE_PRIMARY)
         return at;
-    int64_t v = ts_ns(at) - off;
+    int64_t v = llft_ts_ns(at) - off;
     if (v < 0)
         v = 0;
-    buf->tv_sec = v / NS;
-    buf->tv_nsec = v % NS;
+    buf->tv_sec = v / LLFT_NS;
+    buf->tv_nsec = v % LLFT_NS;
     return buf;
 }
 
 static int64_t local_ns(clockid_t c)
 {
     struct timespec ts;
-    return REAL(clock_gettime)(c, &ts) == 0 ? ts_ns(&ts) : 0;
+    return REAL(clock_gettime)(c, &ts) == 0 ? llft_ts_ns(&ts) : 0;
 }
 
 /* Backup: the primary's reading of clock c, after checking the call
@@ -111,8 +109,8 @@ EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
         llft_rec_t e;
         if (!replay_clock(t, LLFT_OP_CLOCK_GETTIME, c, &e)) {
             if (e.ret == 0) {
-                ts->tv_sec = e.val / NS;
-                ts->tv_nsec = e.val % NS;
+                ts->tv_sec = e.val / LLFT_NS;
+                ts->tv_nsec = e.val % LLFT_NS;
             }
             return (int)e.ret;
         }
@@ -122,11 +120,11 @@ EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
         int r = REAL(clock_gettime)(c, ts);
         int64_t v = 0;
         if (LIKELY(r == 0)) {
-            int64_t local = ts_ns(ts);
+            int64_t local = llft_ts_ns(ts);
             v = to_group(offset_slot(c), local);
             if (UNLIKELY(v != local)) { /* only after a failover: divisions are dear */
-                ts->tv_sec = v / NS;
-                ts->tv_nsec = v % NS;
+                ts->tv_sec = v / LLFT_NS;
+                ts->tv_nsec = v % LLFT_NS;
             }
         }
         llft_record(t, LLFT_OP_CLOCK_GETTIME, (uint64_t)(int64_t)c, 0, r, r ? errno : 0, v);
@@ -143,8 +141,8 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
         llft_rec_t e;
         if (!replay_clock(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, &e)) {
             if (e.ret == 0) {
-                tv->tv_sec = e.val / NS;
-                tv->tv_usec = (e.val % NS) / 1000;
+                tv->tv_sec = e.val / LLFT_NS;
+                tv->tv_usec = (e.val % LLFT_NS) / 1000;
             }
             if (tz) { /* obsolete and constant: the local answer is the primary's */
                 struct timeval scratch;
@@ -158,11 +156,11 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
         int r = REAL(gettimeofday)(tv, tz);
         int64_t v = 0;
         if (LIKELY(r == 0)) {
-            int64_t local = (int64_t)tv->tv_sec * NS + (int64_t)tv->tv_usec * 1000;
+            int64_t local = (int64_t)tv->tv_sec * LLFT_NS + (int64_t)tv->tv_usec * 1000;
             v = to_group(CLOCK_REALTIME, local);
             if (UNLIKELY(v != local)) {
-                tv->tv_sec = v / NS;
-                tv->tv_usec = (v % NS) / 1000;
+                tv->tv_sec = v / LLFT_NS;
+                tv->tv_usec = (v % LLFT_NS) / 1000;
             }
         }
         llft_record(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, 0, r, r ? errno : 0, v);
@@ -186,8 +184,8 @@ EXPORT time_t time(time_t *out)
     }
     if (LIKELY(role == LLFT_ROLE_PRIMARY)) {
         time_t r = REAL(time)(NULL);
-        int64_t v = r == (time_t)-1 ? -1 : to_group(CLOCK_REALTIME, (int64_t)r * NS);
-        time_t s = v < 0 ? (time_t)-1 : (time_t)(v / NS);
+        int64_t v = r == (time_t)-1 ? -1 : to_group(CLOCK_REALTIME, (int64_t)r * LLFT_NS);
+        time_t s = v < 0 ? (time_t)-1 : (time_t)(v / LLFT_NS);
         llft_record(t, LLFT_OP_TIME, CLOCK_REALTIME, 0, s, s == (time_t)-1 ? errno : 0, v);
         if (out)
             *out = s;
