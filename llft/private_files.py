@@ -93,7 +93,8 @@ def plan(files_dir: Path, table: list[Mount] | None = None) -> list[tuple[str, .
                     path = "/" + entry.name
                     if entry.is_dir(follow_symlinks=False) and path not in points and path not in KERNEL_TREES:
                         overlays.append(path)
-        elif writable and (not in_kernel_tree or m.kind == "tmpfs" and m.point.startswith("/dev/")):
+        elif (writable and (not in_kernel_tree or m.kind == "tmpfs" and m.point.startswith("/dev/"))
+              and not os.path.isfile(m.point)):   # a file mounted on its own (a container's /etc/hosts)
             overlays.append(m.point)
         elif covered(m.point) and not any(_under(m.point, b) for b in binds):
             binds.append(m.point)

@@ -94,6 +94,11 @@ int llft_private_files(const char *plan)
     for (int i = 0; i < n; i++) {
         struct step *s = &steps[i];
         s->fd = open(s->target, O_PATH | O_CLOEXEC);
+        /* A mount planned to be seen again through an overlay above it may
+         * be gone since the plan (a network namespace's file under
+         * /run/netns, removed meanwhile): nothing to show then. */
+        if (s->fd < 0 && s->bind && errno == ENOENT)
+            continue;
         if (s->fd < 0)
             return fail("open", s->target);
         if (s->bind)
@@ -110,7 +115,9 @@ int llft_private_files(const char *plan)
         char source[64];
         snprintf(source, sizeof source, "/proc/self/fd/%d", s->fd);
         if (s->bind) {
-            if (mount(source, s->target, NULL, MS_BIND | MS_REC, NULL) != 0)
+            if (s->fd < 0)
+                continue;
+            if (mount(source, s->target, NULL, MS_BIND | MS_REC, NULL) != 0 && errno != ENOENT)
                 return fail("bind", s->target);
             continue;
         }
@@ -121,7 +128,8 @@ int llft_private_files(const char *plan)
             return fail("overlay", s->target);
     }
     for (int i = 0; i < n; i++) {
-        close(steps[i].fd);
+        if (steps[i].fd >= 0)
+            close(steps[i].fd);
         if (!steps[i].bind) {
             close(steps[i].upper_fd);
             close(steps[i].work_fd);

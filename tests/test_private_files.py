@@ -56,6 +56,27 @@ def test_the_plan_overlays_writable_trees_and_binds_back_what_they_hide(tmp_path
     assert len(layers) == len(overlaid), "two overlays share an upper layer"
 
 
+def test_a_mount_gone_since_the_plan_does_not_stop_a_replica(tmp_path):
+    """A mount the plan binds back above an overlay (a network namespace's
+    file under /run/netns, say) may be removed before the replica starts:
+    the replica starts all the same, without it."""
+    import os
+    from llft.private_files import enter, prepare
+    point = Path(f"/run/llft-test-vanishing-{os.getpid()}")
+    source = tmp_path / "source"
+    source.write_text("x")
+    point.write_text("")
+    subprocess.run(["mount", "--bind", str(source), str(point)], check=True)
+    try:
+        text = prepare(tmp_path / "files")
+        assert f"bind\t{point}\n".encode() in text
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+        point.unlink()
+    started = subprocess.run(["/bin/true"], preexec_fn=lambda: enter(text), capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+
+
 def incr_clients(group: ServingGroup, nclients: int, each: int, kill_at: int) -> list[int]:
     seen: dict[int, list[int]] = {}
     progress = Progress()
