@@ -20,6 +20,7 @@ from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSou
                                        stream_path)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
                          StreamFile)
+from llft.ordering.backend import RecordOrdering, ordering_for
 from llft.process_tree import end_orphans
 from llft.thread_snapshot import keep_stall_snapshot
 from llft.replica import Replica
@@ -50,6 +51,9 @@ class GroupOptions:
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
     serialize: bool = False       # --serialize: threads take turns (native/serialize.c)
+    order: str = "llft"           # --order: the backend that carries the records (llft/ordering/)
+    mailbox_copies: int = 3       # --order mailbox: copies of the mailbox (n; n − 1 may fail)
+    mailbox_protocol: int = 1     # --order mailbox: 1 (crash failures) or 2 (timing failures too)
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
@@ -67,6 +71,7 @@ class LocalGroup:
         self.run_id = f"{os.getpid()}"
         self.replicas: list[Replica] = []
         self.forwarder: RecordForwarder | None = None
+        self.ordering: RecordOrdering | None = None
         self.source = None
         self.interrupted: int | None = None
         self.steals_said = False          # --serialize: a steal has been logged
@@ -118,7 +123,8 @@ class LocalGroup:
             saved = saved or self.run_dir / HISTORY_FILE
             self.inputs = InputLog(self.run_dir / INPUT_DIR)
         saver = SavedStreamWriter(saved) if saved else None
-        self.forwarder = RecordForwarder(self.source, self.sinks.values(), saver)
+        self.ordering = ordering_for(self.opts.order, self.run_id, self.opts)
+        self.forwarder = RecordForwarder(self.source, self.sinks.values(), self.ordering, saver)
 
         self.env = dict(os.environ)
         for r in self.replicas:
@@ -160,6 +166,7 @@ class LocalGroup:
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
             "failovers": self.failovers,
             "outgoing": dict(self.outgoing.stats, errors=self.outgoing.errors),
+            "order": dict(self.ordering.counters(), backend=self.ordering.name) if self.ordering else None,
         })
 
     # -- run to completion -----------------------------------------------
@@ -249,6 +256,7 @@ class LocalGroup:
         r.role = "failed"
         self.follow.forget(r.index)
         self.sinks[r.index].dead = True
+        self.ordering.remove(self.sinks[r.index], crashed=True)
         if self.gateway is not None:
             self.gateway.remove_relay(self._relay_of(r))
         self.write_state("running")
@@ -503,6 +511,8 @@ class LocalGroup:
 
     def cleanup(self):
         end_orphans(keep={r.pid for r in self.replicas if r.alive()})
+        if self.ordering is not None:
+            self.ordering.close()
         for r in self.replicas:
             r.stream.close()
             r.stream.unlink()

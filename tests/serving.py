@@ -33,6 +33,14 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0):
 LIVE: list["ServingGroup"] = []  # stopped after each test (conftest), pass or fail
 
 
+# The ordering backends a group on one host can run over (llft-run --order).
+ORDERS = ["llft", "mailbox"]
+
+
+def order_args(order: str) -> list[str]:
+    return [] if order == "llft" else ["--order", order]
+
+
 class ServingGroup:
     """llft-run in the background, serving on a free public port."""
 

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import tool
 import serving
-from serving import Progress, ServingGroup, concurrently, kill_after, kill_and_recover, line_client, line_clients
+from serving import (ORDERS, Progress, ServingGroup, concurrently, kill_after, kill_and_recover, line_client,
+                     line_clients, order_args)
 from test_serving import read_resp, resp
 
 
@@ -55,9 +56,10 @@ def finish_and_check(group) -> dict:
     return state
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("server", ["echo_server", "epoll_server", "poll_server"])
-def test_primary_crash_loses_and_repeats_nothing(server, examples, tmp_path):
-    group = ServingGroup(tmp_path / "rd", [examples / server, 7000])
+def test_primary_crash_loses_and_repeats_nothing(server, order, examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / server, 7000], extra=order_args(order))
     results = run_clients(group, nclients=4, nlines=250, kills=1)
     check_exactly_once(results, 4, 250)
     state = finish_and_check(group)
@@ -111,9 +113,11 @@ def test_group_clock_never_goes_back(examples, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
-def test_redis_counter_survives_primary_crash(tmp_path):
+@pytest.mark.parametrize("order", ORDERS)
+def test_redis_counter_survives_primary_crash(order, tmp_path):
     group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
-                                           "--appendonly", "no", "--enable-debug-command", "yes"])
+                                           "--appendonly", "no", "--enable-debug-command", "yes"],
+                         extra=order_args(order))
     seen = {}
     progress = Progress()
 

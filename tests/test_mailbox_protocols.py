@@ -14,7 +14,7 @@ from llft.ordering.mailbox.config import ConfigError, Timing, quorum, tolerated_
 from llft.ordering.mailbox.protocol1 import Receiver1
 from llft.ordering.mailbox.segment import Copy, MailboxFull
 from llft.ordering.mailbox.sim import Sim
-from tests.mailbox_harness import (MS, TIMING, Scenario, check_consensus, check_copies_agree,
+from mailbox_harness import (MS, TIMING, Scenario, check_consensus, check_copies_agree,
                                    check_order, check_queues_empty, check_validity, run, settle)
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,

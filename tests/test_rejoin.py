@@ -24,7 +24,7 @@ import time
 import pytest
 
 from conftest import tool
-from serving import ServingGroup
+from serving import ORDERS, ServingGroup, order_args
 from test_failover import kill_primary
 from test_serving import read_resp, resp
 
@@ -241,9 +241,10 @@ def survive_kills(group, client_cls, replicas: int, nclients: int, kills: int = 
     return final
 
 
-def test_kv_server_survives_20_primary_kills(examples, tmp_path):
+@pytest.mark.parametrize("order", ORDERS)
+def test_kv_server_survives_20_primary_kills(order, examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
-                         extra=["--respawn", "--log-output"])
+                         extra=["--respawn", "--log-output", *order_args(order)])
     survive_kills(group, KvClient, replicas=3, nclients=4)
     log = (group.run_dir / "llft.log").read_text()
     assert "replica 22 started to replace replica 19; caught up after" in log

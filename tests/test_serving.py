@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from serving import concurrently, ServingGroup, line_client, sha, free_port
+from serving import ORDERS, concurrently, ServingGroup, line_client, order_args, sha, free_port
 from conftest import tool, PROGRAMS_DIR
 from llft.members import output_digest
 
@@ -36,9 +36,10 @@ def assert_replicas_agree(state: dict, client_bytes: list[bytes], run_dir):
     assert seen == sent, "clients did not receive exactly what the primary sent"
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("server", SERVERS)
-def test_server_replicas_agree_under_concurrent_clients(server, examples, tmp_path):
-    group = ServingGroup(tmp_path / "rd", [examples / server, 7000], extra=["--log-output"])
+def test_server_replicas_agree_under_concurrent_clients(server, order, examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / server, 7000], extra=["--log-output", *order_args(order)])
     results = {}
 
     def client(i):

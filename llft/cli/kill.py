@@ -10,6 +10,7 @@ from llft import rundir
 from llft.cli.common import Parser, UsageError, fail, reader_may_stop
 from llft.cluster import netfaults
 from llft.members import owns
+from llft.ordering.mailbox import server as mailbox_server
 
 PROG = "llft-kill"
 
@@ -24,7 +25,12 @@ the replicas on each side deaf to the other side's group traffic, --loss
 20% drops that share of the group traffic a member receives (all members,
 or --replica K), --heal removes every such fault.  They are nftables
 rules in each member's namespace; root is needed.  Give every member's
-run dir with --run-dir (repeatable), or run where ./llft-runs holds them.""" 
+run dir with --run-dir (repeatable), or run where ./llft-runs holds them.
+
+A group run with --order mailbox keeps its mailbox in several copies,
+each a shared-memory segment of its own: --mailbox-copy I makes copy I
+fail for good (every later access to it fails, as a failed memory
+module's), and the group goes on through the others.""" 
 
 
 def build_parser():
@@ -36,6 +42,8 @@ def build_parser():
     p.add_argument("--partition", metavar="A/B", help="partition the group's hosts, e.g. '0 / 1,2' (replica indices)")
     p.add_argument("--loss", metavar="PCT", help="random loss of group traffic, e.g. 20%%")
     p.add_argument("--heal", action="store_true", help="undo every partition and loss")
+    p.add_argument("--mailbox-copy", type=int, metavar="I",
+                   help="with --order mailbox: fail copy I of the group's mailbox (0, 1, ...)")
     p.add_argument("--signal", default="KILL", metavar="SIG", help="signal name or number (default KILL)")
     p.add_argument("--run-dir", metavar="DIR", action="append",
                    help="the run dir (default: ./llft-runs/latest or the newest); repeat it for each member "
@@ -128,16 +136,30 @@ def network_fault(states: list[dict], args) -> str:
 
 
 @reader_may_stop
+def fail_mailbox_copy(state: dict, index: int) -> str:
+    order = state.get("order") or {}
+    if order.get("backend") != "mailbox" or state.get("phase") != "running":
+        raise UsageError(f"group {state.get('group')} is not running over --order mailbox")
+    if not 0 <= index < order["copies"]:
+        raise UsageError(f"--mailbox-copy {index}: the mailbox has copies 0 to {order['copies'] - 1}")
+    mailbox_server.fail_copy(order["name"], index, order["directory"])
+    return f"copy {index} of group {state.get('group')}'s mailbox has failed"
+
+
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        actions = [bool(args.primary), args.backup is not None, bool(args.partition), bool(args.loss), args.heal]
+        actions = [bool(args.primary), args.backup is not None, bool(args.partition), bool(args.loss), args.heal,
+                   args.mailbox_copy is not None]
         if args.replica is not None and not args.loss:
             actions.append(True)
         if sum(actions) != 1:
             raise UsageError("say what to break: one of --primary, --backup K, --replica K, --partition A/B, "
-                             "--loss PCT [--replica K], --heal")
+                             "--loss PCT [--replica K], --heal, --mailbox-copy I")
         states = group_states(args)
+        if args.mailbox_copy is not None:
+            print(f"{PROG}: {fail_mailbox_copy(states[0], args.mailbox_copy)}")
+            return 0
         if args.partition or args.loss or args.heal:
             print(f"{PROG}: {network_fault(states, args)}")
             return 0

@@ -19,6 +19,7 @@ from llft.cluster.membership import JoinRefused
 from llft.follow import STALL_S
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
+from llft.ordering.backend import ORDERS
 from llft.private_files import PrivateFilesUnavailable
 from llft.private_files import check_available as check_private_files
 from llft.process_tree import become_subreaper
@@ -131,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "threads)")
     p.add_argument("--no-serialize", action="store_true",
                    help="run the threads of such a program at once all the same (its backups may diverge)")
+    p.add_argument("--order", choices=ORDERS, default="llft",
+                   help="the ordering backend that carries the primary's records to the backups: llft (the "
+                        "default: LLFT's messaging; on one host, straight from ring to ring) or mailbox "
+                        "(replicated shared-memory mailboxes: replicas on this host only; see "
+                        "--mailbox-copies)")
+    p.add_argument("--mailbox-copies", type=int, default=3, metavar="N",
+                   help="with --order mailbox: copies of the mailbox, each in a shared-memory segment of its "
+                        "own; N - 1 of them may fail (default 3)")
+    p.add_argument("--mailbox-protocol", type=int, choices=(1, 2), default=1,
+                   help="with --order mailbox: 1 tolerates crashed processes and copies (the default), 2 also "
+                        "receivers with timing failures, deciding by majority")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
@@ -165,6 +177,9 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         raise UsageError("no program given: llft-run [options] -- PROGRAM [ARGS...]")
+    if args.order == "mailbox" and args.join:
+        raise UsageError("--order mailbox reaches replicas on this host only: not with --join "
+                         "(across hosts, use --order llft)")
     if args.join:
         if args.replicas is not None:
             raise UsageError("--join runs one replica on this host: start llft-run --join on each host "
@@ -176,6 +191,10 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         args.key = network_settings(args)
     if args.serialize and args.no_serialize:
         raise UsageError("--serialize and --no-serialize: choose one")
+    if args.order != "mailbox" and (args.mailbox_copies != 3 or args.mailbox_protocol != 1):
+        raise UsageError("--mailbox-copies and --mailbox-protocol go with --order mailbox")
+    if not 1 <= args.mailbox_copies <= 16:
+        raise UsageError(f"--mailbox-copies must be from 1 to 16 (got {args.mailbox_copies})")
     args.replicas = 3 if args.replicas is None else args.replicas
     if args.replicas < 1:
         raise UsageError(f"--replicas must be at least 1 (got {args.replicas})")
@@ -283,7 +302,8 @@ def main(argv=None) -> int:
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn,
                            stall_alarm=args.stall_alarm, private_files=private_files(args),
-                           serialize=args.serialize)
+                           serialize=args.serialize, order=args.order,
+                           mailbox_copies=args.mailbox_copies, mailbox_protocol=args.mailbox_protocol)
     group = LocalGroup(program, run_dir, options, group_name)
 
     def on_signal(sig, _frame):

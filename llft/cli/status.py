@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     add_output_views(replicas)
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
-              "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing")}
+              "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing"),
+              "order": state.get("order") or {"backend": "llft"}}
     messaging = state.get("messaging")
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
@@ -48,7 +49,8 @@ def main(argv=None) -> int:
     if messaging is not None:
         print_cluster(report)
     elif report["view"]:
-        print(f"view {report['view']['pvn']}  primary {report['view']['primary']}")
+        print(f"view {report['view']['pvn']}  primary {report['view']['primary']}  "
+              f"order {order_text(report['order'])}")
     if replicas:
         print(f"{'replica':>7}  {'role':8} {'prec':>4} {'rank':>4} {'pid':>8}  {'state':8} {'records':>10} "
               f"{'threads':>7}  {'sent (bytes, digest)':>26}  problem")
@@ -78,6 +80,15 @@ def main(argv=None) -> int:
               f"{out['bytes_in']} bytes in, {out['bytes_out']} bytes out"
               + (f"; {out['dropped']} dropped: {'; '.join(out['errors'][-3:])}" if out["dropped"] else ""))
     return 0
+
+
+def order_text(order: dict) -> str:
+    """The ordering backend and its own counters."""
+    if order.get("backend") != "mailbox":
+        return order.get("backend", "llft")
+    return (f"mailbox (protocol {order['protocol']}, {order['copies'] - order['copies_failed']} of "
+            f"{order['copies']} copies intact; {order['messages']} messages carrying {order['chunks']} "
+            f"chunks, {order['resent']} sent again, {order['full']} waits for room)")
 
 
 def print_files(replicas: list[dict]):

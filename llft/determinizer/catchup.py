@@ -4,8 +4,8 @@ The forwarder keeps every chunk of OrderInfo it forwards in a saved stream
 (the group's whole history, across failovers).  A new backup's ring is fed
 from that file first, by a thread of its own, so the other backups never
 wait for it; once it has been given everything written so far, it joins
-the forwarder's sinks under the forwarder's lock, and every later chunk
-comes from the forwarder like any backup's: no record is missed or given
+the ordering backend under the forwarder's lock, and every later chunk
+comes through the backend like any backup's: no record is missed or given
 twice, and the joiner sees one continuous stream."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class CatchUpFeeder(threading.Thread):
                             if fwd.ended:   # the group has ended meanwhile: so does this stream
                                 self._write_end()
                             else:
-                                fwd.sinks.append(self.sink)
+                                fwd.ordering.add(self.sink)
                             self.joined_at = time.monotonic()
                             self.sink.joined.set()
                             return

@@ -1,7 +1,8 @@
-"""Ships the primary's OrderInfo stream to every backup, in order.
-
-This is the boundary the network transport plugs into later: the forwarder
-sees only an ordered stream of record chunks, never application data."""
+"""The record pump: reads the primary's OrderInfo stream, keeps it in the
+group's history, and hands it to the ordering backend (llft/ordering/),
+which carries it to every backup's ring in order.  Across a primary
+change it drains the failed primary's stream, waits for the backend's
+cut, and tells the successor to take over."""
 from __future__ import annotations
 
 import logging
@@ -9,11 +10,13 @@ import threading
 import time
 
 from llft.native import REC_SIZE, StreamError, count_groups
+from llft.ordering.backend import RecordOrdering
 
 log = logging.getLogger("llft.forwarder")
 
 READ_SLOTS = 4096
-WRITE_TIMEOUT_MS = 100
+# The most a view change or the stream's end waits for the backend's cut.
+FLUSH_S = 10.0
 # After a small chunk, let records gather a little: fewer, larger chunks cost
 # this thread and the backups (woken once per chunk) much less per request,
 # and only the backups, which never hold the clients up, wait longer.
@@ -22,17 +25,19 @@ BATCH_SLOTS = 256
 
 
 class RecordForwarder(threading.Thread):
-    def __init__(self, source, sinks, saver=None):
+    def __init__(self, source, sinks, ordering: RecordOrdering, saver=None):
         super().__init__(name="llft-forwarder", daemon=True)
         self.source = source
-        self.sinks = list(sinks)
+        self.ordering = ordering
+        for sink in sinks:
+            ordering.add(sink)
         self.saver = saver
         self.records = 0
         self.slots = 0
         self.error: str | None = None
         self.torn = 0
         self.successor = None  # (source, sink) taking over when the source fails
-        self.lock = threading.Lock()   # guards sinks, the saver and ended (catch-up joins under it)
+        self.lock = threading.Lock()   # guards the saver, ended and joins (catch-ups add sinks under it)
         self.ended = False
 
     def fail_over(self, new_source, promoted_sink) -> threading.Event:
@@ -53,10 +58,10 @@ class RecordForwarder(threading.Thread):
         finally:
             with self.lock:
                 self.ended = True
-                sinks = list(self.sinks)
                 if self.saver:
                     self.saver.close()
-            for sink in sinks:
+            self.ordering.flush(FLUSH_S)
+            for sink in self.ordering.members():
                 if not sink.dead and not sink.stream.write_end(self.source.exit_status, timeout_ms=2000):
                     log.warning("replica %d: could not mark the end of its stream", sink.replica)
 
@@ -88,9 +93,8 @@ class RecordForwarder(threading.Thread):
                     if sink.dead or not sink.alive():
                         log.error("replica %d died before it caught up", sink.replica)
                         break
-                with self.lock:
-                    if sink in self.sinks:
-                        self.sinks.remove(sink)
+                self.ordering.flush(FLUSH_S)
+                self.ordering.remove(sink, crashed=False)
                 if not sink.stream.write_promote(timeout_ms=5000):
                     log.error("replica %d: could not tell it to take over", sink.replica)
                 promoted.set()
@@ -105,7 +109,5 @@ class RecordForwarder(threading.Thread):
         with self.lock:
             if self.saver:
                 self.saver.write(chunk)
-            sinks = list(self.sinks)
-        for sink in sinks:
-            if not sink.dead and not sink.feed(chunk, WRITE_TIMEOUT_MS):
-                log.info("replica %d is gone; no longer feeding it", sink.replica)
+            self.ordering.send(chunk)
+        self.ordering.deliver()

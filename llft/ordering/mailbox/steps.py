@@ -45,12 +45,20 @@ class Clock:
         return self._last
 
 
-def run(protocol: Protocol[T], clock: Clock) -> T:
-    """Run a protocol generator against the real clock."""
+class Stopped(Exception):
+    """run() was told to stop the protocol at one of its waits."""
+
+
+def run(protocol: Protocol[T], clock: Clock, stop: Callable[[], bool] | None = None) -> T:
+    """Run a protocol generator against the real clock; with stop, raise
+    Stopped at the first wait at which stop() holds."""
     try:
         effect = next(protocol)
         while True:
             if isinstance(effect, Until):
+                if stop is not None and stop():
+                    protocol.close()
+                    raise Stopped()
                 wait = effect.local_ns - clock.now()
                 if wait > 0:
                     time.sleep(wait / 1e9)

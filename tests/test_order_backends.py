@@ -1,0 +1,127 @@
+"""The ordering seam: groups on one host over each backend, copies of the
+mailbox failing under load, the choice refused where a backend cannot
+go, and the replication core kept free of any backend's internals."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, tool
+import serving
+from serving import Progress, ServingGroup, line_client, line_clients
+from test_failover import check_exactly_once, finish_and_check
+
+BACKEND_PACKAGES = ("llft.ordering.mailbox", "llft.ordering.llmp")
+
+
+def status(group) -> dict:
+    out = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir), "--json"], capture_output=True,
+                         text=True, timeout=30)
+    return json.loads(out.stdout)
+
+
+def llft_kill(group, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([tool("llft-kill"), "--run-dir", str(group.run_dir), *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+@pytest.mark.parametrize("protocol", ["1", "2"])
+def test_mailbox_copies_fail_under_load_and_the_group_fails_over(protocol, examples, tmp_path):
+    """Two of the three copies fail, one after the 200th reply, one after
+    the 400th; then the primary is killed after the 600th.  Every request
+    is answered exactly once and the survivors agree."""
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000],
+                         extra=["--order", "mailbox", "--mailbox-protocol", protocol])
+    progress = Progress()
+    said = []
+
+    def faults():
+        for k in (0, 1):
+            progress.wait(200 * (k + 1))
+            said.append(llft_kill(group, "--mailbox-copy", str(k)).stdout)
+        progress.wait(600)
+        serving.kill_primary(group.run_dir)
+        said.append("killed")
+
+    results = line_clients(group, 4, lambda i: [f"c{i}-{j}" for j in range(250)], faults, pause=0.001,
+                           progress=progress)
+    assert said[-1:] == ["killed"], "the workload ended before every fault"
+    assert said[:2] == [f"llft-kill: copy {k} of group echo_server's mailbox has failed\n" for k in (0, 1)]
+    check_exactly_once(results, 4, 250)
+    order = status(group)["order"]
+    assert order["backend"] == "mailbox" and order["copies_failed"] == 2 and order["protocol"] == int(protocol)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+
+
+def test_status_names_the_backend(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], extra=["--order", "mailbox"])
+    with group.connect() as s:
+        line_client(s, [f"SET k{i} v{i}" for i in range(20)])
+    text = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir)], capture_output=True, text=True,
+                          timeout=30).stdout
+    assert "order mailbox (protocol 1, 3 of 3 copies intact;" in text
+    with group.connect() as s:
+        line_client(s, ["SHUTDOWN"])
+    group.finish()
+    assert not list(Path("/dev/shm").glob(f"llft-mbx-*-{group.proc.pid}.*")), "the mailbox outlived its group"
+
+
+def test_mailbox_choices_that_cannot_work_are_refused(examples, tmp_path):
+    run = [tool("llft-run"), "--run-dir", str(tmp_path / "rd")]
+    cases = [
+        (["--order", "mailbox", "--join", "--group", "g"], "--order mailbox reaches replicas on this host only"),
+        (["--mailbox-copies", "2"], "--mailbox-copies and --mailbox-protocol go with --order mailbox"),
+        (["--order", "mailbox", "--mailbox-copies", "0"], "--mailbox-copies must be from 1 to 16"),
+        (["--order", "isis"], "invalid choice: 'isis'"),
+    ]
+    for extra, message in cases:
+        out = subprocess.run(run + extra + ["--", str(examples / "echo_server"), "7000"], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 2 and message in out.stderr, (extra, out.stderr)
+
+
+def test_failing_a_mailbox_copy_of_a_group_without_one_is_an_error(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    out = llft_kill(group, "--mailbox-copy", "0")
+    assert out.returncode == 2 and "is not running over --order mailbox" in out.stderr
+    with group.connect() as s:
+        line_client(s, ["SHUTDOWN"])
+    group.finish()
+
+
+def test_the_replication_core_imports_no_backend_internals():
+    """Only llft/ordering/backend.py names the backends (and the CLI, which
+    offers their options); nothing else reaches into a backend's package."""
+    allowed = {REPO / "llft/ordering/backend.py", REPO / "llft/cli/kill.py"}
+    offenders = []
+    for path in (REPO / "llft").rglob("*.py"):
+        if path in allowed or any(path.is_relative_to(REPO / "llft/ordering" / p.rsplit(".", 1)[1])
+                                  for p in BACKEND_PACKAGES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith(BACKEND_PACKAGES)]
+    assert not offenders, offenders
+
+
+def test_kill_while_idle_after_connections_closed_over_the_mailbox(examples, tmp_path):
+    """The quiet moment: every connection closed, the group idle, then the
+    primary dies; the new primary has every acknowledged write."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], extra=["--order", "mailbox"])
+    for i in range(30):
+        with group.connect() as s:
+            line_client(s, [f"SET k{i} v{i}"])
+    serving.kill_primary(group.run_dir)
+    with group.connect() as s:
+        replies, _ = line_client(s, [f"GET k{i}" for i in range(30)])
+    assert replies == [f"VALUE v{i}" for i in range(30)]
+    finish_and_check(group)
