@@ -43,6 +43,7 @@ from pathlib import Path
 
 from bench.serving import BIN, LLFT_RUN, NET, free_port, wait_port
 from llft.native import StreamFile
+from llft.ordering.backend import ORDERS
 
 PAYLOAD = struct.pack(">I", 1024) + b"x" * 1024
 
@@ -80,11 +81,12 @@ def state(rd: Path) -> dict:
     raise RuntimeError(f"no state in {rd}")
 
 
-def trial(replicas: int, clients: int, sig: signal.Signals, tmp: Path) -> dict:
+def trial(replicas: int, clients: int, sig: signal.Signals, tmp: Path, order: str = "llft") -> dict:
     port = free_port()
     rd = tmp / f"rd-{port}"
+    chosen = ["--order", order] if order != "llft" else []
     proc = subprocess.Popen([LLFT_RUN, "--replicas", str(replicas), "--run-dir", str(rd), "--port", str(port),
-                             "--", str(BIN / "msg_server"), "7000"], stdout=subprocess.DEVNULL,
+                             *chosen, "--", str(BIN / "msg_server"), "7000"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     stop = threading.Event()
     try:
@@ -133,11 +135,16 @@ def trial(replicas: int, clients: int, sig: signal.Signals, tmp: Path) -> dict:
         proc.wait(timeout=30)
 
 
+# scenario, and its configurations: (replicas, clients, signal, ordering backend).
 PLANS = {
-    "view_change": ("failover/view_change", lambda counts, clients: [(n, 0, signal.SIGKILL) for n in counts]),
+    "view_change": ("failover/view_change",
+                    lambda counts, clients: [(n, 0, signal.SIGKILL, "llft") for n in counts]),
     "recovery": ("failover/recovery",
-                 lambda counts, clients: [(n, c, signal.SIGKILL) for n in counts for c in clients]),
-    "detect": ("failover/detect", lambda counts, clients: [(2, 1, signal.SIGKILL), (2, 1, signal.SIGSTOP)]),
+                 lambda counts, clients: [(n, c, signal.SIGKILL, "llft") for n in counts for c in clients]),
+    "detect": ("failover/detect",
+               lambda counts, clients: [(2, 1, signal.SIGKILL, "llft"), (2, 1, signal.SIGSTOP, "llft")]),
+    "orders": ("failover/orders",
+               lambda counts, clients: [(n, c, signal.SIGKILL, o) for n in counts for c in clients for o in ORDERS]),
 }
 
 
@@ -147,11 +154,11 @@ def failovers(ctx, plan: str, trials: int, replicas=(2, 3), clients=(1,)):
     configs = configs(replicas, clients)
     ctx.plan(len(configs) * trials)
     for _ in range(trials):
-        for n, c, sig in configs:
-            fields = dict(backend="llft", replicas=n, clients=c, size=1024 if c else None, variant=sig.name,
+        for n, c, sig, order in configs:
+            fields = dict(backend=order, replicas=n, clients=c, size=1024 if c else None, variant=sig.name,
                           net=NET)
             try:
-                ctx.rec.event(scenario, trial(n, c, sig, ctx.tmp), **fields)
+                ctx.rec.event(scenario, trial(n, c, sig, ctx.tmp, order), **fields)
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 ctx.rec.failed(scenario, "event", repr(e), **fields)
             ctx.step()

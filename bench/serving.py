@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench.records import REPO
 from bench.servers import have_memcached, have_redis, memcached, memcslap_rps, redis, redis_rps
+from llft.ordering.backend import ORDERS
 
 BIN = REPO / "examples" / "bin"
 LLFT_RUN = str(Path(sys.executable).with_name("llft-run"))
@@ -163,6 +164,21 @@ def latency(ctx, sizes, replicas: int, rounds: int, count: int):
                                          replicas=1, net=NET),
                 "llft": latency_measure(ctx, "serving/latency", llft.port, size, count, backend="llft",
                                         replicas=replicas, net=NET)})
+
+
+def orders(ctx, replicas: int, rounds: int, count: int, size: int = 1024):
+    """Issue 19: the same request/reply workload over each ordering backend
+    (llft-run --order), side by side with the unreplicated server."""
+    ctx.plan(rounds * (len(ORDERS) + 1))
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        measures = {"plain": latency_measure(ctx, "serving/orders", start(msg_server, None).port, size, count,
+                                             backend="plain", replicas=1, net=NET)}
+        for order in ORDERS:
+            port = start(msg_server, replicas, ["--order", order]).port
+            measures[order] = latency_measure(ctx, "serving/orders", port, size, count, backend=order,
+                                              replicas=replicas, net=NET)
+        interleaved(ctx, rounds, measures)
 
 
 def throughput(ctx, clients, replicas: int, rounds: int, secs: float, size: int = 1024):

@@ -47,6 +47,12 @@ WORKLOADS = {
     "detect": ("failover:failovers", {
         "paper": dict(plan="detect", trials=5),
         "smoke": dict(plan="detect", trials=1)}),
+    "orders": ("serving:orders", {
+        "paper": dict(replicas=3, rounds=5, count=1000),
+        "smoke": dict(replicas=3, rounds=1, count=100)}),
+    "order_failover": ("failover:failovers", {
+        "paper": dict(plan="orders", trials=5, replicas=[3], clients=[2]),
+        "smoke": dict(plan="orders", trials=1, replicas=[3], clients=[1])}),
     "memory": ("memory:memory", {
         "paper": dict(connections=100_000, step=10_000),
         "smoke": dict(programs=("pool_server",), connections=400, step=200)}),

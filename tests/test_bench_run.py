@@ -30,7 +30,7 @@ def smoke_logs(tmp_path_factory, examples) -> Path:
 def test_smoke_run_writes_schema_records_for_every_workload(smoke_logs):
     files = {f.stem: f for f in smoke_logs.glob("*.jsonl")}
     assert {"determinizer", "messaging", "latency", "throughput", "replicas", "nondet", "view_change",
-            "recovery", "detect"} <= set(files)
+            "recovery", "detect", "orders", "order_failover"} <= set(files)
     runs = set()
     for f in files.values():
         recs = [json.loads(line) for line in f.read_text().splitlines()]
@@ -39,8 +39,12 @@ def test_smoke_run_writes_schema_records_for_every_workload(smoke_logs):
         assert all(r["outcome"] == "ok" for r in recs), [r for r in recs if r["outcome"] != "ok"][:3]
         runs |= {r["run"] for r in recs}
     assert len(runs) == 1
-    backends = {json.loads(line)["backend"] for line in files["throughput"].read_text().splitlines()}
-    assert backends == {"plain", "llft", "ceiling"}
+    def backends(name):
+        return {json.loads(line)["backend"] for line in files[name].read_text().splitlines()}
+    assert backends("throughput") == {"plain", "llft", "ceiling"}
+    # Issue 19: each ordering backend side by side in one run.
+    assert backends("orders") == {"plain", "llft", "mailbox"}
+    assert backends("order_failover") == {"llft", "mailbox"}
 
 
 def test_analyze_turns_smoke_logs_into_tables_and_plots(smoke_logs, tmp_path):
