@@ -334,7 +334,7 @@ def test_forged_and_garbage_datagrams_are_counted_and_change_nothing(cluster, ex
 
 
 def kill_primary_mid_workload(cluster, examples, members: int, extra=(), clients: int = 3, requests: int = 150,
-                              allow_excluded: bool = False):
+                              allow_excluded: bool = False, after_kill=None):
     """members replicas on hosts 0..members-1, the gateway on the next host;
     the primary's replica is SIGKILLed while clients write.  Checks that
     every acknowledged write survives exactly once, that no client
@@ -354,6 +354,8 @@ def kill_primary_mid_workload(cluster, examples, members: int, extra=(), clients
         for j in range(requests):
             if i == 0 and j == requests // 3:
                 os.kill(replica_pid, signal.SIGKILL)    # the primary fails mid-stream
+                if after_kill:
+                    after_kill()
             out.append(c.lines([f"SET k{i}-{j} v{j}"])[0][0])
         results[i] = out + c.lines([f"GET k{i}-{j}" for j in range(requests)])[0]
         c.close()
@@ -400,6 +402,22 @@ def test_primary_host_fails_and_a_backup_takes_over(cluster, examples):
     views = kill_primary_mid_workload(cluster, examples, members=3, extra=["--no-rejoin"])
     assert views[0]["view"]["pvn"] == 2
     assert views[0]["view"]["primary"] == views[0]["members"][0]["member"]
+
+
+def test_a_new_primary_waits_for_a_slow_gateway(cluster, examples):
+    """The gateway is stopped for a second as the primary dies: the new
+    primary must have its answer to NewPrimaryView (the old primary's
+    ordering information it alone may hold, for replies its clients saw)
+    before it takes over.  It took over without it after half a second,
+    and a loaded machine left a group with answers repeated and lost."""
+    def freeze_gateway():
+        os.kill(cluster.gateway.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        os.kill(cluster.gateway.pid, signal.SIGCONT)
+    kill_primary_mid_workload(cluster, examples, members=3, extra=["--no-rejoin"], after_kill=freeze_gateway)
+    logs = "".join((d / "llft.log").read_text() for _, d in cluster.members[1:])
+    assert "did not answer NewPrimaryView" not in logs
+    assert "took over as primary" in logs
 
 
 def test_competing_proposals_end_with_one_primary(cluster_of, examples):

@@ -73,6 +73,11 @@ FAULT_TIMEOUT_ORDINARY_S = 0.15
 # busy new primary went 151 ms without being heard and was replaced.
 SETTLING_TIMEOUT_S = 0.3
 TICK_S = 0.02
+# A new primary waits for every remote group's answer to NewPrimaryView,
+# and for the messages it lacks of theirs, as long as it hears from them:
+# a gateway sends a Heartbeat every few milliseconds, so this long a
+# silence means it is gone (or cut off), not slow.
+REMOTE_SILENCE_S = 2.0
 EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
 REJOIN_PATIENCE_S = 24 * 3600.0
 
@@ -645,6 +650,12 @@ class HostMember:
             self.stepped_down = f"its replica has been stopped for {(now - since) * 1000:.0f} ms"
 
     # -- taking over (phase 2) ----------------------------------------------------
+    def _remote_alive(self, group: int, since: float) -> bool:
+        """Whether a remote group has been heard within REMOTE_SILENCE_S
+        (counting from `since` for one not heard at all)."""
+        heard = max(self.ep.remote_heard.get(group, since), since)
+        return self.ep.clock.now() - heard < REMOTE_SILENCE_S
+
     def _elected(self, view: View, acks: dict):
         self.elected_at = time.monotonic()     # measurement (bench/cluster.py)
         self.taking_over = True
@@ -661,9 +672,13 @@ class HostMember:
             deliver_held_order(ep, first, blobs)
         remotes = {c.remote for c in ep.conns.values()}
         self.view_acks.clear()
-        deadline = start + 0.5
-        while remotes - self.view_acks.keys() and loop.time() < deadline:
-            for g in remotes - self.view_acks.keys():
+        asked = ep.clock.now()
+        # Every remote group that is alive must answer: its clients may have
+        # seen the effect of ordering information only it holds, and until
+        # it hears of this view it takes the old primary's replies.  One
+        # that is silent for REMOTE_SILENCE_S is gone, and its clients with it.
+        while waiting := [g for g in remotes - self.view_acks.keys() if self._remote_alive(g, asked)]:
+            for g in waiting:
                 new_primary_view(ep, g, view)
             self.view_answered.clear()
             try:
@@ -673,7 +688,8 @@ class HostMember:
         bases, last_sent = {}, {}
         for g in remotes:
             if g not in self.view_acks:
-                log.warning("remote group %d did not answer NewPrimaryView", g)
+                log.warning("remote group %d did not answer NewPrimaryView and has been silent for %.1f s: "
+                            "taken to be gone with its clients", g, REMOTE_SILENCE_S)
                 continue
             rows, first, blobs = self.view_acks[g]
             deliver_held_order(ep, first, blobs)
@@ -685,13 +701,13 @@ class HostMember:
         # Every message the remote groups sent (line 30), and with them the
         # ordering information they reflected.  Entries past a gap are the
         # old primary's whose effects no client saw: not followed.
-        deadline = loop.time() + 2.0
-        while loop.time() < deadline:
-            lacking = sum(nack_remote(ep, cid, n, view) for cid, n in last_sent.items())
-            if not lacking:
+        nacked = ep.clock.now()
+        while True:
+            lacking = [cid for cid, n in last_sent.items() if nack_remote(ep, cid, n, view)]
+            if not lacking or not any(self._remote_alive(cid.remote(ep.group), nacked) for cid in lacking):
                 break
             await asyncio.sleep(0.015)
-        else:
+        if lacking:
             log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them "
                       "(%s)", ", ".join(f"connection {tuple(cid)}: have {c.rx.received_upto} of {n}"
                                         for cid, n in last_sent.items()

@@ -34,6 +34,7 @@ class InboundMixin:
     def _on_remote(self, msg: wire.Message, data: bytes) -> None:
         t = msg.TYPE
         self.counters[f"rx_{t.name.lower()}"] += 1
+        self.remote_heard[msg.src_group] = self.clock.now()   # alive, whatever view it names
         if not self._check_remote_view(msg):
             return
         if msg.timestamp > self.lamport:
