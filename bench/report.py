@@ -89,19 +89,19 @@ def throughput_md(rows: list[dict]) -> str:
 
 def events_md(rows: list[dict]) -> str:
     metrics = [m for m in EVENT_METRICS if any(r["metric"] == m for r in rows)]
+    keys = ["variant", "replicas", "clients"] + varying(rows, ["backend"])
     configs: dict[tuple, dict] = {}
     for r in rows:
-        configs.setdefault((r["variant"], r["replicas"], r["clients"]), {})[r["metric"]] = r
-    keys = ["variant", "replicas", "clients"]
+        configs.setdefault(tuple(r[k] for k in keys), {})[r["metric"]] = r
     body = []
-    for cfg in sorted(configs, key=lambda c: (str(c[0]), c[1] or 0, c[2] or 0)):
+    for cfg in sorted(configs, key=lambda c: (str(c[0]), c[1] or 0, c[2] or 0, *map(str, c[3:]))):
         got = configs[cfg]
         n = max(r["count"] for r in got.values())
         failed = max(r["failed"] for r in got.values())
         body.append([str(v) for v in cfg] + [f"{n}" + (f" ({failed} failed)" if failed else "")]
                     + [f"{num(got[m]['p50'], 2)} / {num(got[m]['p99'], 2)} / {num(got[m]['max'], 2)}"
                        if m in got else "–" for m in metrics])
-    return table(keys + ["trials"] + [f"{m} p50 / p99 / max" for m in metrics], body, 3)
+    return table(keys + ["trials"] + [f"{m} p50 / p99 / max" for m in metrics], body, len(keys))
 
 
 def determinizer_md(rows: list[dict]) -> str:
