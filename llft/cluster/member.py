@@ -274,7 +274,8 @@ class HostMember:
     def _become_primary(self):
         self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed,
                                    remove=lambda m, why: self.removal.remove([m], why))
-        self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed)
+        self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed,
+                                     admitting=self.admission.unacknowledged_by_newcomers)
 
     def _removal_timeout(self) -> float:
         """Longer than any backup waits for a silent primary: in a partition

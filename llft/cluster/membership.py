@@ -200,6 +200,10 @@ class Admission:
         # every backup must acknowledge
         self.pending[member] = [data, 1, set(view.backups()), self.ep.clock.now() + repeat_interval(data)]
 
+    def unacknowledged_by_newcomers(self) -> list[int]:
+        """Members admitted whose AcceptBackup has not reached them yet."""
+        return [m for m, entry in self.pending.items() if m in entry[2]]
+
     def tick(self) -> None:
         now = self.ep.clock.now()
         for member, entry in list(self.pending.items()):

@@ -35,10 +35,11 @@ TELL_EVERY_S = 0.1        # how often a removed member still heard is told again
 class BackupRemoval:
     """At the primary: removes the backups its fault detector finds silent."""
 
-    def __init__(self, ep, silence: Silence, timeout, on_removed):
+    def __init__(self, ep, silence: Silence, timeout, on_removed, admitting=lambda: ()):
         self.ep, self.silence = ep, silence
         self.timeout = timeout            # fn() -> seconds of silence after which a backup is removed
         self.on_removed = on_removed      # fn([member], why): they are out of the view
+        self.admitting = admitting        # fn() -> backups whose AcceptBackup has not reached them yet
         now = ep.clock.now()
         self.since = {b: now for b in ep.view.backups()}   # each backup's silence counts from here
         self.round = 0
@@ -68,9 +69,15 @@ class BackupRemoval:
         ep, now, timeout = self.ep, self.ep.clock.now(), self.timeout()
         if not ep.is_primary:
             return None
+        admitting = set(self.admitting())
         for b in ep.view.backups():
-            # A backup admitted by this primary gets time to replay the group's log.
-            self.since.setdefault(b, now + JOIN_GRACE_S)
+            # A backup admitted by this primary gets time to replay the group's
+            # log once its admission, which carries the log, has reached it
+            # (megabytes take seconds; the admission has its own bound).
+            if b in admitting:
+                self.since[b] = now + JOIN_GRACE_S
+            else:
+                self.since.setdefault(b, now + JOIN_GRACE_S)
         silences = {b: self.silence.of(b, self.since[b]) for b in ep.view.backups()}
         silent = sorted(b for b, s in silences.items() if s >= timeout)
         if silent:
