@@ -52,6 +52,23 @@ def test_remote_primary_change_and_stale_view():
     assert s0.drops["stale-view"] == 1
 
 
+def test_a_superseded_primary_of_the_same_view_is_not_heard():
+    """Two members that could not hear each other each took over in view 2;
+    the remote group follows the one of higher precedence, and drops what
+    the other sends (its replies interleaved with the other's gave clients
+    answers repeated and lost)."""
+    cluster = quiet_cluster()
+    s0 = cluster.servers[0].ep
+    s0.remote_views[CLIENT] = (2, 3)
+    losing = wire.KeepAlive(src_group=CLIENT, dst_group=SERVER, conn_seq=1, role=0, pvn=2, precedence=2)
+    s0.datagram_received(s0.codec.encode(losing)[0])
+    assert s0.drops["stale-view"] == 1
+    assert s0.remote_views[CLIENT] == (2, 3)
+    winning = wire.KeepAlive(src_group=CLIENT, dst_group=SERVER, conn_seq=1, role=0, pvn=2, precedence=3)
+    s0.datagram_received(s0.codec.encode(winning)[0])
+    assert s0.drops["stale-view"] == 1
+
+
 def test_membership_messages_are_surfaced():
     cluster = quiet_cluster()
     s0 = cluster.servers[0].ep

@@ -61,13 +61,17 @@ class InboundMixin:
         self._deliverable(c)
 
     def _check_remote_view(self, msg: wire.Message) -> bool:
-        """Track the remote group's primary view; drop messages of an older one."""
+        """Track the remote group's primary view (pvn, then precedence); drop
+        messages of an older one."""
         g = msg.src_group
         cur = self.remote_views.get(g)
         new = (msg.pvn, msg.precedence)
         if cur is None:
             self.remote_views[g] = new
-        elif msg.pvn < cur[0]:
+        elif new < cur:
+            # An older view, or a primary of the same view that a primary of
+            # higher precedence supersedes (two members that could not hear
+            # each other each took over): one primary's messages only.
             self.drops.count("stale-view")
             return False
         elif new > cur:
