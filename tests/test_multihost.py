@@ -596,6 +596,38 @@ def test_a_primary_steps_down_for_a_membership_it_never_knew(cluster, examples):
                  "A to step down for D's membership", timeout=60)
 
 
+def test_a_backup_left_out_of_a_new_view_does_not_take_over_beside_it(cluster, examples):
+    """B, the backup of lowest rank, misses the new view: cut off and
+    stopped while A replaces the dead primary (A's proposal, which named
+    B, went unanswered, so A took over without it).  Woken, B hears A as
+    primary of view 2 before its own detector gives up on the old primary:
+    it must leave, not propose itself for view 2 (a proposal that needs no
+    one else's acknowledgment: only members ranked after it are asked) and
+    serve beside A.  In the soak across hosts two primaries of one view
+    served a gateway one after the other: answers repeated and lost."""
+    st = start_three(cluster, examples, extra=["--no-rejoin"])
+    writes_then_reads(cluster, "before", 20)
+    backups = [(cluster.status(d), p, d) for p, d in cluster.members[1:]]
+    (_, _, a_dir), (b_st, b_proc, b_dir) = sorted(backups, key=lambda x: x[0]["replicas"][0]["index"])
+    b_index = b_st["replicas"][0]["index"]
+    others = ",".join(str(i) for i in range(3) if i != b_index)
+    assert f"partitioned replicas [{b_index}]" in cluster.kill("--partition", f"{b_index} / {others}")
+    os.kill(b_st["controller_pid"], signal.SIGSTOP)
+    try:
+        os.kill(st["replicas"][0]["pid"], signal.SIGKILL)        # the primary's replica dies
+        cluster.wait(lambda: (a := cluster.status(a_dir)) and a["view"]["pvn"] == 2
+                     and a["replicas"][0]["role"] == "primary", "A to take over without B", watch=False)
+        assert "healed" in cluster.kill("--heal")
+        time.sleep(0.5)                                           # A's Heartbeats of view 2 wait at B
+    finally:
+        os.kill(b_st["controller_pid"], signal.SIGCONT)
+    assert b_proc.wait(timeout=60) == 3, "B did not leave the group"
+    log = (b_dir / "llft.log").read_text()
+    assert "took over as primary" not in log, "B took over beside the primary of the new view"
+    assert "which left this member out" in log or "without this member" in log, log[-2000:]
+    writes_then_reads(cluster, "after", 20)
+
+
 def test_frozen_primary_is_replaced_and_never_serves_again(cluster, examples):
     old = start_three(cluster, examples)["members"][0]["member"]
     writes_then_reads(cluster, "before", 30)

@@ -77,6 +77,15 @@ class Election:
     def _my_precedence(self) -> int:
         return self.ep.view.precedences.get(self.ep.me, 0)
 
+    def left_out_by(self, pvn: int, precedence: int) -> bool:
+        """A member of our view speaks in view pvn, newer than ours, of a
+        primary of that precedence: whether that view was formed without
+        us.  Not if its primary is us (a backup that acknowledged our
+        proposal), nor if we compete for that view ourselves (the election
+        settles it)."""
+        return (pvn > self.ep.view.pvn and precedence != self._my_precedence()
+                and self.proposed_pvn != pvn)
+
     def timeout(self) -> float:
         """Rank 2 suspects the primary first; each later rank waits `step` longer.
         A primary that just took over gets the longer settling timeout: new

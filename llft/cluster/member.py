@@ -459,11 +459,26 @@ class HostMember:
         we removed that is primary now, or a member of a membership formed
         without us, whose admission we missed or whom we removed (two
         backups each took over with a view of its own, and served side by
-        side, when only the primary itself counted).  A backup leaves it to
-        its fault detector and the election."""
-        if not self.ep.is_primary or self.taking_over:
+        side, when only the primary itself counted).
+
+        A backup that hears a member of its view speak in a newer view of
+        another primary, a view it is not competing for, was left out of it
+        (it missed the proposal: the proposer did not know of it, or it was
+        cut off then): it leaves and rejoins.  If
+        it waited for its fault detector instead, it would propose itself
+        for that same view and take over beside the primary already serving
+        it (two primaries of view 4 in the soak across hosts, whose gateway
+        followed one then the other: answers repeated and lost).  Other
+        backups leave a competing primary of their own view to the election."""
+        if self.taking_over:
             return
         sender, precedence = info.get("sender"), info.get("precedence")
+        if not self.ep.is_primary:
+            pvn = info.get("pvn") or 0
+            if sender in self.ep.view and self.election.left_out_by(pvn, precedence or 0):
+                self.stepped_down = (f"member {sender} is in view {pvn}, newer than ours ({self.ep.view.pvn}), "
+                                     f"of a primary of precedence {precedence}, which left this member out")
+            return
         self.stepped_down = (f"member {sender} is in view {info.get('pvn')} of a primary of precedence "
                              f"{precedence}, which replaces ours ({self.ep.view.pvn})")
 
