@@ -166,19 +166,25 @@ def latency(ctx, sizes, replicas: int, rounds: int, count: int):
                                         replicas=replicas, net=NET)})
 
 
+def groups_side_by_side(ctx, scenario: str, groups: dict, rounds: int, count: int, size: int):
+    """The unreplicated server and each group of `groups` ({name: (backend
+    field, replicas, llft-run options)}) run side by side, measured in turn."""
+    ctx.plan(rounds * (len(groups) + 1))
+    with ExitStack() as stack:
+        start = servers(ctx, stack)
+        measures = {"plain": latency_measure(ctx, scenario, start(msg_server, None).port, size, count,
+                                             backend="plain", replicas=1, net=NET)}
+        for name, (backend, n, extra) in groups.items():
+            measures[name] = latency_measure(ctx, scenario, start(msg_server, n, extra).port, size, count,
+                                             backend=backend, replicas=n, net=NET)
+        interleaved(ctx, rounds, measures)
+
+
 def orders(ctx, replicas: int, rounds: int, count: int, size: int = 1024):
     """Issue 19: the same request/reply workload over each ordering backend
     (llft-run --order), side by side with the unreplicated server."""
-    ctx.plan(rounds * (len(ORDERS) + 1))
-    with ExitStack() as stack:
-        start = servers(ctx, stack)
-        measures = {"plain": latency_measure(ctx, "serving/orders", start(msg_server, None).port, size, count,
-                                             backend="plain", replicas=1, net=NET)}
-        for order in ORDERS:
-            port = start(msg_server, replicas, ["--order", order]).port
-            measures[order] = latency_measure(ctx, "serving/orders", port, size, count, backend=order,
-                                              replicas=replicas, net=NET)
-        interleaved(ctx, rounds, measures)
+    groups_side_by_side(ctx, "serving/orders", {o: (o, replicas, ["--order", o]) for o in ORDERS},
+                        rounds, count, size)
 
 
 def throughput(ctx, clients, replicas: int, rounds: int, secs: float, size: int = 1024):
@@ -200,15 +206,8 @@ def throughput(ctx, clients, replicas: int, rounds: int, secs: float, size: int 
 
 def replicas(ctx, counts, rounds: int, count: int, size: int = 1024):
     """LLFT Fig. 14: every group runs side by side, measured in turn."""
-    ctx.plan(rounds * (len(counts) + 1))
-    with ExitStack() as stack:
-        start = servers(ctx, stack)
-        measures = {"plain": latency_measure(ctx, "serving/replicas", start(msg_server, None).port, size, count,
-                                             backend="plain", replicas=1, net=NET)}
-        for n in counts:
-            measures[f"llft-{n}"] = latency_measure(ctx, "serving/replicas", start(msg_server, n).port, size,
-                                                    count, backend="llft", replicas=n, net=NET)
-        interleaved(ctx, rounds, measures)
+    groups_side_by_side(ctx, "serving/replicas", {f"llft-{n}": ("llft", n, ()) for n in counts},
+                        rounds, count, size)
 
 
 def nondet(ctx, ops, replicas: int, rounds: int, count: int, size: int = 1024):
