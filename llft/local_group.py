@@ -17,7 +17,7 @@ from llft.determinizer.catchup import CatchUpFeeder
 from llft.follow import STALL_S, FollowWatch
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
-                                       stream_path)
+                                       stream_path, sweep_dead_rings)
 from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
                          StreamFile)
 from llft.ordering.backend import RecordOrdering, ordering_for
@@ -107,6 +107,7 @@ class LocalGroup:
         return r
 
     def start(self):
+        sweep_dead_rings()
         replaying = self.opts.replay_from is not None
         indices = [1] if replaying else list(range(self.opts.replicas))
         for k in indices:

@@ -106,6 +106,30 @@ def test_replicas_die_with_a_killed_controller(examples, tmp_path):
             psutil.Process(p).kill()
 
 
+def test_the_rings_of_a_killed_controller_are_removed_by_the_next_run(examples, tmp_path):
+    """A controller killed with SIGKILL leaves its replicas' rings in shared
+    memory (16 MiB each); the next llft-run removes those of controllers
+    that are dead, and no other."""
+    import os
+    group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000])
+    rings = [Path(r["stream"]) for r in json.loads((group.run_dir / "llft-run.json").read_text())["replicas"]]
+    group.proc.kill()
+    group.proc.wait(timeout=30)
+    assert all(r.exists() for r in rings), "the killed controller removed its rings after all"
+    live = rings[0].with_name(f"llft-{os.getpid()}-r63")      # a live process's, by its name
+    live.write_bytes(b"")
+    try:
+        again = ServingGroup(tmp_path / "rd2", [examples / "echo_server", 7000])
+        with again.connect() as s:
+            line_client(s, ["SHUTDOWN"])
+        again.finish()
+        assert not any(r.exists() for r in rings), "a dead controller's rings are still there"
+        assert live.exists(), "a ring of a live process was removed"
+        assert "removed 3 ring files of llft controllers that died" in (tmp_path / "rd2" / "llft.log").read_text()
+    finally:
+        live.unlink(missing_ok=True)
+
+
 def test_a_flooding_client_does_not_grow_memory_nor_starve_others(examples, tmp_path):
     """A client that sends without ever reading its replies: llft-run pushes
     back (the client's writes block) instead of buffering it all, and the

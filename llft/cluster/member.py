@@ -37,7 +37,7 @@ from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.removal import BackupRemoval, follow_removal
-from llft.determinizer.streams import PrimarySource, stream_path
+from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
 from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
@@ -232,6 +232,7 @@ class HostMember:
 
     def _start_replica(self, index: int, joined):
         role = ROLE_BACKUP if joined else ROLE_PRIMARY
+        sweep_dead_rings()
         path = stream_path(f"{os.getpid()}", index)
         if os.path.exists(path):
             os.unlink(path)

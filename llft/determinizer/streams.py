@@ -7,11 +7,15 @@ ordered sequence of chunks, each a whole number of record groups.
 - BackupSink: a backup's replay ring."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import struct
 import threading
 
 from llft.native import REC_SIZE, ROLE_PRIMARY, StreamError, StreamFile, count_groups
+
+log = logging.getLogger("llft.streams")
 
 SAVED_MAGIC = b"LLFTSTRM"
 SAVED_VERSION = 1
@@ -172,8 +176,48 @@ class BackupSink:
         return not self.dead
 
 
+def _ring_dir(directory: str | None = None) -> str:
+    return directory or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+
+
 def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:
     """Shared-file path of a replica; the same length for every replica, so
-    that every replica's environment (and so its stack layout) is alike."""
-    base = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
-    return os.path.join(base, f"llft-{run_id}-r{replica:02d}")
+    that every replica's environment (and so its stack layout) is alike.
+    run_id is the controller's pid."""
+    return os.path.join(_ring_dir(directory), f"llft-{run_id}-r{replica:02d}")
+
+
+_RING_NAME = re.compile(r"llft-(\d+)-r\d{2}")
+
+
+def sweep_dead_rings(directory: str | None = None) -> int:
+    """Removes the ring files of controllers that died without removing
+    them (killed with SIGKILL: a host crash, as the soak makes them), ours
+    only: 16 MiB of shared memory each otherwise stays until reboot.
+    Returns how many."""
+    base, removed = _ring_dir(directory), 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        m = _RING_NAME.fullmatch(name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue                    # its controller lives
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue                    # alive, not ours to judge
+        path = os.path.join(base, name)
+        try:
+            if os.stat(path).st_uid == os.geteuid():
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    if removed:
+        log.info("removed %d ring files of llft controllers that died without removing them", removed)
+    return removed
