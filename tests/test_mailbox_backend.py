@@ -20,9 +20,8 @@ class Ring:
         self.chunks: list[bytes] = []
         self.dead = False
 
-    def feed(self, chunk: bytes, timeout_ms: int) -> bool:
+    def give(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
-        return True
 
     def alive(self) -> bool:
         return not self.dead

@@ -14,14 +14,13 @@ from collections import deque
 
 from llft.cluster import priority
 from llft.cluster.payload import records_blob
-from llft.determinizer.streams import BackupSink
+from llft.determinizer.streams import WRITE_TIMEOUT_MS, BackupSink
 from llft.native import ROLE_PRIMARY, StreamError, split_groups
 
 log = logging.getLogger("llft.records")
 
 READ_SLOTS = 4097 * 2     # room for the largest record group
 BLOB_BYTES = 4096         # ordering information per blob (messaging piggybacks up to 8 KiB per message)
-WRITE_TIMEOUT_MS = 100
 PROMOTION_POLL_S = 0.0005
 SHIP_DELAY_S = 0.001      # the thread ships what no message asked for this much later
 

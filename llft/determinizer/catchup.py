@@ -13,12 +13,11 @@ import logging
 import threading
 import time
 
-from llft.determinizer.streams import SavedStreamWriter, read_frames
+from llft.determinizer.streams import WRITE_TIMEOUT_MS, SavedStreamWriter, read_frames
 from llft.native import StreamError, count_groups
 
 log = logging.getLogger("llft.catchup")
 
-WRITE_TIMEOUT_MS = 100
 
 
 class CatchUpFeeder(threading.Thread):

@@ -17,6 +17,8 @@ from llft.native import REC_SIZE, ROLE_PRIMARY, StreamError, StreamFile, count_g
 
 log = logging.getLogger("llft.streams")
 
+WRITE_TIMEOUT_MS = 100   # each wait for room in a backup's ring, re-checking that it lives
+
 SAVED_MAGIC = b"LLFTSTRM"
 SAVED_VERSION = 1
 _FRAME = struct.Struct("<I")
@@ -174,6 +176,12 @@ class BackupSink:
         if not self.dead:
             self.delivered += count_groups(chunk)
         return not self.dead
+
+    def give(self, chunk: bytes) -> None:
+        """feed() as an ordering backend does it: a replica found gone is
+        said once, and gets nothing more."""
+        if not self.dead and not self.feed(chunk, WRITE_TIMEOUT_MS):
+            log.info("replica %d is gone; no longer feeding it", self.replica)
 
 
 def _ring_dir(directory: str | None = None) -> str:

@@ -3,13 +3,7 @@ ring, and the pump writes each chunk straight into every backup's ring
 (shared memory), in the pump's own thread."""
 from __future__ import annotations
 
-import logging
-
 from llft.ordering.backend import RecordOrdering
-
-log = logging.getLogger("llft.ordering")
-
-WRITE_TIMEOUT_MS = 100
 
 
 class RingFeed(RecordOrdering):
@@ -30,8 +24,7 @@ class RingFeed(RecordOrdering):
         while self._pending:
             chunk, sinks = self._pending.pop(0)
             for sink in sinks:
-                if not sink.dead and not sink.feed(chunk, WRITE_TIMEOUT_MS):
-                    log.info("replica %d is gone; no longer feeding it", sink.replica)
+                sink.give(chunk)
 
     def remove(self, sink, crashed: bool) -> None:
         if sink in self._sinks:

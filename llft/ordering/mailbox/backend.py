@@ -28,7 +28,7 @@ from llft.ordering.mailbox.config import Timing
 from llft.ordering.mailbox.mailbox import AllCopiesCrashed, Mailbox
 from llft.ordering.mailbox.protocol1 import Receiver1
 from llft.ordering.mailbox.protocol2 import Receiver2
-from llft.ordering.mailbox.segment import MailboxFull
+from llft.ordering.mailbox.segment import MailboxFull, MemoryCrashed
 from llft.ordering.mailbox.steps import Clock, Stopped, run
 
 log = logging.getLogger("llft.ordering")
@@ -43,7 +43,6 @@ MESSAGE_BYTES = 320 * 1024   # a whole pump chunk (4096 slots of 64 bytes) and i
 SLOTS = 48
 RECEIVER_SLOTS = 32
 _CHUNK = struct.Struct("<QI")   # a chunk's number and length, before its bytes
-WRITE_TIMEOUT_MS = 100
 
 
 class _Member:
@@ -145,7 +144,7 @@ class MailboxOrdering(RecordOrdering):
             try:
                 with c.step():
                     pass
-            except Exception:
+            except MemoryCrashed:
                 failed += 1
         return dict(self.stats, backend="mailbox", copies=self.copies, protocol=self.protocol,
                     copies_failed=failed, name=self.mailbox_name, directory=self.directory)
@@ -262,8 +261,8 @@ class MailboxOrdering(RecordOrdering):
                 m.early[seq] = data[at:at + n]
             at += n
         while m.next_seq in m.early and not m.sink.dead:
-            if not m.sink.feed(m.early.pop(m.next_seq), WRITE_TIMEOUT_MS):
-                log.info("replica %d is gone; no longer feeding it", m.sink.replica)
+            m.sink.give(m.early.pop(m.next_seq))
+            if m.sink.dead:
                 break
             with self._lock:
                 m.next_seq += 1

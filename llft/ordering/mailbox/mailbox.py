@@ -4,6 +4,7 @@ process visits them (§4.2), its timing, its pid and clock, and Send
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from llft.ordering.mailbox.config import Timing
 from llft.ordering.mailbox.segment import (BOTTOM, NO_DFLAG, Copy, Entry, MemoryCrashed,
@@ -36,25 +37,29 @@ class Mailbox:
         intact copy holds the message.  ts: when the Send started, if
         before this call (the clock is read here otherwise)."""
         ts = ts or Timestamp(self.clock.now(), self.pid)
-        for c in self.copies:
-            try:
-                with c.step():
-                    flags = [BOTTOM if r.eligible(ts) else NO_DFLAG for r in c.receivers()]
-                    c.insert(self.pid, ts, data, flags)
-            except MemoryCrashed:
-                pass
-            yield STEP
-        for c in self.copies:
-            try:
-                with c.step():
-                    e = c.find(ts)
-                    if e is not None:
-                        e.a_flag = 1
-                        c.put(e)
-            except MemoryCrashed:
-                pass
-            yield STEP
+
+        def write(c: Copy) -> None:
+            c.insert(self.pid, ts, data, [BOTTOM if r.eligible(ts) else NO_DFLAG for r in c.receivers()])
+
+        def available(c: Copy) -> None:
+            e = c.find(ts)
+            if e is not None:
+                e.a_flag = 1
+                c.put(e)
+        yield from self.in_every_copy(write)
+        yield from self.in_every_copy(available)
         return ts
+
+    def in_every_copy(self, change: Callable[[Copy], None]) -> Protocol[None]:
+        """change(copy) as one atomic step on each intact copy, in the
+        copies' order, with a scheduling point after each."""
+        for c in self.copies:
+            try:
+                with c.step():
+                    change(c)
+            except MemoryCrashed:
+                pass
+            yield STEP
 
     def first_data(self, ts: Timestamp) -> bytes:
         """The message's data, read from the first intact copy."""
@@ -80,17 +85,13 @@ class Mailbox:
         """Set this receiver's d-flag in every intact copy, removing the
         message from a copy where every d-flag is then set (check and
         remove in one step)."""
-        for c in self.copies:
-            try:
-                with c.step():
-                    e = c.find(ts)
-                    if e is not None:
-                        e.dflags[slot] = decision
-                        c.put(e)
-                        self.collect(c, e)
-            except MemoryCrashed:
-                pass
-            yield STEP
+        def done(c: Copy) -> None:
+            e = c.find(ts)
+            if e is not None:
+                e.dflags[slot] = decision
+                c.put(e)
+                self.collect(c, e)
+        yield from self.in_every_copy(done)
 
     def collect(self, c: Copy, e: Entry) -> bool:
         """Inside a step on c: remove e if every receiver is done with it."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from llft.ordering.mailbox.mailbox import AllCopiesCrashed, Mailbox
 from llft.ordering.mailbox.segment import (BOTTOM, NEVER, R_ACTIVE, R_CRASHED, R_FREE, R_LEFT, Copy,
                                            MemoryCrashed, Receiver)
-from llft.ordering.mailbox.steps import STEP, Protocol
+from llft.ordering.mailbox.steps import Protocol
 
 
 def _free_slot(mb: Mailbox) -> int:
@@ -27,23 +27,12 @@ def _free_slot(mb: Mailbox) -> int:
     raise AllCopiesCrashed("every copy of the mailbox has failed")
 
 
-def _in_every_copy(mb: Mailbox, change) -> Protocol[None]:
-    """change(copy) as one step on each intact copy, in the copies' order."""
-    for c in mb.copies:
-        try:
-            with c.step():
-                change(c)
-        except MemoryCrashed:
-            pass
-        yield STEP
-
-
 def join(mb: Mailbox) -> Protocol[tuple[int, int]]:
     """Add this process as a receiver: (its slot, its entry time)."""
     t = mb.timing
     slot = _free_slot(mb)
     entry = mb.clock.now() + t.delta_j + t.epsilon
-    yield from _in_every_copy(mb, lambda c: c.set_receiver(Receiver(slot, R_ACTIVE, mb.pid, entry, NEVER)))
+    yield from mb.in_every_copy(lambda c: c.set_receiver(Receiver(slot, R_ACTIVE, mb.pid, entry, NEVER)))
     return slot, entry
 
 
@@ -58,7 +47,7 @@ def leave(mb: Mailbox, slot: int) -> Protocol[int]:
         r = c.receiver(slot)
         r.exit = exit_time
         c.set_receiver(r)
-    yield from _in_every_copy(mb, set_exit)
+    yield from mb.in_every_copy(set_exit)
     return exit_time
 
 
@@ -82,4 +71,4 @@ def _retire(mb: Mailbox, slot: int, state: int) -> Protocol[None]:
                 e.dflags[slot] = 0
                 c.put(e)
             mb.collect(c, e)
-    yield from _in_every_copy(mb, retire)
+    yield from mb.in_every_copy(retire)
