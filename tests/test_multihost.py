@@ -732,6 +732,42 @@ def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(clu
     survivors_agree_and_end(cluster, [0, 1], 220)
 
 
+def test_a_newcomers_state_goes_to_it_alone(cluster, examples):
+    """The state a newcomer is admitted with (here 4 MB of history) goes
+    to the newcomer alone, over TCP: a backup already in the group gets
+    the small AcceptBackup, not the state (multicast, the state's
+    fragments kept every member's loop busy past its fault timeout).  The
+    newcomer replays it and agrees with the others."""
+    program = [examples / "kv_server", PROGRAM_PORT]
+    cluster.start_members(2, program)
+    cluster.start_gateway(3)
+    value = "v" * 1000
+    c = cluster.client()
+    for batch in range(20):
+        assert c.lines([f"SET big{batch}-{j} {value}" for j in range(200)])[0] == ["OK"] * 200
+    c.close()
+    backup = cluster.members[1][1]
+
+    def received():
+        return cluster.status(backup)["messaging"]["counters"]["rx_bytes"]
+
+    numbering_agrees(cluster, [0, 1])
+    before = received()
+    while True:   # until only Heartbeats arrive
+        time.sleep(0.5)
+        now = received()
+        if now - before < 50_000:
+            break
+        before = now
+    cluster.start_member(2, program)
+    cluster.wait_members(3)
+    numbering_agrees(cluster, [0, 1, 2])
+    during = received() - before
+    assert during < 1_000_000, f"the backup received {during} bytes while a 4 MB state was handed over"
+    writes_then_reads(cluster, "after", 20)
+    survivors_agree_and_end(cluster, [0, 1, 2], 4020)
+
+
 KILLS_IN_A_ROW = 20
 
 

@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 log = logging.getLogger("llft.history")
 
-DEFAULT_LIMIT = 32 << 20   # below messaging's 64 MiB reassembly bound, which an AcceptBackup must fit
+DEFAULT_LIMIT = 32 << 20   # at every member, in memory
 REQUEST_OVERHEAD = 64      # a kept request's tuple and list slot, roughly
 # Past the limit, what is dropped is freed this many items per entry added:
 # freeing it all at once (300,000 objects) held the event loop for 40 ms and

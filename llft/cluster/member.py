@@ -156,7 +156,7 @@ class HostMember:
     # -- joining -----------------------------------------------------------
     def _datagram(self, data: bytes, addr) -> None:
         if self.joiner is not None:
-            self.joiner.datagram(data)
+            self.joiner.datagram(data, addr)
         elif self.ep is not None:   # (not before the first membership begins)
             requests = self.ep.counters["rx_request"]
             self.ep.datagram_received(data, addr)
@@ -274,7 +274,8 @@ class HostMember:
     # -- the primary's side ------------------------------------------------
     def _become_primary(self):
         self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed,
-                                   remove=lambda m, why: self.removal.remove([m], why))
+                                   remove=lambda m, why: self.removal.remove([m], why),
+                                   interface=self.opts.interface)
         self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed,
                                      admitting=self.admission.unacknowledged_by_newcomers)
 
@@ -289,8 +290,7 @@ class HostMember:
         return base + max(o.fault_step, base) * len(self.ep.view.backups())
 
     def _removed(self, members: list[int], why: str):
-        for entry in self.admission.pending.values():   # nobody waits for their acknowledgments
-            entry[2].difference_update(members)
+        self.admission.forget(members)
         self.view_notice.forget(members)
         self._view_changed()
 
@@ -829,6 +829,10 @@ class HostMember:
             self.replica.kill()
 
     def cleanup(self):
+        admission = getattr(self, "admission", None)
+        if admission is not None:
+            admission.close()   # its port, and the states it offers
+            self.admission = None
         shipper = getattr(self, "shipper", None)
         if shipper is not None and self.source is None:
             shipper.cancel()

@@ -7,22 +7,24 @@ backup until the primary accepts it; if nobody is there after
 `found_after` seconds, it founds the group as its primary.  The primary
 gives each new member the next precedence (never reused), adds it to the
 view and multicasts AcceptBackup with the new membership, so every member
-learns of it, plus the state the newcomer needs: the primary's ordering
-information so far (the OrderInfo records since its program started; the
-program itself restarts from the beginning at the newcomer and replays
-them).  Client input is not part of that state, so a member may join only
-while no client has connected yet; a later joiner needs the checkpoints of
-state transfer, and is refused with a clear reason.
+learns of it.  The state the newcomer needs (every ordering entry since
+its program started, which it replays from the beginning, and each client
+connection's input so far) goes to the newcomer alone, over TCP
+(state_transfer.py): AcceptBackup only says where to fetch it.
 
 Membership messages are unreliable datagrams: AcceptBackup is repeated
-until the newcomer acknowledges it, at most `max_count` times."""
+until every backup acknowledges it, for as long as the newcomer may take
+to fetch its state (`admission_deadline`)."""
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import msgpack
 
 from llft import wire
+from llft.cluster.state_transfer import StateOffers, StateTransferError, fetch_state
 from llft.messaging.fragments import Codec
 from llft.messaging.ids import View
 from llft.wire import MsgType
@@ -30,16 +32,15 @@ from llft.wire import MsgType
 log = logging.getLogger("llft.membership")
 
 RETRY_S = 0.05
-MAX_COUNT = 40
-REPEAT_BYTES_PER_S = 4 << 20
+ACK_WAIT_S = 2.0            # for the acknowledgments, beyond the newcomer's fetch of its state
+STATE_BYTES_PER_S = 1 << 20  # a slow link's pace, for that fetch
+STATE_TIMEOUT_S = 60.0      # the newcomer's own bound on one fetch
 
 
-def repeat_interval(data: bytes) -> float:
-    """A large AcceptBackup (the state: megabytes) is repeated no faster than
-    every member can take it in: repeats every RETRY_S kept the members'
-    event loops busy with its fragments, and a backup behind on its socket
-    suspected a primary that was only slow to be heard."""
-    return max(RETRY_S, len(data) / REPEAT_BYTES_PER_S)
+def admission_deadline(now: float, state_size: int) -> float:
+    """The newcomer acknowledges once its state is here and its program
+    started; a member that has not by then is removed."""
+    return now + ACK_WAIT_S + state_size / STATE_BYTES_PER_S
 
 
 class JoinRefused(Exception):
@@ -94,7 +95,7 @@ class Joiner:
         self.answer: asyncio.Future | None = None
         self.seen_admissions: list = []
 
-    def datagram(self, data: bytes) -> None:
+    def datagram(self, data: bytes, addr) -> None:
         ep = self.ep
         r = self.codec.decode(data, ep.clock.now())
         if r is None:
@@ -107,32 +108,43 @@ class Joiner:
         elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict):
             if msg.body.get("member") == ep.me:
                 if self.answer and not self.answer.done():
-                    self.answer.set_result(msg.body)
+                    self.answer.set_result((msg.body, addr))
             else:
                 # Another newcomer's admission: ours to follow once we are in.
-                # (A large message repeated byte for byte is decoded once.)
                 self.seen_admissions.append(msg)
 
     async def join(self) -> Joined | None:
         """The membership we joined, or None if we found the group."""
         loop = asyncio.get_running_loop()
-        self.answer = loop.create_future()
         start = loop.time()
-        while not self.answer.done():
-            waited = loop.time() - start
-            if not self.group_seen and waited >= self.found_after:
-                return None
-            if waited >= self.give_up_after:
-                raise JoinRefused(f"the group's primary did not accept us within {self.give_up_after:g} s")
-            if self.group_seen:
-                self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me})
-            await asyncio.wait([self.answer], timeout=RETRY_S)
-        body = self.answer.result()
-        if body.get("refused"):
-            raise JoinRefused(str(body["refused"]))
+        while True:
+            self.answer = loop.create_future()
+            while not self.answer.done():
+                waited = loop.time() - start
+                if not self.group_seen and waited >= self.found_after:
+                    return None
+                if waited >= self.give_up_after:
+                    raise JoinRefused(f"the group's primary did not accept us within {self.give_up_after:g} s")
+                if self.group_seen:
+                    self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me})
+                await asyncio.wait([self.answer], timeout=RETRY_S)
+            body, addr = self.answer.result()
+            if body.get("refused"):
+                raise JoinRefused(str(body["refused"]))
+            try:
+                state = await fetch_state(addr[0], body.get("state"), STATE_TIMEOUT_S)
+            except StateTransferError as e:
+                # The primary repeats AcceptBackup while the admission is
+                # pending (and admits us afresh once it gave up): try again.
+                log.warning("admitted, but the state did not arrive: %s; trying again", e)
+                continue
+            return self._joined(body, state)
+
+    def _joined(self, body: dict, state: bytes) -> Joined:
         try:
             view = parse_view(self.ep.group, body.get("view"))
-            history, conns = body["history"], body.get("conns", [])
+            state = msgpack.unpackb(state, raw=False, strict_map_key=False, use_list=True)
+            history, conns = state["history"], state.get("conns", [])
             if not isinstance(history, list) or not all(
                     isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and isinstance(h[1], bytes)
                     for h in history):
@@ -141,24 +153,34 @@ class Joiner:
                     isinstance(c, list) and len(c) == 6 and all(isinstance(x, int) for x in c[:5])
                     and isinstance(c[5], list) for c in conns):
                 raise TypeError("conns")
-            settling_s = max(int(body.get("settling_ms", 0)), 0) / 1000
-            return Joined(view, int(body["index"]), int(body["oseq"]), history, conns, settling_s)
-        except (KeyError, TypeError, ValueError, wire.DropError) as e:
-            raise JoinRefused(f"the primary's AcceptBackup is malformed: {e}") from None
+            settling_s = max(int(state.get("settling_ms", 0)), 0) / 1000
+            return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s)
+        except (KeyError, TypeError, ValueError, wire.DropError, msgpack.UnpackException) as e:
+            raise JoinRefused(f"the primary's AcceptBackup or state is malformed: {e}") from None
+
+
+@dataclass
+class _Pending:
+    """An admission the primary repeats until every backup acknowledged it."""
+    data: bytes                       # the encoded AcceptBackup
+    offer: dict                       # where the newcomer fetches its state
+    waiting: set = field(default_factory=set)   # backups yet to acknowledge
+    due: float = 0.0                  # next repeat
+    deadline: float = 0.0             # admission_deadline
 
 
 class Admission:
     """At the primary: accepts new members (ProposeBackup -> AcceptBackup)."""
 
-    def __init__(self, ep, history, serving, on_change, remove):
+    def __init__(self, ep, history, serving, on_change, remove, interface: str):
         self.ep = ep
-        self.state = history            # fn() -> {"oseq", "history", "conns"}: what a newcomer needs
+        self.state = history            # fn() -> {"oseq", "history", "conns", ...}: what a newcomer needs
         self.serving = serving          # fn() -> str | None: why nobody may join now
         self.on_change = on_change      # fn(): the view changed
         self.remove = remove            # fn(member, why): RemoveBackup
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
-        # member -> [encoded AcceptBackup, sends, members yet to acknowledge, next repeat]
-        self.pending: dict[int, list] = {}
+        self.pending: dict[int, _Pending] = {}
+        self.offers = StateOffers(interface, ep.drops)
 
     def on_message(self, msg) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
@@ -170,11 +192,11 @@ class Admission:
             self._propose(member)
         elif msg.TYPE == MsgType.ACCEPT_BACKUP_ACK:
             entry = self.pending.get(body.get("for"))
-            if entry is not None and member in entry[2]:
-                entry[2].discard(member)
+            if entry is not None and member in entry.waiting:
+                entry.waiting.discard(member)
                 log.info("member %d acknowledged the admission of %d", member, body.get("for"))
-                if not entry[2]:
-                    del self.pending[body["for"]]
+                if not entry.waiting:
+                    self._done(body["for"])
 
     def _propose(self, member: int) -> None:
         if member in self.pending:
@@ -187,48 +209,67 @@ class Admission:
             log.warning("member %d asked to join: refused, %s", member, why)
             self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": why})
             return
+        try:
+            self.offers.open()
+        except OSError as e:
+            log.error("member %d asked to join: refused, no port to hand it its state on: %s", member, e)
+            self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": f"the primary has no "
+                                                            f"port to hand over the state on ({e})"})
+            return
         precedence = self.next_precedence
         self.next_precedence += 1
         state = self.state()
+        offer = self.offers.offer(msgpack.packb(state, use_bin_type=True))
         view.precedences[member] = precedence
-        body = {"member": member, "index": precedence - 1, "view": view_body(view), **state}
-        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB of records, "
-                    "%d client connections", member, precedence, precedence - 1,
-                    sum(len(b) for _k, b in state["history"]) // 1024, len(state["conns"]))
+        body = {"member": member, "index": precedence - 1, "view": view_body(view), "state": offer}
+        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%d client "
+                    "connections), offered on port %d", member, precedence, precedence - 1,
+                    offer["size"] // 1024, len(state["conns"]), offer["port"])
         self.on_change()
         data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
         # every backup must acknowledge
-        self.pending[member] = [data, 1, set(view.backups()), self.ep.clock.now() + repeat_interval(data)]
+        now = self.ep.clock.now()
+        self.pending[member] = _Pending(data, offer, set(view.backups()), due=now + RETRY_S,
+                                        deadline=admission_deadline(now, offer["size"]))
+
+    def _done(self, member: int) -> None:
+        self.offers.withdraw(self.pending.pop(member).offer)
 
     def unacknowledged_by_newcomers(self) -> list[int]:
         """Members admitted whose AcceptBackup has not reached them yet."""
-        return [m for m, entry in self.pending.items() if m in entry[2]]
+        return [m for m, entry in self.pending.items() if m in entry.waiting]
+
+    def forget(self, members: list[int]) -> None:
+        """Members removed: nobody waits for their acknowledgments."""
+        for entry in self.pending.values():
+            entry.waiting.difference_update(members)
 
     def tick(self) -> None:
         now = self.ep.clock.now()
         for member, entry in list(self.pending.items()):
-            data, sends, waiting, due = entry
             if member in self.ep.backup_reports:
-                # Its Heartbeats show it joined: its acknowledgment was lost
-                # (it sends one, and repeats of a large AcceptBackup it has
-                # decoded do not reach it again).  Removing it anyway left a
-                # member the primary no longer counted: the group watermark
-                # freed the client messages it lacked and it starved.
-                waiting.discard(member)
-            if not waiting:
-                del self.pending[member]
+                # Its Heartbeats show it joined: its acknowledgment was lost.
+                # Removing it anyway left a member the primary no longer
+                # counted: the group watermark freed the client messages it
+                # lacked and it starved.
+                entry.waiting.discard(member)
+            if not entry.waiting:
+                self._done(member)
                 continue
-            if now < due:
-                continue   # AcceptBackup carries the state: not every tick
-            if sends >= MAX_COUNT:
-                del self.pending[member]
-                if member in waiting:
+            if now < entry.due:
+                continue
+            if now >= entry.deadline:
+                self._done(member)
+                if member in entry.waiting:
                     self.remove(member, "never acknowledged its admission")
                 else:
-                    log.warning("members %s did not acknowledge the admission of %d", sorted(waiting), member)
+                    log.warning("members %s did not acknowledge the admission of %d", sorted(entry.waiting), member)
                 continue
-            entry[1], entry[3] = sends + 1, now + repeat_interval(data)
-            self.ep.resend(data, MsgType.ACCEPT_BACKUP)
+            entry.due = now + RETRY_S
+            self.ep.resend(entry.data, MsgType.ACCEPT_BACKUP)
+
+    def close(self) -> None:
+        self.offers.close()
 
 
 def follow(ep, msg, on_change) -> None:

@@ -19,6 +19,7 @@ class InboundMixin:
         """The receive loop's only entry point: never raises on bad input."""
         if self.closed:
             return
+        self.counters["rx_bytes"] += len(datagram)
         r = self.codec.decode(datagram, self.clock.now())
         if r is None:
             return
