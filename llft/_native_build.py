@@ -58,6 +58,7 @@ ffibuilder.cdef("""
         char div_where[1536];
         uint32_t refused;
         uint32_t serial_steals;
+        char div_before[768];
         ...;
     } llft_ctl_t;
 

@@ -218,6 +218,12 @@ class StreamFile:
         return ffi.string(self.ctl.div_where).decode(errors="replace")
 
     @property
+    def divergence_before(self) -> str:
+        """The diverged thread's calls just before, as the primary recorded
+        them, newest first, a call per line."""
+        return ffi.string(self.ctl.div_before).decode(errors="replace")
+
+    @property
     def refused(self) -> bool:
         """A process of the replica did what llft cannot replicate
         (divergence says what): the group must stop."""

@@ -153,12 +153,16 @@ class Replica:
     def report_divergence(self) -> tuple[str, Path]:
         """What stopped this backup, kept in its dir (divergence.txt) with
         its backtrace, whatever the program did with its stderr."""
+        before = ""
         if self.stream.diverged:
             what, where = self.stream.divergence, self.stream.divergence_where
+            before = self.stream.divergence_before
         else:
             what, where = f"exited with status {self.status} while its primary ran (see its stderr)", ""
         report = self.out_dir / "divergence.txt"
-        report.write_text(what + ("\n\nwhere the backup was (innermost first):\n" + where if where else "\n"))
+        report.write_text(what + ("\n\nwhere the backup was (innermost first):\n" + where if where else "\n")
+                          + ("\nthis thread's calls before it, as the primary recorded them (newest first):\n"
+                             + before if before else ""))
         return what, report
 
     def signal(self, sig: int):

@@ -172,6 +172,29 @@ static void where_into(char *out, size_t cap, void *const *frames, int n)
     }
 }
 
+/* A backup thread's calls before the one it diverged at, as the primary
+ * recorded them, newest first, a line each: what led there. */
+static void calls_before(const struct llft_thread *t, const llft_rec_t *got, char *out, size_t cap)
+{
+    llft_rec_t recent[12];
+    int n = llft_replay_recent(t, recent, 12);
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const llft_rec_t *r = &recent[i];
+        if (got && r->tn >= got->tn)
+            continue; /* the record in hand, or one after it */
+        int w = snprintf(out + len, cap - len, "#%u %s (object %#llx, turn %llu, result %lld)\n", r->tn,
+                         llft_op_name(r->op), (unsigned long long)r->obj, (unsigned long long)r->turn,
+                         (long long)r->ret);
+        if (w < 0 || (size_t)w >= cap - len) {
+            out[len] = 0;
+            break;
+        }
+        len += (size_t)w;
+    }
+}
+
 void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_t *got,
                   int exit_code, const char *fmt, ...)
 {
@@ -192,6 +215,8 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     else
         snprintf(text, sizeof text, "replica %u thread %u call #%u (%s): %s", c ? c->replica : 0,
                  t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op), what);
+    char before[sizeof c->div_before];
+    calls_before(t, got, before, sizeof before);
     if (c) {
         uint32_t zero = 0;
         if (__atomic_compare_exchange_n(&c->diverged, &zero, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
@@ -200,6 +225,7 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
             c->div_want_op = want_op;
             c->div_got_op = got ? got->op : 0;
             memcpy(c->div_text, text, sizeof c->div_text - 1);
+            memcpy(c->div_before, before, sizeof c->div_before - 1);
         }
     }
     llft_log("llft: %s: %s", exit_code == LLFT_EXIT_DIVERGED ? "divergence" : "incomplete record stream", text);
@@ -209,6 +235,10 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     where_into(where, sizeof where, frames, n);
     llft_log("llft: where the backup was (innermost first):");
     write_all(2, where, strlen(where));
+    if (before[0]) {
+        llft_log("llft: this thread's calls before it, as the primary recorded them (newest first):");
+        write_all(2, before, strlen(before));
+    }
     if (c)
         memcpy(c->div_where, where, sizeof c->div_where);
     llft_exit_now(exit_code);

@@ -246,6 +246,8 @@ typedef struct llft_ctl {
                                    * says what): the controller stops the group (llft_refuse) */
     uint32_t serial_steals;       /* --serialize: turns taken from a thread that ran on without giving
                                    * its turn up (serialize.c) */
+    char     div_before[768];     /* the diverged thread's calls just before, as the primary recorded
+                                   * them, newest first, a call per line (divergence.txt) */
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

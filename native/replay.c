@@ -541,6 +541,22 @@ int llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out)
     return llft_replay_next(t, op, out);
 }
 
+/* For a divergence report: up to max of the calls this thread replayed
+ * last, newest first (the record in hand among them, when consumed):
+ * what is left of them in its queue's current chunk, read back, data
+ * slots skipped.  Nothing on the replay path keeps them for this. */
+int llft_replay_recent(const struct llft_thread *t, llft_rec_t *out, int max)
+{
+    const struct tqueue *q = t ? t->q : NULL;
+    if (!q || !q->rd_chunk)
+        return 0;
+    int n = 0;
+    for (int i = (int)q->rd - 1; i >= 0 && n < max; i--)
+        if (q->rd_chunk->recs[i].op != LLFT_OP_DATA)
+            out[n++] = q->rd_chunk->recs[i];
+    return n;
+}
+
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
 {
     llft_rec_t slot;

@@ -158,6 +158,7 @@ int  llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out);
  * record stays) when it is another. */
 #define LLFT_NOT_NEXT 2
 int  llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out);
+int  llft_replay_recent(const struct llft_thread *t, llft_rec_t *out, int max);
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len);
 struct turnstile;
 struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e);

@@ -118,6 +118,9 @@ def test_a_backup_diverging_mid_run_is_reported_at_once(examples, tmp_path, clos
     assert "replica 1 (backup) diverged" in log_text and "2 replicas left" in log_text
     report = (group.run_dir / "replica-1" / "divergence.txt").read_text()
     assert "gettimeofday" in report and "where the backup was" in report and "#0 " in report, report
+    # What led there: the thread's calls before, as the primary recorded them.
+    before = report.split("calls before it, as the primary recorded them (newest first):\n")[1].splitlines()
+    assert "pthread_mutex_lock" in before[0] and any(" read " in c for c in before), report
     if close_stderr:
         assert "divergence" not in (group.run_dir / "replica-1" / "stderr").read_text(), "its stderr was closed"
     members = {m["index"]: m for m in status(group.run_dir)["members"]}

@@ -103,3 +103,19 @@ def test_a_primary_gone_before_the_fetch_is_an_error_not_a_hang():
             await fetch_state("127.0.0.1", desc, 5)
 
     run(go())
+
+
+def test_closed_offers_leave_no_port_open():
+    async def go():
+        offers, desc = await offered(b"x")
+        await asyncio.sleep(0.01)
+        offers.close()
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", desc["port"])
+        offers.open()                       # the next admission listens again
+        again = offers.offer(b"y" * 10)
+        got = await fetch_state("127.0.0.1", again, 5)
+        offers.close()
+        return got
+
+    assert run(go()) == b"y" * 10

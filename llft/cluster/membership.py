@@ -234,6 +234,8 @@ class Admission:
 
     def _done(self, member: int) -> None:
         self.offers.withdraw(self.pending.pop(member).offer)
+        if not self.pending:
+            self.offers.close()   # no port open while nobody is being admitted
 
     def unacknowledged_by_newcomers(self) -> list[int]:
         """Members admitted whose AcceptBackup has not reached them yet."""
