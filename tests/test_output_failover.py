@@ -258,6 +258,72 @@ def test_a_live_old_primary_is_not_heard_once_the_gateway_knows_the_new_view():
         "the old primary sent nothing after the view change: the test no longer exercises it"
 
 
+def view_answer(clock, new, view) -> dict:
+    """The gateway's answer to `new`'s NewPrimaryView for `view` (after
+    the answers to earlier ones, multicast to every member, have arrived)."""
+    clock.run_until(clock.now() + 0.05, lambda: False)
+    answers = []
+
+    def event(name, info):
+        msg = info.get("msg")
+        if name == "membership-message" and msg is not None and msg.TYPE == MsgType.NEW_PRIMARY_VIEW_ACK \
+                and msg.src_group == GW:
+            answers.append(msg.body)
+    new.on_event = event
+    new_primary_view(new, GW, view)
+    assert clock.run_until(clock.now() + 1.0, lambda: answers)
+    return answers[0]
+
+
+def split_without_the_primary(clock, net, servers, produced):
+    """The primary fails, and its two backups cannot hear each other (the
+    gateway hears both): each takes over in view 2, the second with the
+    higher precedence."""
+    net.members[SRV].remove(servers[0].datagram_received)
+    servers[0].close()
+    produced["by"] = [1, 2]
+    net.policy.targets.append(message_matches(lambda m: m.src_group == SRV and m.dst_group == SRV))
+    return (View(SRV, primary=servers[1].me, precedences={servers[1].me: 2}, pvn=2),
+            View(SRV, primary=servers[2].me, precedences={servers[2].me: 3}, pvn=2))
+
+
+def test_the_other_side_of_a_split_is_refused_once_one_side_served():
+    """Two backups that could not hear each other both took over in view 2.
+    Once the gateway took replies from the first, the second (of higher
+    precedence, whose view does not descend from the first's) is refused:
+    following it, the gateway gave its clients answers it never knew of
+    (acknowledged operations lost and repeated).  The first side goes on."""
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+    backups_cut_where_the_primary_did(servers, outboxes, streams)
+    produced = run_program(clock, streams, cid, CHUNKS)
+    assert clock.run_until(5.0, lambda: produced["n"] >= CHUNKS // 4)
+    first, second = split_without_the_primary(clock, net, servers, produced)
+    goes_on_as_primary(servers[1], first, outboxes[1], streams[1], cid, gateway_has(clock, servers[1], first))
+    assert clock.run_until(clock.now() + 5.0, lambda: gateway.ep.remote_anchor[SRV] == (2, 2)), \
+        "the first new primary's replies never came"
+    assert view_answer(clock, servers[2], second) == {"refused": [2, 2]}
+    assert gateway.ep.remote_views[SRV] == (2, 2) and gateway.ep.drops["competing-view"] == 1
+    gateway_got_exactly(clock, gateway, CHUNKS)
+
+
+def test_of_two_new_primaries_that_served_nobody_the_higher_is_followed():
+    """The same split, the second asking before the first served anything:
+    no client saw either, so the higher precedence wins, as it does among
+    the members once they hear each other, and its output is complete."""
+    clock, net, servers, gateway, cid, outboxes, streams = group_with_a_connection()
+    backups_cut_where_the_primary_did(servers, outboxes, streams)
+    produced = run_program(clock, streams, cid, CHUNKS)
+    assert clock.run_until(5.0, lambda: produced["n"] >= CHUNKS // 4)
+    first, second = split_without_the_primary(clock, net, servers, produced)
+    assert "refused" not in view_answer(clock, servers[1], first)
+    assert gateway.ep.remote_views[SRV] == (2, 2)
+    clock.run_until(clock.now() + 0.05, lambda: False)    # (the answer reaches every member)
+    recv_upto = gateway_has(clock, servers[2], second)
+    assert gateway.ep.remote_views[SRV] == (2, 3) and gateway.ep.drops["competing-view"] == 0
+    goes_on_as_primary(servers[2], second, outboxes[2], streams[2], cid, recv_upto)
+    gateway_got_exactly(clock, gateway, CHUNKS)
+
+
 def test_a_reply_reaches_the_gateway_only_with_the_records_made_before_it():
     """Output commit (Outbox.after_records): the primary's program made a
     record (which thread's connect became connection k, a lock's order, the

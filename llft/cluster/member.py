@@ -46,7 +46,7 @@ from llft.messaging.ids import ConnId, View
 from llft.cluster.view_notice import ViewNotice
 from llft.messaging.retire import RETIRED_DROP
 from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
-                                       parse_new_primary_view_ack, take_over)
+                                       parse_new_primary_view_ack, refusal_of, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.process_tree import end_orphans
 from llft.replica import Replica
@@ -141,6 +141,7 @@ class HostMember:
         self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
         self.primary_status: int | None = None   # backups: the primary program's exit status
         self.view_acks: dict[int, tuple] = {}   # new primary: NewPrimaryView answers by remote group
+        self.view_refusals: dict[int, tuple] = {}   # ...and refusals: the view each follows instead (lineage.py)
         self.view_answered = asyncio.Event()
         self.source: PrimarySource | None = None
         self.shipped = asyncio.Event()
@@ -421,8 +422,12 @@ class HostMember:
                 except Excluded as e:   # (a datagram callback: the serve loop leaves the group)
                     self.stepped_down = str(e)
             elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
+                refused = refusal_of(msg.body)
                 try:
-                    self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
+                    if refused is not None:
+                        self.view_refusals[msg.src_group] = refused
+                    else:
+                        self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
                     self.view_answered.set()
                 except wire.DropError as e:
                     self.ep.drops.count(e.reason)
@@ -687,8 +692,12 @@ class HostMember:
         start = loop.time()
         for _upto, first, blobs in acks.values():
             deliver_held_order(ep, first, blobs)
-        remotes = {c.remote for c in ep.conns.values()}
+        # Every remote group heard, not only those with connections open: one
+        # whose connections all ended took replies all the same (lineage.py).
+        remotes = {c.remote for c in ep.conns.values()} | {
+            g for g in ep.remote_heard if self._remote_alive(g, ep.clock.now())}
         self.view_acks.clear()
+        self.view_refusals.clear()
         asked = ep.clock.now()
         # Every remote group that is alive must answer: its clients may have
         # seen the effect of ordering information only it holds, and until
@@ -702,6 +711,12 @@ class HostMember:
                 await asyncio.wait_for(self.view_answered.wait(), 0.03)
             except asyncio.TimeoutError:
                 pass
+            if self.view_refusals:
+                g, (pvn, precedence) = next(iter(self.view_refusals.items()))
+                self.stepped_down = (f"group {g} took replies of view {pvn} from a primary of precedence "
+                                     f"{precedence}, which this member's view {view.pvn} does not descend from "
+                                     f"(the group split; its other side served clients)")
+                return
         bases, last_sent = {}, {}
         for g in remotes:
             if g not in self.view_acks:

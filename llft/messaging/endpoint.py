@@ -28,6 +28,7 @@ from llft.messaging.fragments import Codec
 from llft.messaging.ids import ConnId, View
 from llft.messaging.inbound import InboundMixin
 from llft.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
+from llft.messaging.lineage import Lineage
 from llft.messaging.ordering import OrderLog, OrderSequencer, Reflector, RemoteOrder
 from llft.messaging.periodic import PeriodicMixin
 from llft.messaging.retire import RETIRED_DROP, RetireMixin, Tombstones
@@ -45,6 +46,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
 
     def __init__(self, view: View, member: int, clock: Clock, transport, keyring,
                  config: Config | None = None, *, extra_groups=()):
+        self.lineage = Lineage()         # the views this member has been in (lineage.py)
         self.view = view
         self.group = view.group
         self.me = member
@@ -64,6 +66,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.sequencer = OrderSequencer()   # backups: ordering info received
         self.reflected = OrderSequencer()   # primary: own entries seen reflected back
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
+        self.remote_anchor: dict[int, tuple[int, int]] = {}  # group -> the view whose replies came last (lineage.py)
         self.remote_order: dict[int, RemoteOrder] = {}      # group -> its primary's ordering information held
         self._held_back: dict[int, set[Connection]] = {}    # group -> connections waiting for some of it
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
@@ -91,6 +94,15 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.closed = False
 
     # --- role ---------------------------------------------------------------
+
+    @property
+    def view(self) -> View:
+        return self._view
+
+    @view.setter
+    def view(self, view: View) -> None:
+        self._view = view
+        self.lineage.note(view.pvn, view.primary_precedence)
 
     @property
     def is_primary(self) -> bool:

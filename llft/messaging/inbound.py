@@ -5,8 +5,10 @@ from __future__ import annotations
 from llft import wire
 from llft.messaging.connection import Connection
 from llft.messaging.ids import conn_of
+from llft.messaging.lineage import may_follow, parse_lineage
 from llft.messaging.ordering import RemoteOrder
 from llft.messaging.recvside import RecvEntry
+from llft.messaging.viewchange import refuse_new_primary_view
 from llft.wire import APPLICATION_TYPES, DropError, DropReason, MsgType
 
 # Sent only by a primary; their timestamps and last_msn describe the
@@ -52,6 +54,7 @@ class InboundMixin:
         if t in APPLICATION_TYPES:
             if msg.msn == 0:
                 raise DropError(DropReason.MALFORMED, "application message without msn")
+            self.remote_anchor[msg.src_group] = (msg.pvn, msg.precedence)   # its replies came (lineage.py)
             self._on_application(c, msg, data)
         self._on_primary_header(c, msg)
         if t == MsgType.FIRST_ACK:
@@ -68,7 +71,14 @@ class InboundMixin:
         cur = self.remote_views.get(g)
         new = (msg.pvn, msg.precedence)
         if cur is None:
-            self.remote_views[g] = new
+            self.remote_views[g] = self.remote_anchor[g] = new
+        elif msg.TYPE == MsgType.NEW_PRIMARY_VIEW and new > cur \
+                and not may_follow(cur, self.remote_anchor.get(g, cur), new, parse_lineage(msg.body)):
+            # A primary whose view does not descend from the one whose
+            # replies came last: its clients saw what it never knew of.
+            refuse_new_primary_view(self, msg, self.remote_anchor.get(g, cur))
+            self.drops.count("competing-view")
+            return False
         elif new < cur:
             # An older view, or a primary of the same view that a primary of
             # higher precedence supersedes (two members that could not hear

@@ -140,7 +140,26 @@ def new_primary_view(ep, remote_group: int, view: View) -> None:
     ep._transmit(wire.make(MsgType.NEW_PRIMARY_VIEW, src_group=ep.group, dst_group=remote_group,
                            role=int(Role.SERVER), sender=ep.me, pvn=view.pvn,
                            precedence=view.primary_precedence, timestamp=ep._stamp(),
-                           body={"oupto": ep.sequencer.upto}))
+                           body={"oupto": ep.sequencer.upto,
+                                 "lineage": ep.lineage.of_new_view(view.pvn, view.primary_precedence)}))
+
+
+def refuse_new_primary_view(ep, msg, following: tuple[int, int]) -> None:
+    """Remote group: the primary of msg's view does not descend from the
+    view whose replies it took last, `following` (lineage.py)."""
+    ep._transmit(wire.make(MsgType.NEW_PRIMARY_VIEW_ACK, src_group=ep.group, dst_group=msg.src_group,
+                           role=int(Role.CLIENT), sender=ep.me, pvn=ep.view.pvn,
+                           precedence=ep.view.primary_precedence, timestamp=ep._stamp(),
+                           body={"refused": list(following)}))
+
+
+def refusal_of(body) -> tuple[int, int] | None:
+    """The view a NewPrimaryView answer says the remote group follows
+    instead, if it refused ours."""
+    r = body.get("refused") if isinstance(body, dict) else None
+    if isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r):
+        return r[0], r[1]
+    return None
 
 
 def answer_new_primary_view(ep, msg) -> None:
