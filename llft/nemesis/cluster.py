@@ -107,7 +107,19 @@ class Cluster:
                                        s["replicas"][0]["state"] == "running" for s in sts)
 
     def wait_whole(self, what: str):
-        self.wait(self.whole, what)
+        try:
+            self.wait(self.whole, what)
+        except GroupLost as e:
+            raise GroupLost(f"{e}{self._why_nobody_joins()}") from None
+
+    def _why_nobody_joins(self) -> str:
+        """A group that cannot regain strength says why, when its members know."""
+        for _, d in self.members.values():
+            h = (self.status(d) or {}).get("history") or {}
+            if h and not h.get("complete", True):
+                return (f"; no member can join: the group's history passed --history-limit "
+                        f"({h['limit'] >> 20} MiB), and joins replay it (checkpoints would lift this)")
+        return ""
 
     def primary_host(self) -> int:
         for host, (_, d) in self.members.items():
