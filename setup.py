@@ -12,6 +12,8 @@ PRELOAD_SOURCES = [
     "native/core.c",
     "native/record.c",
     "native/replay.c",
+    "native/turnstile.c",
+    "native/wait_order.c",
     "native/objtable.c",
     "native/ring.c",
     "native/wrap_time.c",
@@ -58,7 +60,7 @@ class BuildExtWithPreload(build_ext):
         tmp = os.path.join(self.build_temp, "preload")
         objects = cc.compile(PRELOAD_SOURCES, output_dir=tmp, extra_preargs=PRELOAD_CFLAGS,
                              depends=["native/llft_abi.h", "native/ring.h", "native/shim.h", "native/fdtable.h", "native/atomics.h",
-                                      "native/listeners.h", "native/channel.h"])
+                                      "native/listeners.h", "native/channel.h", "native/replay_queues.h"])
         out_dir = "llft" if self.inplace else os.path.join(self.build_lib, "llft")
         cc.link_shared_object(objects, os.path.join(out_dir, "libllft.so"),
                               libraries=["dl", "pthread"], extra_postargs=["-Wl,-z,now"])

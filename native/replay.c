@@ -8,9 +8,10 @@
  * Calls that take a turn on an object (lock acquisitions) also wait on that
  * object's turnstile until the previous turn is done, so acquisitions of one
  * lock happen in the primary's order while threads using different locks
- * run concurrently.  The shim's own locks are spinlocks: it never calls the
- * functions it wraps. */
-#include "shim.h"
+ * run concurrently (turnstile.c), and event-loop waits return after the
+ * calls the primary made before them (wait_order.c).  The shim's own locks
+ * are spinlocks: it never calls the functions it wraps. */
+#include "replay_queues.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@
 
 #include "atomics.h"
 
-static void *map_anon(size_t bytes, const char *what)
+void *llft_map_anon(size_t bytes, const char *what)
 {
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
@@ -33,15 +34,6 @@ static void *map_anon(size_t bytes, const char *what)
 }
 
 /* ---- chunk pool ----------------------------------------------------- */
-
-#define CHUNK_RECS 255
-struct qchunk {
-    struct qchunk *next;
-    uint32_t count;               /* records written (release-published) */
-    uint32_t _pad[13];
-    llft_rec_t recs[CHUNK_RECS];
-};
-
 /* The pool is one region reserved at start-up (pages are touched only as
  * used): mapping memory while replaying, whenever the dispatcher happens to
  * need it, would move the program's own later mappings, and programs let
@@ -76,7 +68,7 @@ static void chunk_free(struct qchunk *c)
     spin_unlock(&pool_lock);
 }
 
-/* ---- per-thread queues ---------------------------------------------
+/* ---- per-thread queues --------------------------------------------------
  * Slots of a fixed table, found from the thread id (tid & mask, then the
  * next ones): threads are numbered in creation order, one per client
  * connection in many servers, and an ended thread's slot is taken again
@@ -84,32 +76,14 @@ static void chunk_free(struct qchunk *c)
  * not every thread the program ever made.  An ended thread's slot says so
  * until it is taken again (a record for it then is a divergence). */
 
-#define QSLOTS (1u << 16)         /* threads alive at once, at most */
-#define QMASK (QSLOTS - 1)
-enum { Q_FREE = 0, Q_LIVE = 1, Q_DEAD = 2 };
-
-struct tqueue {
-    struct qchunk *rd_chunk;      /* consumer (the owning thread) */
-    uint32_t rd;
-    uint32_t state;
-    struct qchunk *wr_chunk;      /* producer (the dispatcher) */
-    uint64_t pushed;              /* slots the dispatcher queued for this thread */
-    uint64_t popped;              /* slots this thread has taken (calls it has started) */
-    uint64_t to_finish;           /* of those, calls that must end before a takeover (must_finish) */
-    uint64_t finished;            /* ...that this thread has ended (try_promote reads these) */
-    uint32_t tid;                 /* whose queue this slot is (state != Q_FREE) */
-    uint16_t gen;                 /* times the slot was taken: tells a later thread's from this one's */
-    uint16_t _pad;
-};
-
-static struct tqueue *queues;
-static uint32_t *live_slots;      /* slots of the live queues, in no order (dispatch lock) */
-static uint32_t nlive_slots;
+struct tqueue *llft_queues;
+uint32_t *llft_live_slots;        /* slots of the live queues, in no order (dispatch lock) */
+uint32_t llft_nlive_slots;
 static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
 static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (tid_bit) */
 static uint32_t wake_bits;        /* whom the records drain() moved are for (dispatch lock held) */
-static uint32_t stream_ended;
+uint32_t llft_stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
 static uint32_t max_tid;          /* highest thread id the primary used or created */
@@ -129,10 +103,10 @@ static inline uint32_t tid_bit(uint32_t tid) { return 1u << (tid & 31); }
 #define ALL_THREADS (~0u)
 
 /* tid's queue (live or ended), or NULL (dispatch lock held). */
-static struct tqueue *queue_find(uint32_t tid)
+struct tqueue *llft_queue_find(uint32_t tid)
 {
     for (uint32_t i = 0; i < QSLOTS; i++) {
-        struct tqueue *q = &queues[(tid + i) & QMASK];
+        struct tqueue *q = &llft_queues[(tid + i) & QMASK];
         if (q->state == Q_FREE)
             return NULL;
         if (q->tid == tid)
@@ -143,11 +117,11 @@ static struct tqueue *queue_find(uint32_t tid)
 
 static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
 {
-    struct tqueue *q = queue_find(tid);
+    struct tqueue *q = llft_queue_find(tid);
     if (q != NULL)
         return q;
     for (uint32_t i = 0; i < QSLOTS && q == NULL; i++) {
-        struct tqueue *c = &queues[(tid + i) & QMASK];
+        struct tqueue *c = &llft_queues[(tid + i) & QMASK];
         if (c->state != Q_LIVE)
             q = c;   /* free, or an ended thread's */
     }
@@ -158,7 +132,7 @@ static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
     q->pushed = q->popped = q->to_finish = q->finished = 0;
     q->tid = tid;
     q->gen++;
-    live_slots[nlive_slots++] = (uint32_t)(q - queues);
+    llft_live_slots[llft_nlive_slots++] = (uint32_t)(q - llft_queues);
     STORE(&q->state, Q_LIVE, REL);
     return q;
 }
@@ -166,10 +140,10 @@ static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
 /* The thread of q has ended (dispatch lock held). */
 static void queue_ended(struct tqueue *q)
 {
-    uint32_t slot = (uint32_t)(q - queues);
-    for (uint32_t i = 0; i < nlive_slots; i++)
-        if (live_slots[i] == slot) {
-            live_slots[i] = live_slots[--nlive_slots];
+    uint32_t slot = (uint32_t)(q - llft_queues);
+    for (uint32_t i = 0; i < llft_nlive_slots; i++)
+        if (llft_live_slots[i] == slot) {
+            llft_live_slots[i] = llft_live_slots[--llft_nlive_slots];
             break;
         }
     STORE(&q->state, Q_DEAD, REL);
@@ -238,10 +212,6 @@ static __attribute__((noreturn)) void corrupt_stream(uint64_t pos, int why)
                  (unsigned long long)pos, why == LLFT_REC_CORRUPT ? "corrupt (torn or altered)" : "malformed");
 }
 
-static void annotate_turn(llft_rec_t *rec);
-static inline int event_wait_op(uint16_t op);
-static void annotate_wait(llft_rec_t *rec, const struct tqueue *self);
-static void wait_for_earlier_calls(struct llft_thread *t, const llft_rec_t *e);
 
 /* Mutex acquisitions only: their turns follow the stream order, which the
  * annotation's freedom from deadlock rests on.  Concurrent rwlock readers
@@ -269,7 +239,7 @@ static long drain(void)
             wake_bits = ALL_THREADS; /* each looks whether it stops here */
             primary_status = h->ret;
             stream_ended_ms = llft_now_ms();
-            STORE(&stream_ended, 1, REL);
+            STORE(&llft_stream_ended, 1, REL);
             tail++;
             continue;
         }
@@ -306,9 +276,9 @@ static long drain(void)
                          "the primary recorded a call by thread %u after that thread ended here", h->tid);
         llft_rec_t head = *h;
         if (head.turn && exclusive_op(head.op))
-            annotate_turn(&head);
-        else if (event_wait_op(head.op))
-            annotate_wait(&head, q);
+            llft_annotate_turn(&head);
+        else if (llft_event_wait_op(head.op))
+            llft_annotate_wait(&head, q);
         else
             head.seq = 0; /* no annotation */
         q_push(q, &head);
@@ -368,7 +338,6 @@ static void hand_over_the_ring(void)
         llft_futex_wake_bits(&epoch, 1, ALL_THREADS);
 }
 
-static void adopt_objects(void);
 
 /* Every record of the failed primary's stream taken, and every turn among
  * them done: otherwise a native acquisition here could overtake a replayed
@@ -378,8 +347,8 @@ static int all_replayed(void)
 {
     int all = 1;
     spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < nlive_slots && all; i++) {
-        const struct tqueue *q = &queues[live_slots[i]];
+    for (uint32_t i = 0; i < llft_nlive_slots && all; i++) {
+        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
         if (LOAD(&q->popped, ACQ) != q->pushed || LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX))
             all = 0;
     }
@@ -400,7 +369,7 @@ static int try_promote(void)
         return 0;
     if (!__atomic_compare_exchange_n(&promoted, &p, 1, 0, SEQ, RLX))
         return 0;
-    adopt_objects();
+    llft_adopt_objects();
     __atomic_store_n(&llft_next_tid, max_tid + 1, SEQ);
     __atomic_store_n(&llft_ctl->promoted_ns, llft_now_ns(), SEQ); /* for llft-run and benchmarks */
     __atomic_store_n(&llft_ctl->role, LLFT_ROLE_PRIMARY, SEQ);
@@ -433,7 +402,7 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
     wake_stopped();
     for (;;) {
         uint32_t seen = LOAD(&stopped_futex, SEQ);
-        if (LOAD(&stream_ended, ACQ)) {
+        if (LOAD(&llft_stream_ended, ACQ)) {
             int replayed = all_replayed();
             int all = replayed && LOAD(&stopped, SEQ) == LOAD(&live_threads, SEQ);
             if (all && primary_status >= 0) {
@@ -473,7 +442,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
             llft_futex_wait(&epoch, ep, 1); /* others are still replaying their last records */
             continue;
         }
-        if (LOAD(&stream_ended, ACQ)) {
+        if (LOAD(&llft_stream_ended, ACQ)) {
             /* Every record before END is queued by now: none is coming. */
             if (q_take(t->q, out, consume))
                 return 0;
@@ -520,8 +489,8 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
         llft_diverge(t, op, out, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
                      t->tn + 1, out->tn - 1);
     t->tn = out->tn;
-    if (out->seq && event_wait_op(op))
-        wait_for_earlier_calls(t, out);
+    if (out->seq && llft_event_wait_op(op))
+        llft_wait_for_earlier_calls(t, out);
     /* The count orders this call after every replayed call that happened
      * before it here (one atomic variable's order follows happens-before). */
     t->stamp = __atomic_fetch_add(&llft_ctl->records, 1, RLX) + 1;
@@ -574,176 +543,12 @@ void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
     t->depth--;
 }
 
-/* ---- turnstiles -----------------------------------------------------
- * One per ordered object.  A thread waiting for turn k parks on a word of
- * its own and registers (k, word) in a sleeper slot; the thread finishing
- * turn k-1 wakes exactly that sleeper.  Waking everyone, or waking on every
- * turn while anyone sleeps, costs a system call per acquisition. */
-
-#define TS_BITS 20
-#define TS_SLOTS (1u << TS_BITS)
-#define SLEEPERS 6
-struct sleeper {
-    uint64_t want;                /* the "done" count this sleeper waits for */
-    uint32_t *park;               /* its park word; NULL = free slot */
-};
-struct turnstile {
-    uint64_t key;                 /* logical object id, 0 = free slot */
-    uint64_t done;                /* turns completed */
-    uintptr_t addr;               /* where the last turn acquired the object here */
-    uint64_t stamp;               /* when (the taker's llft_thread.stamp) */
-    uint32_t nsleepers;
-    uint32_t overflowed;          /* of them, parked in the overflow table (no sleeper slot was free) */
-    uint32_t crowd;               /* ...or not even there */
-    uint32_t crowd_futex;
-    uint16_t turn_count_seen;     /* dispatcher: a turn of this object was queued */
-    uint16_t _pad;
-    uint32_t last_tid;            /* dispatcher: thread of the last turn queued */
-    struct sleeper sleepers[SLEEPERS];
-};
-static struct turnstile *turnstiles;
-static uint32_t *ts_used;         /* indices of the turnstiles in use, in order of first use */
-static uint32_t ts_nused;
-static __thread uint32_t park_word TLS_IE;
-
-static struct turnstile *ts_get(uint64_t obj)
-{
-    uint32_t i = (uint32_t)((obj * 0x9E3779B97F4A7C15ull) >> (64 - TS_BITS));
-    for (uint32_t probes = 0; probes < TS_SLOTS; probes++, i = (i + 1) & (TS_SLOTS - 1)) {
-        struct turnstile *ts = &turnstiles[i];
-        uint64_t k = LOAD(&ts->key, ACQ);
-        if (k == 0) {
-            uint64_t zero = 0;
-            if (__atomic_compare_exchange_n(&ts->key, &zero, obj, 0, __ATOMIC_ACQ_REL, ACQ)) {
-                ts_used[__atomic_fetch_add(&ts_nused, 1, RLX)] = i;
-                return ts;
-            }
-            k = zero;
-        }
-        if (k == obj)
-            return ts;
-    }
-    llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u ordered objects", TS_SLOTS);
-}
-
-/* Waiters a turnstile's own sleeper slots cannot hold (a thread per
- * connection, thousands of them waiting on one lock): one table for all
- * turnstiles, each waiter in one of OVERFLOW_PROBE slots from the home of
- * (turnstile, turn), where the thread finishing the turn before looks.
- * Waking the whole crowd at every turn instead made a backup of 3,000
- * threads on one mutex crawl (every waiter woke for each turn). */
-#define OVERFLOW_SLOTS (1u << 16)
-#define OVERFLOW_PROBE 16
-#define OVERFLOW_BUSY ((uintptr_t)1)   /* key while its waiter writes the entry */
-struct overflow {
-    uintptr_t key;                /* the turnstile's address; 0 = free */
-    uint64_t want;
-    uint32_t *park;
-};
-static struct overflow *overflow;
-
-static inline uint32_t overflow_home(const struct turnstile *ts, uint64_t want)
-{
-    return (uint32_t)((((uintptr_t)ts >> 6) ^ (want * 0x9E3779B97F4A7C15ull)) * 0x9E3779B97F4A7C15ull >> 48) &
-           (OVERFLOW_SLOTS - 1);
-}
-
-static struct overflow *overflow_register(const struct turnstile *ts, uint64_t want)
-{
-    uint32_t h = overflow_home(ts, want);
-    for (uint32_t i = 0; i < OVERFLOW_PROBE; i++) {
-        struct overflow *o = &overflow[(h + i) & (OVERFLOW_SLOTS - 1)];
-        uintptr_t free_key = 0;
-        if (LOAD(&o->key, RLX) == 0 &&
-            __atomic_compare_exchange_n(&o->key, &free_key, OVERFLOW_BUSY, 0, ACQ, RLX)) {
-            o->want = want;
-            o->park = &park_word;
-            STORE(&o->key, (uintptr_t)ts, REL);
-            return o;
-        }
-    }
-    return NULL;
-}
-
-static void overflow_wake(const struct turnstile *ts, uint64_t turn)
-{
-    uint32_t h = overflow_home(ts, turn);
-    for (uint32_t i = 0; i < OVERFLOW_PROBE; i++) {
-        const struct overflow *o = &overflow[(h + i) & (OVERFLOW_SLOTS - 1)];
-        if (LOAD(&o->key, ACQ) == (uintptr_t)ts && o->want == turn) {
-            __atomic_fetch_add(o->park, 1, SEQ);
-            llft_futex_wake(o->park);
-            return;
-        }
-    }
-}
-
-/* Parks until ts->done may equal want (or 50 ms pass).  Returns after a
- * wake-up, a timeout, or immediately if done moved meanwhile. */
-static void park_until(struct turnstile *ts, uint64_t want)
-{
-    __atomic_fetch_add(&ts->nsleepers, 1, SEQ);
-    struct sleeper *slot = NULL;
-    for (int i = 0; i < SLEEPERS && !slot; i++) {
-        uint32_t *none = NULL;
-        if (!LOAD(&ts->sleepers[i].park, RLX)) {
-            STORE(&ts->sleepers[i].want, want, SEQ);
-            if (__atomic_compare_exchange_n(&ts->sleepers[i].park, &none, &park_word, 0, SEQ, RLX))
-                slot = &ts->sleepers[i];
-        }
-    }
-    struct overflow *o = NULL;
-    if (!slot) {
-        __atomic_fetch_add(&ts->overflowed, 1, SEQ);
-        o = overflow_register(ts, want);
-    }
-    if (slot || o) {
-        uint32_t v = LOAD(&park_word, SEQ);
-        if (LOAD(&ts->done, SEQ) != want)
-            llft_futex_wait(&park_word, v, 50);
-        if (slot)
-            STORE(&slot->park, NULL, SEQ);
-        else
-            STORE(&o->key, 0, REL);
-    } else {
-        uint32_t f = LOAD(&ts->crowd_futex, SEQ);
-        __atomic_fetch_add(&ts->crowd, 1, SEQ);
-        if (LOAD(&ts->done, SEQ) != want)
-            llft_futex_wait(&ts->crowd_futex, f, 5);
-        __atomic_fetch_sub(&ts->crowd, 1, SEQ);
-    }
-    if (!slot)
-        __atomic_fetch_sub(&ts->overflowed, 1, SEQ);
-    __atomic_fetch_sub(&ts->nsleepers, 1, SEQ);
-}
-
-/* Dispatcher, for a record that takes a turn: note which thread took the
- * previous turn and how many of its records precede this one in the
- * primary's stream.  The copy in the queue carries it in seq and check,
- * which are spent once the record has been validated. */
-#define NO_HOLDER 0xffffffffu
-static void annotate_turn(llft_rec_t *rec)
-{
-    struct turnstile *ts = ts_get(rec->obj);
-    uint32_t prev = ts->turn_count_seen ? ts->last_tid : rec->tid;
-    ts->turn_count_seen = 1;
-    ts->last_tid = rec->tid;
-    const struct tqueue *q = prev != rec->tid ? queue_find(prev) : NULL;
-    if (q == NULL || q->state != Q_LIVE) { /* none, itself, or ended: nothing to wait for */
-        rec->check = NO_HOLDER;
-        rec->seq = 0;
-        return;
-    }
-    rec->check = (uint32_t)(q - queues) | (uint32_t)q->gen << 16;   /* the slot, and which thread in it */
-    rec->seq = q->pushed;
-}
-
 /* Waits until the thread of queue slot|gen<<16 (slotgen) has taken `upto`
  * slots of its queue, or has ended (its slot taken by a later thread, which
  * means it took all). */
-static void wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto)
+void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto)
 {
-    const struct tqueue *q = &queues[slotgen & QMASK];
+    const struct tqueue *q = &llft_queues[slotgen & QMASK];
     uint16_t gen = (uint16_t)(slotgen >> 16);
     uint64_t since = 0;
     for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < upto; spins++) {
@@ -767,208 +572,6 @@ static void wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slot
     }
 }
 
-/* The previous holder may read memory the program shares without a lock
- * right after releasing (CPython reads its GIL drop request so).  At the
- * primary it had started each call recorded before this acquisition, so
- * here too: wait until it has taken those records. */
-static void wait_previous_holder(struct llft_thread *t, const llft_rec_t *e)
-{
-    if (e->seq && e->check != NO_HOLDER)
-        wait_taken(t, e, e->check, e->seq);
-}
-
-/* ---- waits follow the primary's order --------------------------------
- * An event loop's wait (poll, select, epoll_wait) returns at the primary
- * when something happened, often another thread's doing, and the loop
- * then reads what that thread left, with or without a lock: memcached's
- * main loop reads a flag a worker's signal handler set (its shutdown).
- * Replayed, the wait would return as soon as its record is here, maybe
- * before the backup's worker got that far: memcached's main loop read the
- * flag unset, went round once more and read the clock where the primary's
- * had closed its listener.  So a replayed wait returns only once every
- * other thread has started each call the primary recorded before the
- * wait returned there.  The dispatcher notes, for each thread with
- * records it has not taken yet, how many slots it had queued then; the
- * waiting thread waits until each has taken that many.  Those calls
- * happened at the primary before the wait returned, so nothing they need
- * waits on this one: no cycle. */
-#define SNAPS (1u << 14)
-#define SNAP_MASK (SNAPS - 1)
-struct snap {
-    uint64_t at;                  /* index + 1 of the note written here (0 while being written) */
-    uint64_t upto;                /* slots its thread had queued */
-    uint32_t slotgen;             /* slot | gen << 16 of that thread's queue */
-    uint32_t _pad;
-};
-static struct snap *snaps;
-static uint64_t snap_head;        /* notes written (dispatch lock) */
-
-static inline int event_wait_op(uint16_t op)
-{
-    return op == LLFT_OP_POLL || op == LLFT_OP_SELECT || op == LLFT_OP_EPOLL_WAIT;
-}
-
-/* Dispatcher: the wait's copy in the queue carries its first note + 1 in
- * seq and how many in check (no turn: annotate_turn has none of these). */
-static void annotate_wait(llft_rec_t *rec, const struct tqueue *self)
-{
-    uint64_t first = snap_head;
-    for (uint32_t i = 0; i < nlive_slots; i++) {
-        const struct tqueue *q = &queues[live_slots[i]];
-        if (q == self || LOAD(&q->popped, ACQ) >= q->pushed)
-            continue;
-        struct snap *s = &snaps[snap_head & SNAP_MASK];
-        STORE(&s->at, 0, RLX);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        STORE(&s->upto, q->pushed, RLX);
-        STORE(&s->slotgen, live_slots[i] | (uint32_t)q->gen << 16, RLX);
-        STORE(&s->at, snap_head + 1, REL);
-        snap_head++;
-    }
-    rec->seq = snap_head != first ? first + 1 : 0;
-    rec->check = (uint32_t)(snap_head - first);
-}
-
-static void wait_for_earlier_calls(struct llft_thread *t, const llft_rec_t *e)
-{
-    for (uint64_t k = e->seq - 1, end = k + e->check; k < end; k++) {
-        const struct snap *s = &snaps[k & SNAP_MASK];
-        if (LOAD(&s->at, ACQ) != k + 1)
-            continue; /* written over: that far behind, its threads have long moved on */
-        uint64_t upto = LOAD(&s->upto, RLX);
-        uint32_t slotgen = LOAD(&s->slotgen, RLX);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (LOAD(&s->at, RLX) == k + 1)
-            wait_taken(t, e, slotgen, upto);
-    }
-}
-
-/* For a stall report: whose queued record takes turn `turn` of obj, and
- * how far that thread is (the queues are read without the lock: a
- * report, not a decision). */
-static void describe_turn_taker(uint64_t obj, uint64_t turn, char *out, size_t cap)
-{
-    snprintf(out, cap, "no thread here has that turn queued; %llu slots in the ring not dispatched%s",
-             (unsigned long long)(llft_ring_head(llft_ring) - llft_ring_tail(llft_ring)),
-             LOAD(&stream_ended, ACQ) ? "; the stream has ended" : "");
-    for (uint32_t i = 0; i < LOAD(&nlive_slots, ACQ); i++) {
-        const struct tqueue *q = &queues[live_slots[i]];
-        if (q->rd_chunk == NULL)
-            continue;
-        if (q->rd > 0 && q->rd_chunk->recs[q->rd - 1].obj == obj && q->rd_chunk->recs[q->rd - 1].turn == turn) {
-            snprintf(out, cap, "thread %u took its record (call #%u) and has not taken the turn", q->tid,
-                     q->rd_chunk->recs[q->rd - 1].tn);
-            return;
-        }
-        uint64_t seen = 0;
-        for (const struct qchunk *c = q->rd_chunk; c != NULL; c = c->next) {
-            uint32_t from = c == q->rd_chunk ? q->rd : 0, n = LOAD(&c->count, ACQ);
-            for (uint32_t k = from; k < n; k++, seen++) {
-                const llft_rec_t *r = &c->recs[k];
-                if (r->op != LLFT_OP_DATA && r->obj == obj && r->turn == turn) {
-                    snprintf(out, cap, "it is thread %u's call #%u, %llu record(s) ahead of where that thread is; "
-                             "it has taken %llu of %llu", q->tid, r->tn, (unsigned long long)seen,
-                             (unsigned long long)q->popped, (unsigned long long)q->pushed);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
-{
-    uint64_t obj = e->obj, turn = e->turn;
-    struct turnstile *ts = ts_get(obj);
-    uint64_t want = turn - 1;
-    uint64_t d = LOAD(&ts->done, ACQ);
-    if (LIKELY(d == want)) {
-        wait_previous_holder(t, e);
-        return ts;
-    }
-    t->depth++;
-    uint64_t since = 0;
-    for (unsigned spins = 0;; spins++) {
-        if (d > want)
-            llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
-                         "turn %llu of object %#llx is already taken (%llu turns done)",
-                         (unsigned long long)turn, (unsigned long long)obj, (unsigned long long)d);
-        if (spins < 64) {
-            __builtin_ia32_pause();
-        } else if (spins < 80) {
-            llft_yield(); /* more threads than cores: let the turn's owner run */
-        } else {
-            uint64_t now = llft_now_ms();
-            if (!since)
-                since = now;
-            uint32_t limit = LOAD(&stream_ended, ACQ) ? llft_ctl->end_grace_ms : llft_ctl->stall_timeout_ms;
-            if (now - since > limit) {
-                char who[160];
-                describe_turn_taker(obj, d + 1, who, sizeof who);
-                llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
-                             "stalled %llu ms waiting for turn %llu of object %#llx (%llu turns done): "
-                             "the thread that should take the previous turn never did (%s)",
-                             (unsigned long long)(now - since), (unsigned long long)turn,
-                             (unsigned long long)obj, (unsigned long long)d, who);
-            }
-            park_until(ts, want);
-        }
-        d = LOAD(&ts->done, ACQ);
-        if (d == want)
-            break;
-    }
-    wait_previous_holder(t, e);
-    t->depth--;
-    return ts;
-}
-
-void llft_turn_done(const struct llft_thread *t, struct turnstile *ts, const void *addr, uint64_t turn)
-{
-    /* Plain stores to a line written anyway; adopt_objects reads them once
-     * the finished counts, counted after them, say every turn is done. */
-    ts->addr = (uintptr_t)addr;
-    ts->stamp = t->stamp;
-    STORE(&ts->done, turn, SEQ);
-    STORE(&t->q->finished, t->q->finished + 1, REL);
-    if (LIKELY(LOAD(&ts->nsleepers, SEQ) == 0))
-        return;
-    for (int i = 0; i < SLEEPERS; i++) {
-        uint32_t *p = LOAD(&ts->sleepers[i].park, SEQ);
-        if (p && LOAD(&ts->sleepers[i].want, SEQ) == turn) {
-            __atomic_fetch_add(p, 1, SEQ);
-            llft_futex_wake(p);
-        }
-    }
-    if (LOAD(&ts->overflowed, SEQ))
-        overflow_wake(ts, turn);
-    if (LOAD(&ts->crowd, SEQ)) {
-        __atomic_fetch_add(&ts->crowd_futex, 1, SEQ);
-        llft_futex_wake(&ts->crowd_futex);
-    }
-}
-
-/* At the takeover, with every replayed turn done and no thread acquiring
- * natively yet: the lock table (objtable.c) gets each object at the address
- * of its last acquisition here, with the turns taken, so that this replica
- * continues the failed primary's identities and turn numbers.  Where two
- * objects were acquired at one address here (a lock freed and another made
- * there, which the primary had elsewhere), the later one keeps it. */
-static void adopt_objects(void)
-{
-    uint32_t n = LOAD(&ts_nused, ACQ);
-    for (uint32_t k = 0; k < n; k++) {
-        const struct turnstile *ts = &turnstiles[ts_used[k]];
-        if (!ts->addr)
-            continue;
-        struct llft_obj *o = llft_obj_at((const void *)ts->addr, ts->key);
-        uint64_t other = LOAD(&o->id, ACQ);
-        if (other != ts->key && ts_get(other)->stamp > ts->stamp)
-            continue;
-        STORE(&o->id, ts->key, REL);
-        STORE(&o->turns, ts->done, RLX);
-    }
-}
-
 /* execve failed here as it did at the primary: this image goes on. */
 void llft_replay_exec_failed(void)
 {
@@ -983,13 +586,11 @@ void llft_replay_exec_failed(void)
  * address spaces match whatever their role and replay timing. */
 void llft_replay_reserve(void)
 {
-    queues = map_anon(sizeof(struct tqueue) * QSLOTS, "replay queues");
-    live_slots = map_anon(sizeof(uint32_t) * QSLOTS, "replay queues");
-    turnstiles = map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
-    overflow = map_anon(sizeof(struct overflow) * OVERFLOW_SLOTS, "turnstiles");
-    ts_used = map_anon(sizeof(uint32_t) * TS_SLOTS, "turnstiles");
-    pool_base = map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
-    snaps = map_anon(sizeof(struct snap) * SNAPS, "wait notes");
+    llft_queues = llft_map_anon(sizeof(struct tqueue) * QSLOTS, "replay queues");
+    llft_live_slots = llft_map_anon(sizeof(uint32_t) * QSLOTS, "replay queues");
+    llft_turnstiles_reserve();
+    pool_base = llft_map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
+    llft_wait_notes_reserve();
 }
 
 void llft_replay_setup(void)
@@ -1040,8 +641,8 @@ static int others_replayed(const struct llft_thread *t)
 {
     int all = 1;
     spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < nlive_slots && all; i++) {
-        const struct tqueue *q = &queues[live_slots[i]];
+    for (uint32_t i = 0; i < llft_nlive_slots && all; i++) {
+        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
         if (q != t->q && (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
                           LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX)))
             all = 0;
@@ -1061,7 +662,7 @@ static int others_replayed(const struct llft_thread *t)
 void llft_replay_at_exit(struct llft_thread *t)
 {
     t->depth++;
-    while (!LOAD(&stream_ended, ACQ) && !LOAD(&promote_pending, ACQ)) {
+    while (!LOAD(&llft_stream_ended, ACQ) && !LOAD(&promote_pending, ACQ)) {
         uint32_t ep = LOAD(&epoch, SEQ);
         if (try_dispatch() > 0)
             continue;
@@ -1073,7 +674,7 @@ void llft_replay_at_exit(struct llft_thread *t)
         }
     }
     uint64_t since = llft_now_ms();
-    while (LOAD(&stream_ended, ACQ) && !others_replayed(t) && llft_now_ms() - since < llft_ctl->end_grace_ms) {
+    while (LOAD(&llft_stream_ended, ACQ) && !others_replayed(t) && llft_now_ms() - since < llft_ctl->end_grace_ms) {
         struct timespec ms = {0, 1000000};
         llft_nap(&ms);
     }
