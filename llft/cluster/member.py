@@ -694,8 +694,9 @@ class HostMember:
             deliver_held_order(ep, first, blobs)
         # Every remote group heard, not only those with connections open: one
         # whose connections all ended took replies all the same (lineage.py).
+        now = ep.clock.now()
         remotes = {c.remote for c in ep.conns.values()} | {
-            g for g in ep.remote_heard if self._remote_alive(g, ep.clock.now())}
+            g for g, heard in ep.remote_heard.items() if now - heard < REMOTE_SILENCE_S}
         self.view_acks.clear()
         self.view_refusals.clear()
         asked = ep.clock.now()
