@@ -703,6 +703,32 @@ def test_a_member_that_joined_after_a_takeover_settles_like_the_others(cluster, 
     survivors_agree_and_end(cluster, [0, 1, 2], 40)
 
 
+def test_a_newcomer_alone_takes_over_from_a_primary_that_served_nobody(cluster, examples):
+    """The primary dies; the backup takes over and, before it has served a
+    reply, the killed member rejoins in its view; then the young primary
+    dies too.  The newcomer, alone, must take over: the gateway took its
+    last replies in the first view, and the newcomer's lineage, inherited
+    from the primary that admitted it, includes that view.  With only the
+    views it was a member of, the gateway would refuse it (its view would
+    not descend from the one whose replies the gateway took) and the group
+    would be lost."""
+    start_two(cluster, examples)
+    writes_then_reads(cluster, "before", 20)
+    ids = [cluster.status(d)["member"] for _, d in cluster.members]
+    first = kill_primary_replica(cluster)
+    young = 1 - first
+    cluster.wait(lambda: (st := cluster.status(cluster.members[first][1])) and st["member"] != ids[first]
+                 and st["replicas"] and st["replicas"][0]["role"] == "backup" and len(st["members"]) == 2,
+                 "the killed member to rejoin", timeout=60)
+    assert kill_primary_replica(cluster) == young
+    cluster.wait(lambda: (st := cluster.status(cluster.members[first][1]))["replicas"]
+                 and st["replicas"][0]["role"] == "primary", "the newcomer to take over")
+    assert cluster.status(cluster.gateway_dir)["drops"].get("competing-view", 0) == 0
+    writes_then_reads(cluster, "after", 20)
+    cluster.wait_members(2)
+    survivors_agree_and_end(cluster, [0, 1], 40)
+
+
 def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(cluster, examples):
     """State transfer replays the group's whole history, which every member
     keeps in memory: past --history-limit a member keeps no more of it

@@ -214,6 +214,7 @@ class HostMember:
             log.warning("group %s (id %d): nobody there, this member (%d) founds it as primary",
                         o.group, self.gid, self.me)
         else:
+            self.ep.lineage.adopt(joined.lineage)
             self.ep.view = joined.view
             self.ep.sequencer.skip_to(joined.oseq)
             self.history.start_from(joined.history)

@@ -27,6 +27,7 @@ from llft import wire
 from llft.cluster.state_transfer import StateOffers, StateTransferError, fetch_state
 from llft.messaging.fragments import Codec
 from llft.messaging.ids import View
+from llft.messaging.lineage import parse_views
 from llft.wire import MsgType
 
 log = logging.getLogger("llft.membership")
@@ -55,6 +56,7 @@ class Joined:
     history: list           # [[oseq, blob], ...]
     conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
     settling_s: float = 0.0  # how long the primary still settles after its takeover (election.SETTLING_S)
+    lineage: list = field(default_factory=list)   # the primary's views (messaging/lineage.py)
 
 
 def view_body(view: View) -> dict:
@@ -154,7 +156,8 @@ class Joiner:
                     and isinstance(c[5], list) for c in conns):
                 raise TypeError("conns")
             settling_s = max(int(state.get("settling_ms", 0)), 0) / 1000
-            return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s)
+            return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s,
+                          parse_views(body.get("lineage")))
         except (KeyError, TypeError, ValueError, wire.DropError, msgpack.UnpackException) as e:
             raise JoinRefused(f"the primary's AcceptBackup or state is malformed: {e}") from None
 
@@ -221,7 +224,8 @@ class Admission:
         state = self.state()
         offer = self.offers.offer(msgpack.packb(state, use_bin_type=True))
         view.precedences[member] = precedence
-        body = {"member": member, "index": precedence - 1, "view": view_body(view), "state": offer}
+        body = {"member": member, "index": precedence - 1, "view": view_body(view), "state": offer,
+                "lineage": self.ep.lineage.listed()}
         log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%d client "
                     "connections), offered on port %d", member, precedence, precedence - 1,
                     offer["size"] // 1024, len(state["conns"]), offer["port"])

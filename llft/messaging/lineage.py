@@ -35,15 +35,28 @@ class Lineage:
         """What NewPrimaryView lists: the new view, then those before it."""
         return [[pvn, precedence]] + [list(v) for v in self.views if v != (pvn, precedence)]
 
+    def listed(self) -> list[list[int]]:
+        return [list(v) for v in self.views]
+
+    def adopt(self, views: list[tuple[int, int]]) -> None:
+        """A newcomer's: the primary's that admitted it (its state descends
+        from those views; a gateway's anchor may be one before the view it
+        joined in, if the primary had not served yet)."""
+        self.views = list(views[:KEEP])
+
+
+def parse_views(raw) -> list[tuple[int, int]]:
+    """A listed lineage (none, if malformed)."""
+    if not isinstance(raw, list):
+        return []
+    return [(v[0], v[1]) for v in raw[:KEEP + 1]
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)]
+
 
 def parse_lineage(body) -> set[tuple[int, int]]:
     """The views a NewPrimaryView lists (none, if malformed: then it
     descends from nothing a gateway follows)."""
-    views = body.get("lineage") if isinstance(body, dict) else None
-    if not isinstance(views, list):
-        return set()
-    return {(v[0], v[1]) for v in views[:KEEP + 1]
-            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)}
+    return set(parse_views(body.get("lineage") if isinstance(body, dict) else None))
 
 
 def may_follow(current: tuple[int, int], anchor: tuple[int, int], new: tuple[int, int],
