@@ -5,6 +5,8 @@ with the old one, so the Nack must name the new view.  Deterministic: real
 GroupEndpoints on the simulated network."""
 from __future__ import annotations
 
+import random
+
 from llft.auth import Keyring
 from llft.messaging.clock import SimClock
 from llft.messaging.ids import ConnId, View
@@ -74,3 +76,46 @@ def test_the_remote_group_answers_with_the_entries_after_those_the_new_primary_h
     assert clock.run_until(clock.now() + 0.5, lambda: acks)
     _rows, first, blobs = parse_new_primary_view_ack(acks[0].body)
     assert (first, blobs) == (9, [b"e9", b"e10", b"e11"])
+
+
+def test_a_large_answer_reaches_a_new_primary_that_keeps_asking_under_loss():
+    """The gateway holds 2 MB of the old primary's ordering information, a
+    tenth of what reaches the server group is lost, and the new primary
+    asks again every 30 ms until it has the answer (member.py _take_over).
+    Each ask answered anew (its own timestamp, its own bytes) never got
+    through: every answer's 1,500 fragments had to arrive in one go, and
+    the new primary waited for good (a group lost across hosts).  The
+    first answer is given again byte for byte, paced, and its fragments
+    add up across transmissions."""
+    clock = SimClock()
+    rng = random.Random(7)
+    net = SimNetwork(clock, LossPolicy(delay=0.0005))
+    old, new = make_group(net, SRV, 2, KEY)
+    gateway = make_group(net, GW, 1, KEY)[0]
+    acks = []
+
+    def at_new(name, info):
+        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW_ACK:
+            acks.append(info["msg"])
+
+    def at_gateway(name, info):
+        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW:
+            answer_new_primary_view(gateway, info["msg"])
+    new.on_event, gateway.on_event = at_new, at_gateway
+    cid = ConnId(*gateway.connect(SRV, 1))
+    gateway.send(cid, b"request")
+    assert clock.run_until(1.0, lambda: cid in new.conns)
+    entries = [bytes([k % 251]) * 1000 + b"%d" % k for k in range(2000)]
+    gateway.conns[cid].reflector.add(1, entries)
+    old.close()
+    net.policy.targets.append(lambda datagram, group: group == SRV and rng.random() < 0.1)
+    view = View(SRV, primary=new.me, precedences={new.me: 2}, pvn=2)
+    start = clock.now()
+    while not acks and clock.now() - start < 20.0:
+        new_primary_view(new, GW, view)
+        clock.run_until(clock.now() + 0.03, lambda: bool(acks))
+    assert acks, f"no answer within 20 s ({gateway.counters['tx_new_primary_view_ack']} sent)"
+    _rows, first, blobs = parse_new_primary_view_ack(acks[0].body)
+    assert (first, blobs) == (1, entries)
+    took = clock.now() - start
+    assert gateway.counters["tx_new_primary_view_ack"] <= took / 0.45 + 1, "answers were not paced"

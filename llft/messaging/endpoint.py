@@ -67,6 +67,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.reflected = OrderSequencer()   # primary: own entries seen reflected back
         self.remote_views: dict[int, tuple[int, int]] = {}   # group -> (pvn, precedence)
         self.remote_anchor: dict[int, tuple[int, int]] = {}  # group -> the view whose replies came last (lineage.py)
+        self.view_answers: dict[int, tuple] = {}   # group -> (its new view, our encoded answer, next repeat) (viewchange.py)
         self.remote_order: dict[int, RemoteOrder] = {}      # group -> its primary's ordering information held
         self._held_back: dict[int, set[Connection]] = {}    # group -> connections waiting for some of it
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
