@@ -18,7 +18,6 @@ already sent, so a client gets each reply once."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 from collections import OrderedDict, deque
@@ -29,6 +28,7 @@ from llft.messaging.ids import ConnId
 from llft.messaging.viewchange import number_from
 from llft.native import conn_header
 from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
+from llft.serving.public_udp import PublicUdpPort
 
 log = logging.getLogger("llft.datagrams")
 
@@ -53,32 +53,23 @@ def parse_port_map(spec: str) -> tuple[int, int]:
 
 
 # -- the gateway's side ---------------------------------------------------------
-class _PublicPort(asyncio.DatagramProtocol):
-    """One of the program's UDP ports, served on a public port of the gateway."""
+class _PublicPort(PublicUdpPort):
+    """One of the program's UDP ports, served on a public port of the
+    gateway: client datagrams go to the group as Requests on its connection
+    (IPv4 clients as such: the members give them to the program in its own
+    family)."""
 
     def __init__(self, owner: "GatewayDatagrams", program_port: int, cid: ConnId):
-        self.owner, self.program_port, self.cid = owner, program_port, cid
-        self.transport: asyncio.DatagramTransport | None = None
-        self.number = 0                   # client datagrams numbered so far
-        self.sent = 0                     # replies sent to clients: the next k expected
+        super().__init__(program_port, socket.AF_INET, owner.stats)
+        self.owner, self.cid = owner, cid
         self.waiting: deque[bytes] = deque()  # Requests waiting for messaging's window
         self.waiting_bytes = 0
 
-    def connection_made(self, transport):
-        self.transport = transport
+    def full(self) -> bool:
+        return self.waiting_bytes > QUEUE_LIMIT
 
-    def datagram_received(self, data: bytes, addr):
-        stats = self.owner.stats
-        if self.waiting_bytes > QUEUE_LIMIT:
-            stats["dropped"] += 1        # bounded memory: dropped before the group sees it
-            return
-        host = addr[0]
-        ip = ipaddress.ip_address(host)
-        if ip.version == 6 and ip.ipv4_mapped is not None:
-            host = str(ip.ipv4_mapped)
-        self.number += 1
-        stats["datagrams_in"] += 1
-        request = payload.datagram_request(self.program_port, self.number, host, addr[1], data)
+    def forward(self, number: int, host: str, port: int, data: bytes) -> None:
+        request = payload.datagram_request(self.program_port, number, host, port, data)
         self.waiting.append(request)
         self.waiting_bytes += len(request)
         self.flush()
@@ -90,24 +81,13 @@ class _PublicPort(asyncio.DatagramProtocol):
             self.waiting_bytes -= len(request)
             ep.send(self.cid, request)
 
-    def error_received(self, exc):
-        log.debug("UDP port %d: %s", self.program_port, exc)
-
     def reply(self, k: int, host: str, port: int, data: bytes):
-        stats = self.owner.stats
         if k < self.sent:                 # a new primary repeats what the old one sent
-            stats["repeated"] += 1
+            self.stats["repeated"] += 1
             return
         if k > self.sent:
             log.error("UDP port %d: replies %d..%d of the program are missing", self.program_port, self.sent, k - 1)
-        self.sent = k + 1
-        if self.transport.get_extra_info("socket").family == socket.AF_INET6 and ":" not in host:
-            host = "::ffff:" + host
-        try:
-            self.transport.sendto(data, (host, port))
-            stats["datagrams_out"] += 1
-        except (OSError, ValueError) as e:
-            log.debug("UDP port %d: reply to %s:%d lost: %s", self.program_port, host, port, e)
+        self.send(k, data, host, port)
 
 
 class GatewayDatagrams:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import logging
 import socket
 import struct
@@ -23,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from llft.native import CONN_HEADER_SIZE, conn_header, parse_conn_header
+from llft.serving.public_udp import PublicUdpPort
 
 log = logging.getLogger("llft.datagrams")
 
@@ -135,55 +135,28 @@ class ReplicaPort:
             self.sock = None
 
 
-class PublicPort(asyncio.DatagramProtocol):
-    """The gateway's public UDP port for one port of the program."""
+class PublicPort(PublicUdpPort):
+    """The gateway's public UDP port for one port of the program: client
+    datagrams go to every replica's virtual socket."""
 
     def __init__(self, service: "DatagramService", port: int, family: int):
+        super().__init__(port, family, service.stats)
         self.service = service
-        self.port = port
-        self.family = family
-        self.transport: asyncio.DatagramTransport | None = None
-        self.seq = 0        # client datagrams numbered so far
-        self.sent = 0       # replies sent to clients (by whichever replica was primary)
         self.members = {r.index: ReplicaPort(r, port, self._reply, service.stats) for r in service.replicas}
 
-    def connection_made(self, transport):
-        self.transport = transport
+    def full(self) -> bool:
+        return any(m.pending_bytes > QUEUE_LIMIT for m in self.members.values() if m.replica.alive())
 
-    def datagram_received(self, data: bytes, addr):
-        stats = self.service.stats
-        if any(m.pending_bytes > QUEUE_LIMIT for m in self.members.values() if m.replica.alive()):
-            stats["dropped"] += 1   # bounded memory: dropped before any replica sees it
-            return
-        host = addr[0]
-        ip = ipaddress.ip_address(host)
-        if self.family == socket.AF_INET and ip.version == 6 and ip.ipv4_mapped is not None:
-            host = str(ip.ipv4_mapped)
-        self.seq += 1
-        stats["datagrams_in"] += 1
-        datagram = conn_header(self.seq, host, addr[1]) + data
+    def forward(self, number: int, host: str, port: int, data: bytes) -> None:
+        datagram = conn_header(number, host, port) + data
         for m in self.members.values():
             m.deliver(datagram)
-
-    def error_received(self, exc):
-        log.debug("UDP port %d: %s", self.port, exc)
 
     def _reply(self, member: ReplicaPort, k: int, payload: bytes, dest):
         if member.replica is not self.service.primary:
             member.keep(k, payload, dest, self.sent)
         elif k >= self.sent:  # below: the failed primary had sent it already
-            self.send(k, payload, dest)
-
-    def send(self, k: int, payload: bytes, dest):
-        self.sent = k + 1
-        host, port = dest
-        if self.transport.get_extra_info("socket").family == socket.AF_INET6 and ":" not in host:
-            host = "::ffff:" + host
-        try:
-            self.transport.sendto(payload, (host, port))
-            self.service.stats["datagrams_out"] += 1
-        except (OSError, ValueError) as e:
-            log.debug("UDP port %d: reply to %s lost: %s", self.port, dest, e)
+            self.send(k, payload, *dest)
 
 
 def public_address(port_map: dict[int, int], host: str | None, port: int, bound: str) -> tuple[str, int]:
@@ -248,7 +221,7 @@ class DatagramService:
                 continue
             for k, payload, dest in m.kept:
                 if k >= public.sent:
-                    public.send(k, payload, dest)
+                    public.send(k, payload, *dest)
             m.kept.clear()
 
     def summary(self, index: int) -> dict[str, dict]:
