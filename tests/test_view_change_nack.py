@@ -45,14 +45,10 @@ def test_the_new_primarys_nack_reaches_the_remote_group_after_new_primary_view()
     assert gateway.drops["stale-view"] == stale, "the gateway dropped the new primary's Nack as of the old view"
 
 
-def test_the_remote_group_answers_with_the_entries_after_those_the_new_primary_holds():
-    """The gateway holds the old primary's entries with a gap (5-6, then
-    9-11: others were acknowledged on other connections); the new primary
-    holds up to 8.  The answer gives it 9-11, not the run that ends at the
-    gap (a new primary once lacked the numbers of outgoing UDP ports the
-    gateway had opened, and numbered them anew)."""
-    clock = SimClock()
-    net = SimNetwork(clock, LossPolicy(delay=0.0005))
+def a_connection_and_its_view_answers(clock, net):
+    """A server group of two (the old primary, the new one) and a gateway
+    that answers NewPrimaryView, with one connection open; `acks` collects
+    the answers that reach the new primary."""
     old, new = make_group(net, SRV, 2, KEY)
     gateway = make_group(net, GW, 1, KEY)[0]
     acks = []
@@ -68,6 +64,18 @@ def test_the_remote_group_answers_with_the_entries_after_those_the_new_primary_h
     cid = ConnId(*gateway.connect(SRV, 1))
     gateway.send(cid, b"request")
     assert clock.run_until(1.0, lambda: cid in new.conns)
+    return old, new, gateway, cid, acks
+
+
+def test_the_remote_group_answers_with_the_entries_after_those_the_new_primary_holds():
+    """The gateway holds the old primary's entries with a gap (5-6, then
+    9-11: others were acknowledged on other connections); the new primary
+    holds up to 8.  The answer gives it 9-11, not the run that ends at the
+    gap (a new primary once lacked the numbers of outgoing UDP ports the
+    gateway had opened, and numbered them anew)."""
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(delay=0.0005))
+    old, new, gateway, cid, acks = a_connection_and_its_view_answers(clock, net)
     gateway.conns[cid].reflector.add(5, [b"e5", b"e6"])
     gateway.conns[cid].reflector.add(9, [b"e9", b"e10", b"e11"])
     new.sequencer.add(1, [b"e%d" % k for k in range(1, 9)])
@@ -90,21 +98,7 @@ def test_a_large_answer_reaches_a_new_primary_that_keeps_asking_under_loss():
     clock = SimClock()
     rng = random.Random(7)
     net = SimNetwork(clock, LossPolicy(delay=0.0005))
-    old, new = make_group(net, SRV, 2, KEY)
-    gateway = make_group(net, GW, 1, KEY)[0]
-    acks = []
-
-    def at_new(name, info):
-        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW_ACK:
-            acks.append(info["msg"])
-
-    def at_gateway(name, info):
-        if name == "membership-message" and info["msg"].TYPE == MsgType.NEW_PRIMARY_VIEW:
-            answer_new_primary_view(gateway, info["msg"])
-    new.on_event, gateway.on_event = at_new, at_gateway
-    cid = ConnId(*gateway.connect(SRV, 1))
-    gateway.send(cid, b"request")
-    assert clock.run_until(1.0, lambda: cid in new.conns)
+    old, new, gateway, cid, acks = a_connection_and_its_view_answers(clock, net)
     entries = [bytes([k % 251]) * 1000 + b"%d" % k for k in range(2000)]
     gateway.conns[cid].reflector.add(1, entries)
     old.close()

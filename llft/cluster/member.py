@@ -700,7 +700,7 @@ class HostMember:
             g for g, heard in ep.remote_heard.items() if now - heard < REMOTE_SILENCE_S}
         self.view_acks.clear()
         self.view_refusals.clear()
-        asked = ep.clock.now()
+        asked = now
         # Every remote group that is alive must answer: its clients may have
         # seen the effect of ordering information only it holds, and until
         # it hears of this view it takes the old primary's replies.  One

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import secrets
 import socket
 import struct
-
-log = logging.getLogger("llft.state_transfer")
 
 TOKEN_BYTES = 16
 LENGTH = struct.Struct("!Q")

@@ -19,7 +19,6 @@ from llft.native import StreamError, count_groups
 log = logging.getLogger("llft.catchup")
 
 
-
 class CatchUpFeeder(threading.Thread):
     def __init__(self, forwarder, sink):
         super().__init__(name=f"llft-catchup-{sink.replica}", daemon=True)

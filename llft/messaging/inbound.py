@@ -5,7 +5,7 @@ from __future__ import annotations
 from llft import wire
 from llft.messaging.connection import Connection
 from llft.messaging.ids import conn_of
-from llft.messaging.lineage import may_follow, parse_lineage
+from llft.messaging.lineage import parse_lineage
 from llft.messaging.ordering import RemoteOrder
 from llft.messaging.recvside import RecvEntry
 from llft.messaging.viewchange import refuse_new_primary_view
@@ -73,10 +73,10 @@ class InboundMixin:
         if cur is None:
             self.remote_views[g] = self.remote_anchor[g] = new
         elif msg.TYPE == MsgType.NEW_PRIMARY_VIEW and new > cur \
-                and not may_follow(cur, self.remote_anchor.get(g, cur), new, parse_lineage(msg.body)):
+                and (anchor := self.remote_anchor.get(g, cur)) not in parse_lineage(msg.body):
             # A primary whose view does not descend from the one whose
             # replies came last: its clients saw what it never knew of.
-            refuse_new_primary_view(self, msg, self.remote_anchor.get(g, cur))
+            refuse_new_primary_view(self, msg, anchor)
             self.drops.count("competing-view")
             return False
         elif new < cur:

@@ -57,10 +57,3 @@ def parse_lineage(body) -> set[tuple[int, int]]:
     """The views a NewPrimaryView lists (none, if malformed: then it
     descends from nothing a gateway follows)."""
     return set(parse_views(body.get("lineage") if isinstance(body, dict) else None))
-
-
-def may_follow(current: tuple[int, int], anchor: tuple[int, int], new: tuple[int, int],
-               lineage: set[tuple[int, int]]) -> bool:
-    """May a remote endpoint that follows `current`, and took replies last
-    from `anchor`, follow the primary of `new` (which is not older)?"""
-    return new == current or anchor in lineage

@@ -147,10 +147,14 @@ def new_primary_view(ep, remote_group: int, view: View) -> None:
 def refuse_new_primary_view(ep, msg, following: tuple[int, int]) -> None:
     """Remote group: the primary of msg's view does not descend from the
     view whose replies it took last, `following` (lineage.py)."""
-    ep._transmit(wire.make(MsgType.NEW_PRIMARY_VIEW_ACK, src_group=ep.group, dst_group=msg.src_group,
-                           role=int(Role.CLIENT), sender=ep.me, pvn=ep.view.pvn,
-                           precedence=ep.view.primary_precedence, timestamp=ep._stamp(),
-                           body={"refused": list(following)}))
+    ep._transmit(_view_ack(ep, msg, {"refused": list(following)}))
+
+
+def _view_ack(ep, msg, body: dict) -> wire.Message:
+    """The remote group's answer to msg, a NewPrimaryView."""
+    return wire.make(MsgType.NEW_PRIMARY_VIEW_ACK, src_group=ep.group, dst_group=msg.src_group,
+                     role=int(Role.CLIENT), sender=ep.me, pvn=ep.view.pvn,
+                     precedence=ep.view.primary_precedence, timestamp=ep._stamp(), body=body)
 
 
 def refusal_of(body) -> tuple[int, int] | None:
@@ -181,11 +185,10 @@ def answer_new_primary_view(ep, msg) -> None:
     kept = ep.view_answers.get(msg.src_group)
     if kept is not None and kept[0] == view:
         _view, data, due = kept
-        if now >= due:
-            ep._transmit_data(msg.src_group, data, MsgType.NEW_PRIMARY_VIEW_ACK)
-            ep.view_answers[msg.src_group] = (view, data, now + _repeat_after(data))
-        return
-    data = _view_answer(ep, msg)
+        if now < due:
+            return
+    else:
+        data = _view_answer(ep, msg)
     ep._transmit_data(msg.src_group, data, MsgType.NEW_PRIMARY_VIEW_ACK)
     ep.view_answers[msg.src_group] = (view, data, now + _repeat_after(data))
 
@@ -215,10 +218,7 @@ def _view_answer(ep, msg) -> bytes:
     blobs = []
     while first + len(blobs) in held:
         blobs.append(held[first + len(blobs)])
-    return wire.encode_message(wire.make(MsgType.NEW_PRIMARY_VIEW_ACK, src_group=ep.group, dst_group=msg.src_group,
-                                         role=int(Role.CLIENT), sender=ep.me, pvn=ep.view.pvn,
-                                         precedence=ep.view.primary_precedence, timestamp=ep._stamp(),
-                                         body={"conns": rows, "of": first, "ord": blobs}))
+    return wire.encode_message(_view_ack(ep, msg, {"conns": rows, "of": first, "ord": blobs}))
 
 
 def parse_new_primary_view_ack(body) -> tuple[list[tuple[ConnId, int, int]], int, list[bytes]]:
