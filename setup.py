@@ -37,8 +37,11 @@ PRELOAD_SOURCES = [
     "native/wrap_poll.c",
     "native/wrap_process.c",
     "native/serialize.c",
+    "native/wrap_syscall.c",
 ]
-PRELOAD_CFLAGS = ["-O2", "-g", "-fPIC", "-fvisibility=hidden", "-D_GNU_SOURCE",
+# -Dsyscall=llft_raw_syscall: the library exports syscall() to see the
+# program's own raw calls (wrap_syscall.c); its own go straight to the kernel.
+PRELOAD_CFLAGS = ["-O2", "-g", "-fPIC", "-fvisibility=hidden", "-D_GNU_SOURCE", "-Dsyscall=llft_raw_syscall",
                   "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
 
 

@@ -429,10 +429,10 @@ class LocalGroup:
         steals = primary.stream.serial_steals
         if steals:
             self.steals_said = True
-            log.warning("under --serialize, a thread of the program ran 10 ms without a call that gives up its "
-                        "turn (a spin on memory, or a wait llft does not see), and another was let run beside "
-                        "it, %d time%s so far (llft-status counts them): the threads race there, and a backup "
-                        "may diverge", steals, "" if steals == 1 else "s")
+            log.warning("under --serialize, a thread of the program kept its turn while others waited for it "
+                        "(asleep 10 ms in a wait llft does not see, or spinning on memory for 500 ms of CPU "
+                        "time), and another was let run beside it, %d time%s so far (llft-status counts "
+                        "them): the threads race there, and a backup may diverge", steals, "" if steals == 1 else "s")
 
     def _check_unreplicable(self) -> bool:
         """A replica whose process did what llft cannot replicate (a forked

@@ -14,17 +14,23 @@
  * a stream's lock across its write(), and a thread that took the turn
  * meanwhile and blocked on that lock would keep it.
  *
- * A holder that runs on for STEAL_AFTER_MS without such a call (a spin on
- * memory that waits for another thread, as redis's main thread waits for
- * its I/O threads, or a wait in the kernel the shim does not see) would
- * keep the others from running for good.  A waiting thread then takes the
- * turn beside it, recorded as taken from it: a backup's thread takes it so
- * too, once the holder there has started every call it had started at the
+ * A holder that goes on without such a call because it waits for another
+ * thread (a spin on memory, as redis's main thread waits for its I/O
+ * threads, or a wait in the kernel the shim does not see) would keep the
+ * others from running for good.  A waiting thread then takes the turn
+ * beside it, recorded as taken from it: a backup's thread takes it so too,
+ * once the holder there has started every call it had started at the
  * primary by then (replay.c's previous-holder wait).  The holder goes on
  * until its next switch point, where it finds the turn gone and waits for
  * it as any thread does.  The two run side by side until then, which is
- * harmless for a spin but not for a holder that computes long and races:
- * the steals are counted in the control block, and llft-run says so. */
+ * harmless for a spin but not for a holder that computes and races (a JVM
+ * thread loading classes or compiling runs 100 ms without a call, and its
+ * compiler threads then install code beside it, so that the replicas take
+ * different paths into the VM).  So a holder asleep in the kernel loses
+ * the turn after STEAL_ASLEEP_MS, but one on a CPU only once it has spent
+ * STEAL_RUNNING_CPU_MS of CPU time while another waited: far more than any
+ * computation between two calls, and what a spin costs each time.  The
+ * steals are counted in the control block, and llft-run says so. */
 #include "shim.h"
 
 #include <fcntl.h>
@@ -39,10 +45,14 @@ DEFINE_REAL(sleep)
 DEFINE_REAL(sched_yield)
 DEFINE_REAL(pthread_join)
 
-/* Longer than a bounded spin runs (redis's I/O threads spin a million
- * times before they sleep): a holder that would give the turn up by
- * itself is left alone. */
-#define STEAL_AFTER_MS 10
+/* A holder asleep in the kernel this long is in a wait the shim does not
+ * see.  One running this much CPU time while another thread waits spins
+ * for it: longer than a bounded spin runs (redis's I/O threads spin a
+ * million times before they sleep) and than the JVM computes between two
+ * calls (its class loading and compiles take up to 100 ms), so that a
+ * holder that would give the turn up by itself is left alone. */
+#define STEAL_ASLEEP_MS 10
+#define STEAL_RUNNING_CPU_MS 500
 
 int llft_serial_on;
 static uint32_t owner; /* logical tid + 1 of the thread holding the turn; 0: none */
@@ -57,10 +67,11 @@ void llft_serial_init(void)
     llft_serial_on = v && *v && *v != '0';
 }
 
-/* Whether thread ktid of this process runs, or waits in the kernel (not
- * stopped by a debugger or a signal: a frozen replica is the controller's
- * to fence). */
-static int running_or_waiting(uint32_t ktid)
+/* The state of thread ktid of this process as /proc shows it ('R'
+ * running, 'S' or 'D' waiting in the kernel), or 0 when it is gone or
+ * stopped (by a debugger or a signal: a frozen replica is the
+ * controller's to fence). */
+static char thread_state(uint32_t ktid)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/self/task/%u/stat", ktid);
@@ -73,7 +84,51 @@ static int running_or_waiting(uint32_t ktid)
         return 0;
     buf[n] = 0;
     const char *paren = strrchr(buf, ')');
-    return paren && paren[1] && paren[2] && strchr("RSD", paren[2]) != NULL;
+    if (!paren || !paren[1] || !paren[2] || !strchr("RSD", paren[2]))
+        return 0;
+    return paren[2];
+}
+
+/* CPU time thread ktid of this process has run, in ms (the clock
+ * pthread_getcpuclockid names, built from the kernel's thread id). */
+static uint64_t thread_cpu_ms(uint32_t ktid)
+{
+    struct timespec ts;
+    clockid_t clock = (clockid_t)((~ktid << 3) | 6); /* CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD */
+    if (syscall(SYS_clock_gettime, clock, &ts) != 0)
+        return 0;
+    return (uint64_t)llft_ts_ns(&ts) / 1000000;
+}
+
+/* What a waiting thread saw of the hold it waits on: when it began, and
+ * the holder's CPU time when the waiter first saw it. */
+struct hold_seen {
+    uint64_t since_ms;
+    uint64_t cpu_ms;
+};
+
+/* Whether the holder keeps the turn from a thread that has waited for it:
+ * asleep in the kernel past STEAL_ASLEEP_MS, or running past
+ * STEAL_RUNNING_CPU_MS of CPU time since the waiter saw the hold begin. */
+static int keeps_turn_from_waiter(struct hold_seen *seen)
+{
+    uint64_t since = __atomic_load_n(&held_since_ms, __ATOMIC_SEQ_CST);
+    uint32_t ktid = __atomic_load_n(&holder_ktid, __ATOMIC_SEQ_CST);
+    if (since != seen->since_ms) {
+        seen->since_ms = since;
+        seen->cpu_ms = thread_cpu_ms(ktid);
+    }
+    if (llft_now_ms() - since < STEAL_ASLEEP_MS)
+        return 0;
+    switch (thread_state(ktid)) {
+    case 'S':
+    case 'D':
+        return 1;
+    case 'R':
+        return thread_cpu_ms(ktid) - seen->cpu_ms >= STEAL_RUNNING_CPU_MS;
+    default:
+        return 0;
+    }
 }
 
 /* Primary: takes the turn; returns the holder it was taken from (its tid
@@ -81,6 +136,7 @@ static int running_or_waiting(uint32_t ktid)
 static uint32_t primary_take(struct llft_thread *t)
 {
     uint32_t me = t->tid + 1;
+    struct hold_seen seen = {UINT64_MAX, 0};
     for (;;) {
         uint32_t o = __atomic_load_n(&owner, __ATOMIC_SEQ_CST);
         if (o == 0) {
@@ -88,11 +144,9 @@ static uint32_t primary_take(struct llft_thread *t)
                 return 0;
             continue;
         }
-        llft_futex_wait(&owner, o, STEAL_AFTER_MS);
-        if (__atomic_load_n(&owner, __ATOMIC_SEQ_CST) != o)
-            continue;
-        uint64_t held = llft_now_ms() - __atomic_load_n(&held_since_ms, __ATOMIC_SEQ_CST);
-        if (held < STEAL_AFTER_MS || !running_or_waiting(__atomic_load_n(&holder_ktid, __ATOMIC_SEQ_CST)))
+        llft_futex_wait(&owner, o, STEAL_ASLEEP_MS);
+        if (__atomic_load_n(&owner, __ATOMIC_SEQ_CST) != o
+            || !keeps_turn_from_waiter(&seen))
             continue;
         if (__atomic_compare_exchange_n(&owner, &o, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
             __atomic_fetch_add(&llft_ctl->serial_steals, 1, __ATOMIC_RELAXED);

@@ -168,3 +168,16 @@ def quit_and_compare(group):
     assert "running it with --serialize" in group.stderr, "llft-run chose --serialize for it, and said so"
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
     assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
+
+
+@pytest.mark.parametrize("mode", ["futex", "compute"])
+def test_a_thread_that_waits_on_a_raw_futex_or_computes_is_not_run_beside(examples, llft_run, mode):
+    """turn_holder: a worker parked in syscall(SYS_futex, FUTEX_WAIT) as the
+    JVM parks its threads at a safepoint (a switch point: it gives the turn
+    up), or computing 40 ms between two calls as a JVM thread loading
+    classes does (it keeps the turn until its next call): no thread is let
+    run beside another, and the replicas count alike."""
+    run = llft_run([examples / "turn_holder", mode], extra=["--serialize"], timeout=60)
+    assert run.status == 0, run.stderr
+    assert "let run beside it" not in run.stderr, run.stderr
+    assert len({run.out(k) for k in range(3)}) == 1
