@@ -1,10 +1,17 @@
 /* syscall(): the program's own raw system calls through libc's generic
- * entry.  Runtimes that build their own synchronization on futexes call
- * it so (the JVM parks every thread at a safepoint in
- * syscall(SYS_futex, FUTEX_WAIT_PRIVATE, ...) until its VM thread lets
- * them go), and under --serialize a thread that waited there keeping the
- * turn would stop the thread that is to wake it: a futex wait is a switch
- * point, as pthread_cond_wait is.  Every other call passes through.
+ * entry.
+ *
+ * Calls whose outcome differs from one replica to another go to the
+ * wrappers that record them, as the same calls through their own libc
+ * functions do: libraries reach getrandom so (OpenSSL, libuv), and the
+ * clocks and getpid.
+ *
+ * Runtimes that build their own synchronization on futexes call it too
+ * (the JVM parks every thread at a safepoint in syscall(SYS_futex,
+ * FUTEX_WAIT_PRIVATE, ...) until its VM thread lets them go), and under
+ * --serialize a thread that waited there keeping the turn would stop the
+ * thread that is to wake it: a futex wait is a switch point, as
+ * pthread_cond_wait is.  Every other call passes through.
  *
  * The shim's own code reaches the kernel through llft_raw_syscall (the
  * build renames its calls to syscall, setup.py), never through this
@@ -13,6 +20,12 @@
 
 #include <linux/futex.h>
 #include <stdarg.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <sys/times.h>
+#include <time.h>
+#include <unistd.h>
 
 #undef syscall
 
@@ -85,7 +98,27 @@ static int futex_waits(long op)
 EXPORT long syscall(long nr, ...)
 {
     SIX_ARGS(nr, a);
-    if (nr == SYS_futex && futex_waits(a[1]))
-        LLFT_SWITCH_POINT(long, raw6(nr, a[0], a[1], a[2], a[3], a[4], a[5]));
+    switch (nr) {
+    case SYS_getrandom:
+        return getrandom((void *)a[0], (size_t)a[1], (unsigned)a[2]);
+    case SYS_clock_gettime:
+        return clock_gettime((clockid_t)a[0], (struct timespec *)a[1]);
+    case SYS_gettimeofday:
+        return gettimeofday((struct timeval *)a[0], (void *)a[1]);
+#ifdef SYS_time
+    case SYS_time:
+        return time((time_t *)a[0]);
+#endif
+    case SYS_getpid:
+        return getpid();
+    case SYS_getrusage:
+        return getrusage((int)a[0], (struct rusage *)a[1]);
+    case SYS_times:
+        return times((struct tms *)a[0]);
+    case SYS_futex:
+        if (futex_waits(a[1]))
+            LLFT_SWITCH_POINT(long, raw6(nr, a[0], a[1], a[2], a[3], a[4], a[5]));
+        break;
+    }
     return raw6(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }

@@ -42,6 +42,17 @@ def test_race_replicas_agree_run_after_run(examples, llft_run):
     assert len(seen) > 1, "every run gave the same digest: nothing was non-deterministic"
 
 
+def test_inputs_read_through_libcs_generic_syscall_agree(examples, llft_run):
+    """syscall(SYS_getrandom), the clocks, getpid, getrusage and times
+    through libc's generic entry (as OpenSSL and libuv reach getrandom):
+    every replica prints the primary's values (llft-run exits 86 when the
+    replicas' stdout differ)."""
+    run = llft_run([examples / "syscall_inputs"])
+    assert run.status == 0, run.stderr
+    assert run.out(0).startswith("getrandom 16:"), run.out(0)
+    assert run.out(1) == run.out(0) and run.out(2) == run.out(0)
+
+
 def test_fd_numbers_race_and_replicas_agree(examples, llft_run):
     """Threads make pipes, eventfds, socketpairs, sockets and copies of them
     and close them again: which thread gets which number changes from run to
