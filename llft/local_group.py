@@ -18,12 +18,11 @@ from llft.follow import STALL_S, FollowWatch
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
                                        stream_path, sweep_dead_rings)
-from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_BACKUP, ROLE_PRIMARY,
+from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY,
                          StreamFile)
 from llft.ordering.backend import RecordOrdering, ordering_for
-from llft.process_tree import end_orphans
 from llft.thread_snapshot import keep_stall_snapshot
-from llft.replica import Replica
+from llft.replica import Replica, release_replicas, stop_replicas, watch_exit
 from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
@@ -152,17 +151,12 @@ class LocalGroup:
             "controller_pid": os.getpid(),
             "argv": self.argv,
             "respawn": self.opts.respawn,
-            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
-                          "precedence": r.index, "rank": ranks.get(r.index),
-                          "stream": r.stream.path, "files": r.files_dir and str(r.files_dir),
-                          "status": r.status, "records": r.stream.records,
-                          "serial_steals": r.stream.serial_steals,
-                          "clock_offsets_ns": r.stream.clock_offsets(),
-                          "replaces": r.replaces, "catch_up": r.catch_up,
-                          "follow": self.follow.view(r.index) if r.role == "backup" else None,
-                          "outputs": rl.output_summary() if rl else {},
-                          "outgoing": self.outgoing.summary(r.index),
-                          "datagrams": self.gateway.datagrams.summary(r.index) if self.gateway else {}}
+            "replicas": [dict(r.state(), precedence=r.index, rank=ranks.get(r.index),
+                              replaces=r.replaces, catch_up=r.catch_up,
+                              follow=self.follow.view(r.index) if r.role == "backup" else None,
+                              outputs=rl.output_summary() if rl else {},
+                              outgoing=self.outgoing.summary(r.index),
+                              datagrams=self.gateway.datagrams.summary(r.index) if self.gateway else {})
                          for r, rl in zip(self.replicas, self.relays or [None] * len(self.replicas))],
             "gateway": dict(self.gateway.stats, errors=self.gateway.errors) if self.gateway else None,
             "failovers": self.failovers,
@@ -191,7 +185,7 @@ class LocalGroup:
         await self.outgoing.serve()
         for r in list(self.replicas):
             self._relay(r)
-            self._watch_exit(r)
+            watch_exit(r, self.exited.set)
         self.gateway = None
         if primary is not None:
             self.gateway = Gateway(self.plane, self.relays, self.relays[0], self.opts.port_map, self.opts.host,
@@ -307,7 +301,7 @@ class LocalGroup:
             r.replaces = failed.index
             r.catch_up = {"records": None, "ms": None, "done": False}
             r.start(self.argv, self.env)
-            self._watch_exit(r)
+            watch_exit(r, self.exited.set)
             self.tasks.append(asyncio.create_task(self.outgoing.serve()))
             self.gateway.add_relay(self._relay(r))
             feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
@@ -347,21 +341,6 @@ class LocalGroup:
                 r.signal(signal.SIGKILL)
                 if r.role == "backup":
                     self._backup_failed(r, "was fenced")
-
-    def _watch_exit(self, r: Replica):
-        """Sets self.exited as soon as r exits (pidfd), so that a failover
-        starts at once rather than at the next poll."""
-        loop = asyncio.get_running_loop()
-        try:
-            fd = os.pidfd_open(r.pid)
-        except (OSError, AttributeError, TypeError):
-            return
-
-        def exited():
-            loop.remove_reader(fd)
-            os.close(fd)
-            self.exited.set()
-        loop.add_reader(fd, exited)
 
     async def _wait_replicas(self, primary):
         deadline = None
@@ -450,14 +429,7 @@ class LocalGroup:
 
     def stop(self):
         """Ends every replica: SIGTERM, then SIGKILL after 3 s."""
-        for r in self.replicas:
-            r.signal(signal.SIGTERM)
-        end = time.monotonic() + 3
-        while any(r.alive() for r in self.replicas) and time.monotonic() < end:
-            time.sleep(0.02)
-        for r in self.replicas:
-            if r.alive():
-                r.kill()
+        stop_replicas(self.replicas)
 
     def _verdict(self, primary: Replica | None) -> int:
         self._check_serial_steals(primary)
@@ -479,14 +451,9 @@ class LocalGroup:
         for r in self.replicas:
             if r is primary or r.role == "failed":
                 continue
-            if r.stream.diverged:
-                r.problems.append(r.stream.divergence)
-            elif r.status == EXIT_DIVERGED:
-                r.problems.append("stopped on a divergence (see its stderr)")
-            elif r.status == EXIT_NOSTREAM:
-                r.problems.append("stopped: its record stream is missing or incomplete (see its stderr)")
-            elif expected is not None and r.status != expected and not r.killed_by_llft:
-                r.problems.append(f"exited with status {r.status}, the primary with {expected}")
+            problem = r.end_problem(expected)
+            if problem:
+                r.problems.append(problem)
             elif expected is not None and r.status == expected and not r.stream.stopped_for_good:
                 problem = stdout_problem(primary.out_dir / "stdout", r.out_dir / "stdout")
                 if problem:
@@ -511,9 +478,6 @@ class LocalGroup:
         return next((r for r in self.replicas if r.role == "primary"), self.replicas[0]).last_words()
 
     def cleanup(self):
-        end_orphans(keep={r.pid for r in self.replicas if r.alive()})
         if self.ordering is not None:
             self.ordering.close()
-        for r in self.replicas:
-            r.stream.close()
-            r.stream.unlink()
+        release_replicas(self.replicas)

@@ -1,18 +1,21 @@
 """Starting one replica of the user's program under the preload library."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
 from llft.members import start_time
-from llft.native import ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
+from llft.native import EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
 from llft.native_sockets import bypass_message, bypassing_ports
-from llft.process_tree import end_process_group
+from llft.process_tree import end_orphans, end_process_group
 from llft.serving.channel import ProgramChannel
 
 
@@ -165,6 +168,27 @@ class Replica:
                              + before if before else ""))
         return what, report
 
+    def end_problem(self, expected: int | None) -> str | None:
+        """Why this backup's end is not its primary's (which ended with
+        status expected, None if unknown), or None."""
+        if self.stream.diverged:
+            return self.stream.divergence
+        if self.status == EXIT_DIVERGED:
+            return "stopped on a divergence (see its stderr)"
+        if self.status == EXIT_NOSTREAM:
+            return "stopped: its record stream is missing or incomplete (see its stderr)"
+        if expected is not None and self.status != expected and not self.killed_by_llft:
+            return f"exited with status {self.status}, the primary with {expected}"
+        return None
+
+    def state(self) -> dict:
+        """What llft-status shows of this replica, whatever runs it (a local
+        group, a member of a group across hosts)."""
+        return {"index": self.index, "role": self.role, "pid": self.pid, "started": self.started,
+                "stream": self.stream.path, "files": self.files_dir and str(self.files_dir),
+                "status": self.status, "records": self.stream.records,
+                "serial_steals": self.stream.serial_steals, "clock_offsets_ns": self.stream.clock_offsets()}
+
     def signal(self, sig: int):
         if self.alive():
             try:
@@ -178,3 +202,44 @@ class Replica:
         if self.proc:
             self.proc.wait()
             self.poll()
+
+
+def stop_replicas(replicas: Iterable[Replica], grace: float = 3.0):
+    """Ends every replica: SIGTERM, then SIGKILL to those still running
+    after grace seconds."""
+    replicas = list(replicas)
+    for r in replicas:
+        r.signal(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(r.alive() for r in replicas) and time.monotonic() < end:
+        time.sleep(0.02)
+    for r in replicas:
+        if r.alive():
+            r.kill()
+
+
+def watch_exit(r: Replica, on_exit: Callable[[], None]):
+    """Calls on_exit from the running event loop as soon as r's process
+    exits (a pidfd turns readable), so that whatever follows (a failover,
+    the member's end) starts at once rather than at the next poll."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(r.pid)
+    except (OSError, AttributeError, TypeError):
+        return
+
+    def exited():
+        loop.remove_reader(fd)
+        os.close(fd)
+        on_exit()
+    loop.add_reader(fd, exited)
+
+
+def release_replicas(replicas: Iterable[Replica]):
+    """After a run: ends what the replicas left running in the background
+    (llft/process_tree.py) and removes their record streams."""
+    replicas = list(replicas)
+    end_orphans(keep={r.pid for r in replicas if r.alive()})
+    for r in replicas:
+        r.stream.close()
+        r.stream.unlink()

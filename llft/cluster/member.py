@@ -17,7 +17,6 @@ import gc
 import logging
 import os
 import secrets
-import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -48,8 +47,7 @@ from llft.messaging.retire import RETIRED_DROP
 from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, refusal_of, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
-from llft.process_tree import end_orphans
-from llft.replica import Replica
+from llft.replica import Replica, release_replicas, stop_replicas, watch_exit
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
 from llft import wire
@@ -582,7 +580,8 @@ class HostMember:
         self._ready_shipping(loop)
         if self.ep.is_primary:
             self._start_shipping()
-        exited = self._watch_exit(loop)
+        exited = asyncio.Event()
+        watch_exit(self.replica, exited.set)
         next_state = 0.0
         try:
             while self.replica.alive() and self.interrupted is None:
@@ -810,40 +809,20 @@ class HostMember:
             log.error("%s", self.failed)
         if r.role == "primary":
             return status
+        problem = r.end_problem(self.primary_status)
+        if problem is None:
+            return status
         if r.stream.diverged or status == EXIT_DIVERGED:
             what, report = r.report_divergence()
             log.error("replica %d diverged from the primary: %s.  The report is in %s.  %s", r.index, what, report,
                       r.divergence_advice())
-            return EXIT_DIVERGED
-        if self.primary_status is not None and status != self.primary_status:
-            log.error("replica %d exited with status %s, the primary with %s", r.index, status,
-                      self.primary_status)
-            return EXIT_DIVERGED
-        return status
-
-    def _watch_exit(self, loop) -> asyncio.Event:
-        exited = asyncio.Event()
-        try:
-            fd = os.pidfd_open(self.replica.pid)
-        except (OSError, AttributeError):
-            return exited
-
-        def gone():
-            loop.remove_reader(fd)
-            os.close(fd)
-            exited.set()
-        loop.add_reader(fd, gone)
-        return exited
+        else:
+            log.error("replica %d %s", r.index, problem)
+        return EXIT_DIVERGED
 
     def stop(self):
-        if self.replica is None:
-            return
-        self.replica.signal(signal.SIGTERM)
-        end = time.monotonic() + 3
-        while self.replica.alive() and time.monotonic() < end:
-            time.sleep(0.02)
-        if self.replica.alive():
-            self.replica.kill()
+        if self.replica is not None:
+            stop_replicas([self.replica])
 
     def cleanup(self):
         admission = getattr(self, "admission", None)
@@ -858,9 +837,7 @@ class HostMember:
             feeder.end()
             feeder.join(timeout=3)   # it writes into the ring we are about to unmap
         if self.replica is not None:
-            end_orphans(keep={self.replica.pid} if self.replica.alive() else set())
-            self.replica.stream.close()
-            self.replica.stream.unlink()
+            release_replicas([self.replica])
 
     # -- what llft-status shows ------------------------------------------------
     def _log_drops(self):
@@ -884,15 +861,12 @@ class HostMember:
             "group": self.opts.group, "group_id": self.gid, "phase": phase, "controller_pid": os.getpid(),
             "argv": self.argv, "member": self.me, "view": {"pvn": view.pvn, "primary": view.primary},
             "members": members,
-            "replicas": [{"index": r.index, "role": r.role, "pid": r.pid, "started": r.started,
-                          "stream": r.stream.path, "files": r.files_dir and str(r.files_dir),
-                          "status": r.status, "records": r.stream.records,
-                          "follow": None if self.ep.is_primary else self.follow.view(r.index),
-                          "clock_offsets_ns": r.stream.clock_offsets(),
-                          "outputs": self.relay.output_summary() if hasattr(self, "relay") else {},
-                          "outputs_kept": len(self.relay.outputs) if hasattr(self, "relay") else 0,
-                          "datagrams": self.datagrams.summary(), "datagrams_held": self.datagrams.held(),
-                          "outgoing": self.outgoing.summary() if hasattr(self, "outgoing") else {}}] if r else [],
+            "replicas": [dict(r.state(),
+                              follow=None if self.ep.is_primary else self.follow.view(r.index),
+                              outputs=self.relay.output_summary() if hasattr(self, "relay") else {},
+                              outputs_kept=len(self.relay.outputs) if hasattr(self, "relay") else 0,
+                              datagrams=self.datagrams.summary(), datagrams_held=self.datagrams.held(),
+                              outgoing=self.outgoing.summary() if hasattr(self, "outgoing") else {})] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
             "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
