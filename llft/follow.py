@@ -7,8 +7,12 @@ replays; one frozen by a signal is fenced after the fault timeout
 instead.)"""
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger("llft.follow")
 
 STALL_S = 5.0   # default bound: no record replayed this long while some wait is a stall
 
@@ -42,6 +46,16 @@ class FollowWatch:
             change = "stalled" if stalled else "moving"
         f.stalled = stalled
         return change
+
+    def note(self, index: int, given: int, replayed: int, where: Callable[[], str] | None = None):
+        """check(), and says a change in the log: where() names where the
+        threads were when a backup stopped following (a snapshot file)."""
+        change = self.check(index, given, replayed)
+        if change == "stalled":
+            at = f" (where its threads and the primary's were: {where()})" if where else ""
+            log.error("replica %d (backup) %s%s", index, self.describe(index), at)
+        elif change == "moving":
+            log.warning("replica %d (backup) replays again: it follows the primary", index)
 
     def forget(self, index: int):
         self.backups.pop(index, None)

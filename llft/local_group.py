@@ -5,6 +5,7 @@ messaging protocol instead; the forwarder's interface stays the same.)"""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -275,16 +276,15 @@ class LocalGroup:
             sink = self.sinks.get(r.index)
             if r.role != "backup" or sink is None or sink.dead or not r.alive():
                 continue
-            change = self.follow.check(r.index, sink.delivered, r.stream.records)
-            if change == "stalled":
-                primary = next((p for p in self.replicas if p.role == "primary"), None)
-                where = keep_stall_snapshot(r.out_dir / "stall-threads.txt", {
-                    f"replica {r.index} (backup)": r.pid,
-                    f"replica {primary.index} (primary)" if primary else "primary": primary and primary.pid})
-                log.error("replica %d (backup) %s (where its threads and the primary's were: %s)", r.index,
-                          self.follow.describe(r.index), where)
-            elif change == "moving":
-                log.warning("replica %d (backup) replays again: it follows the primary", r.index)
+            self.follow.note(r.index, sink.delivered, r.stream.records, functools.partial(self._stall_snapshot, r))
+
+    def _stall_snapshot(self, r: Replica) -> str:
+        """Where a backup that stopped following and its primary are: the
+        file that keeps their threads' stacks."""
+        primary = next((p for p in self.replicas if p.role == "primary"), None)
+        return keep_stall_snapshot(r.out_dir / "stall-threads.txt", {
+            f"replica {r.index} (backup)": r.pid,
+            f"replica {primary.index} (primary)" if primary else "primary": primary and primary.pid})
 
     # -- re-adding replicas (--respawn) -----------------------------------
     def _respawn(self):

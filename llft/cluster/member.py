@@ -652,11 +652,7 @@ class HostMember:
         feeder = getattr(self, "feeder", None)
         if self.ep.is_primary or feeder is None:
             return
-        change = self.follow.check(self.replica.index, feeder.sink.delivered, self.replica.stream.records)
-        if change == "stalled":
-            log.error("replica %d (backup) %s", self.replica.index, self.follow.describe(self.replica.index))
-        elif change == "moving":
-            log.warning("replica %d (backup) replays again: it follows the primary", self.replica.index)
+        self.follow.note(self.replica.index, feeder.sink.delivered, self.replica.stream.records)
 
     def _check_replica_frozen(self):
         """A replica stopped (SIGSTOP, a debugger) longer than the fault
