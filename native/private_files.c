@@ -93,11 +93,13 @@ int llft_private_files(const char *plan)
         return fail("make private", "/");
     for (int i = 0; i < n; i++) {
         struct step *s = &steps[i];
+        s->upper_fd = s->work_fd = -1;
         s->fd = open(s->target, O_PATH | O_CLOEXEC);
-        /* A mount planned to be seen again through an overlay above it may
-         * be gone since the plan (a network namespace's file under
-         * /run/netns, removed meanwhile): nothing to show then. */
-        if (s->fd < 0 && s->bind && errno == ENOENT)
+        /* A mount may be gone since the plan (a network namespace's file
+         * under /run/netns, a tool's scratch mount under /tmp, removed
+         * meanwhile): nothing to show or to overlay then; the mount above
+         * it covers its path. */
+        if (s->fd < 0 && errno == ENOENT)
             continue;
         if (s->fd < 0)
             return fail("open", s->target);
@@ -114,9 +116,9 @@ int llft_private_files(const char *plan)
         struct step *s = &steps[i];
         char source[64];
         snprintf(source, sizeof source, "/proc/self/fd/%d", s->fd);
+        if (s->fd < 0)
+            continue;
         if (s->bind) {
-            if (s->fd < 0)
-                continue;
             if (mount(source, s->target, NULL, MS_BIND | MS_REC, NULL) != 0 && errno != ENOENT)
                 return fail("bind", s->target);
             continue;
@@ -130,10 +132,10 @@ int llft_private_files(const char *plan)
     for (int i = 0; i < n; i++) {
         if (steps[i].fd >= 0)
             close(steps[i].fd);
-        if (!steps[i].bind) {
+        if (steps[i].upper_fd >= 0)
             close(steps[i].upper_fd);
+        if (steps[i].work_fd >= 0)
             close(steps[i].work_fd);
-        }
     }
     /* The working directory still names the directory under the overlay. */
     if (chdir(cwd) != 0)

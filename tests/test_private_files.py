@@ -77,6 +77,26 @@ def test_a_mount_gone_since_the_plan_does_not_stop_a_replica(tmp_path):
     assert started.returncode == 0, started.stderr
 
 
+def test_a_scratch_mount_gone_since_the_plan_does_not_stop_a_replica(tmp_path):
+    """A writable mount the plan overlays (a tool's scratch tmpfs under
+    /tmp, as criu mounts one for a moment) may be gone before the replica
+    starts: the replica starts all the same, the mount above covering its
+    path."""
+    import os
+    from llft.private_files import enter, prepare
+    point = Path(f"/tmp/llft-test-scratch-{os.getpid()}")
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "scratch", str(point)], check=True)
+    try:
+        text = prepare(tmp_path / "files")
+        assert str(point).encode() in text, "the plan overlays the scratch mount"
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+        point.rmdir()
+    started = subprocess.run(["/bin/true"], preexec_fn=lambda: enter(text), capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+
+
 def incr_clients(group: ServingGroup, nclients: int, each: int, kill_at: int) -> list[int]:
     seen: dict[int, list[int]] = {}
     progress = Progress()
