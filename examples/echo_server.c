@@ -7,23 +7,7 @@
 
 #include "lineproto.h"
 
-static void *serve(void *arg)
-{
-    serve_connection((int)(intptr_t)arg);
-    return NULL;
-}
-
 int main(int argc, char **argv)
 {
-    int lfd = listen_on(argc > 1 ? atoi(argv[1]) : 7000);
-    for (;;) {
-        struct sockaddr_in peer;
-        socklen_t len = sizeof peer;
-        int fd = accept(lfd, (struct sockaddr *)&peer, &len);
-        if (fd < 0)
-            continue;
-        pthread_t th;
-        pthread_create(&th, NULL, serve, (void *)(intptr_t)fd);
-        pthread_detach(th);
-    }
+    serve_with_threads(listen_on(argc > 1 ? atoi(argv[1]) : 7000));
 }

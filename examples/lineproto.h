@@ -107,6 +107,27 @@ static inline void serve_connection(int fd)
     close(fd);
 }
 
+static void *serve_connection_thread(void *arg)
+{
+    serve_connection((int)(intptr_t)arg);
+    return NULL;
+}
+
+/* Accepts on lfd forever, serving each connection on a thread of its own. */
+static inline void serve_with_threads(int lfd)
+{
+    for (;;) {
+        struct sockaddr_in peer;
+        socklen_t len = sizeof peer;
+        int fd = accept(lfd, (struct sockaddr *)&peer, &len);
+        if (fd < 0)
+            continue;
+        pthread_t th;
+        pthread_create(&th, NULL, serve_connection_thread, (void *)(intptr_t)fd);
+        pthread_detach(th);
+    }
+}
+
 static inline int listen_on(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -128,6 +128,10 @@ static void attach(const char *spec)
 
 void llft_init_slow(void)
 {
+    if (__atomic_load_n(&llft_state, __ATOMIC_ACQUIRE) == LLFT_STATE_FORKING) {
+        llft_fork_child_check();
+        return;
+    }
     int expected = 0;
     if (!__atomic_compare_exchange_n(&llft_state, &expected, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return; /* already running (a nested call passes through) or done */
@@ -277,12 +281,22 @@ __attribute__((destructor)) static void llft_dtor(void) { at_exit(); }
 DEFINE_REAL(_exit)
 EXPORT void _exit(int status)
 {
+    llft_daemon_exit();
     at_exit();
     ((void (*)(int))REAL(_exit))(status);
     __builtin_unreachable();
 }
 
 EXPORT void _Exit(int status) { _exit(status); }
+
+/* exit(): a daemon's parent leaving its child to go on (daemon_fork.c). */
+DEFINE_REAL(exit)
+EXPORT void exit(int status)
+{
+    llft_daemon_exit();
+    ((void (*)(int))REAL(exit))(status);
+    __builtin_unreachable();
+}
 
 void llft_exit_now(int code)
 {

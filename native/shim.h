@@ -36,7 +36,8 @@ struct llft_thread {
 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
-extern int llft_state;            /* 0 not started, 1 initialising, 2 ready */
+extern int llft_state;            /* 0 not started, 1 initialising, 2 ready, or: */
+#define LLFT_STATE_FORKING 3      /* ready, and a fork() is under way: a call may be the child's (daemon_fork.c) */
 extern llft_ctl_t *llft_ctl;      /* NULL when this process is not replicated */
 extern llft_ring_t *llft_ring;
 extern uint32_t llft_next_tid;    /* primary: next logical thread id */
@@ -80,6 +81,17 @@ static inline int64_t llft_ts_ns(const struct timespec *ts) { return (int64_t)ts
 static inline void llft_nap(const struct timespec *d) { syscall(SYS_nanosleep, d, NULL); }
 static inline void llft_yield(void) { syscall(SYS_sched_yield); }
 
+/* ---- a daemon's fork (daemon_fork.c) ---- */
+enum { LLFT_FORK_PLAIN, LLFT_FORK_HELD, LLFT_FORK_RESUMED };
+extern int llft_fork_held;             /* a forked child waits for this process's next move */
+/* fork(): how says whether the child is held (parent) or this process went
+ * on as its child (resumed, returning 0). */
+pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how);
+void  llft_daemon_fork_settle(void);   /* the parent's next switch point: the held child goes on */
+void  llft_daemon_exit(void);          /* exit or _exit: goes on as the held child instead */
+void  llft_fork_child_check(void);     /* during a fork: a call in the child leaves the stream */
+int   llft_daemon_gate_at(unsigned long addr);
+
 /* ---- --serialize: one thread runs at a time (serialize.c) ---- */
 extern int llft_serial_on;            /* set once, at attach */
 void llft_serial_init(void);
@@ -96,9 +108,12 @@ static inline void llft_serial_take(void)
         llft_serial_take_slow();
 }
 /* Returns call's value; under --serialize the turn is given up around it
- * (a call that may wait for another thread or for input), errno kept. */
+ * (a call that may wait for another thread or for input), errno kept.  A
+ * child held by a daemon's fork is let go first (daemon_fork.c). */
 #define LLFT_SWITCH_POINT(type, call)                                               \
     do {                                                                            \
+        if (UNLIKELY(llft_fork_held))                                               \
+            llft_daemon_fork_settle();                                              \
         if (LIKELY(!llft_serial_on))                                                \
             return call;                                                            \
         llft_serial_give_slow();                                                    \

@@ -88,6 +88,8 @@ static void check_reachable(const void *target, enum exec_target how)
 static int replicated_exec(exec_fn fn, const void *target, enum exec_target how, char *const argv[],
                            char *const envp[])
 {
+    if (UNLIKELY(llft_fork_held))
+        llft_daemon_fork_settle(); /* a forked child goes on once its parent execs */
     struct llft_thread *t;
     int role = llft_mode(&t);
     if (role != LLFT_ROLE_OFF) {

@@ -6,7 +6,8 @@
  * a client unreplicated (nginx's workers would read llft's connection
  * headers as requests).  The refusal names the memory the child shares
  * with the replica, if any (apache's scoreboard): what one process writes
- * there the other reads, and nothing records it. */
+ * there the other reads, and nothing records it.  A daemon's fork, whose
+ * parent exits at once, is followed instead (daemon_fork.c). */
 #include "fdtable.h"
 
 #include <fcntl.h>
@@ -57,7 +58,7 @@ static void note_shared_memory(char *out, size_t cap)
             *nl = 0;
             unsigned long lo;
             char perms[8] = "", path[64] = "";
-            if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) >= 2) {
+            if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) >= 2 && !llft_daemon_gate_at(lo)) {
                 const char *kind = shared_kind(perms, path);
                 if (kind) {
                     snprintf(out, cap, "%s at %#lx", kind, lo);
@@ -80,12 +81,15 @@ EXPORT pid_t fork(void)
 {
     if (llft_ctl)
         note_shared_memory(shared_memory, sizeof shared_memory);
-    pid_t p = REAL(fork)();
+    int how;
+    pid_t p = llft_daemon_fork(REAL(fork), &how);
+    if (how == LLFT_FORK_RESUMED)
+        return 0;
     if (p == 0 && llft_ctl) {
         llft_forked_from = llft_ctl;
         llft_ctl = NULL;
-    } else if (p > 0 && llft_ctl) {
-        llft_fds_shared_with_child();
+    } else if (p > 0 && llft_ctl && how != LLFT_FORK_HELD) {
+        llft_fds_shared_with_child(); /* a held child's parent does so when it lets it go */
     }
     return p;
 }

@@ -156,6 +156,20 @@ def test_redis_with_appendonly_fails_over_and_its_data_continues(tmp_path):
 
 
 @pytest.mark.skipif(not REDIS, reason="redis-server not installed (scripts/setup.sh installs it)")
+def test_redis_daemonized_is_followed_and_fails_over(tmp_path):
+    """redis with daemonize yes forks and its parent exits: each replica
+    goes on as the child (daemon_fork.c), and INCRs come exactly once
+    across a primary kill."""
+    group = ServingGroup(tmp_path / "rd", [REDIS, "--port", str(free_port()), "--dir", tmp_path, "--save", "",
+                                           "--appendonly", "no", "--daemonize", "yes"])
+    assert incr_clients(group, 3, 300, kill_at=250) == list(range(1, 901)), "an INCR was lost or applied twice"
+    redis_shutdown(group)
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+
+
+@pytest.mark.skipif(not REDIS, reason="redis-server not installed (scripts/setup.sh installs it)")
 def test_redis_loads_an_existing_aof_alike_at_every_replica(tmp_path):
     """Files the program did not write read the same at every replica: an
     AOF made before the group started is loaded by all three, unchanged."""
@@ -273,10 +287,13 @@ NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
 @pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
-def test_nginx_single_process_fails_over_and_logs_once_per_replica(tmp_path):
-    """nginx with master_process off: each replica's access.log in its own
-    files has every request once, the machine's log directory stays empty,
-    and a kill under keep-alive load loses no request."""
+@pytest.mark.parametrize("daemon", ["off", "on"])
+def test_nginx_single_process_fails_over_and_logs_once_per_replica(daemon, tmp_path):
+    """nginx with master_process off, in the foreground or daemonized (its
+    parent writes the pid file and exits; each replica goes on as the
+    child, daemon_fork.c): each replica's access.log in its own files has
+    every request once, the machine's log directory stays empty, and a kill
+    under keep-alive load loses no request."""
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
     page = b"<p>llft</p>\n" * 40
@@ -284,7 +301,7 @@ def test_nginx_single_process_fails_over_and_logs_once_per_replica(tmp_path):
     conf = tmp_path / "nginx.conf"
     temp = " ".join(f"{kind}_temp_path {tmp_path}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
                                                                          "scgi"))
-    conf.write_text(f"""daemon off;
+    conf.write_text(f"""daemon {daemon};
 master_process off;
 pid {tmp_path}/logs/nginx.pid;
 error_log {tmp_path}/logs/error.log;

@@ -54,6 +54,56 @@ def test_a_server_started_by_a_forking_shell_script_fails_over(examples, tmp_pat
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
 
 
+@pytest.mark.parametrize("how", [["exit"], ["_exit", "twice"], ["daemon"]])
+def test_a_server_that_daemonizes_is_followed_and_fails_over(how, examples, tmp_path):
+    """daemon_server forks and its parent exits (with exit, with _exit and
+    a second fork after setsid, or inside glibc's daemon(3)), as redis's
+    daemonize and memcached -d do: each replica goes on as the child itself (same pid, nothing left
+    behind), and a primary killed under load loses and repeats nothing."""
+    import json
+    group = ServingGroup(tmp_path / "rd", [examples / "daemon_server", 7000, *how])
+    started = json.loads((group.run_dir / "llft-run.json").read_text())["replicas"]
+    for r in started:
+        assert psutil.Process(r["pid"]).children() == [], "a forked child was left running beside the replica"
+    results = run_clients(group, nclients=3, nlines=200, kills=1)
+    check_exactly_once(results, 3, 200)
+    state = finish_and_check(group)
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert [r["pid"] for r in state["replicas"]] == [r["pid"] for r in started]
+
+
+@pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
+def test_memcached_daemonized_is_followed_and_fails_over(tmp_path):
+    """memcached -d forks and its parent _exits: each replica goes on as
+    the child (daemon_fork.c), and INCRs come exactly once across a primary
+    kill."""
+    from serving import Progress, concurrently, kill_after
+    group = ServingGroup(tmp_path / "rd", [shutil.which("memcached"), "-d", "-A", "-p", "11211", "-U", "0",
+                                           "-l", "127.0.0.1", "-u", "root", "-o", "no_lru_crawler,no_lru_maintainer"])
+    with group.connect() as s:
+        f = s.makefile("rwb")
+        f.write(b"set counter 0 0 1\r\n0\r\n")
+        f.flush()
+        assert f.readline() == b"STORED\r\n"
+    progress, got = Progress(), []
+
+    def client(i):
+        with group.connect() as s:
+            f = s.makefile("rwb")
+            for _ in range(300):
+                f.write(b"incr counter 1\r\n")
+                f.flush()
+                got.append(int(f.readline()))
+                progress.tick()
+
+    concurrently(client, 3, kill_after(group, progress, 250))
+    assert sorted(got) == list(range(1, 901)), "an incr was lost or applied twice"
+    with group.connect() as s:
+        s.sendall(b"shutdown\r\n")
+    state = group.finish()
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
+
+
 def no_process_left(marker: str):
     """No process whose command line holds marker (the test's own port)."""
     end = time.monotonic() + 10

@@ -1,0 +1,63 @@
+/* daemon_server: the echo server (one thread per connection, see
+ * lineproto.h) that puts itself in the background first, as redis's
+ * `daemonize yes`, memcached -d and nginx's `daemon on` do: fork, the
+ * parent exits, the child starts a session of its own, moves to /, and
+ * points its standard streams at /dev/null.  With "twice" it forks a
+ * second time after setsid, as the classic double fork does; with
+ * "daemon" it calls daemon(3) instead.
+ * usage: daemon_server PORT [exit|_exit|daemon] [twice] */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "lineproto.h"
+
+static void parent_leaves(int quick)
+{
+    pid_t p = fork();
+    if (p < 0) {
+        perror("fork");
+        exit(1);
+    }
+    if (p > 0) {
+        if (quick)
+            _exit(0);
+        exit(0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int port = argc > 1 ? atoi(argv[1]) : 7000;
+    int quick = argc > 2 && strcmp(argv[2], "_exit") == 0;
+    int twice = argc > 3 && strcmp(argv[3], "twice") == 0;
+    if (argc > 2 && strcmp(argv[2], "daemon") == 0) {
+        if (daemon(0, 0) != 0) {
+            perror("daemon");
+            return 1;
+        }
+    } else {
+        parent_leaves(quick);
+        if (setsid() < 0) {
+            perror("setsid");
+            return 1;
+        }
+        if (twice)
+            parent_leaves(1);
+        if (chdir("/") != 0)
+            return 1;
+        int null = open("/dev/null", O_RDWR);
+        if (null < 0)
+            return 1;
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        if (null > 2)
+            close(null);
+    }
+    serve_with_threads(listen_on(port));
+}

@@ -1,0 +1,320 @@
+/* A daemon's fork: the process forks, the parent exits at once, and the
+ * child goes on as the server (redis's daemonize, memcached -d, nginx's
+ * `daemon on`: fork; the parent calls exit or _exit; the child setsid()s).
+ * The replica is the parent, whose record stream ends with its exit, and a
+ * forked child runs unrecorded (wrap_fork.c).  So the replica follows the
+ * program into its child by not leaving: it goes on as the child itself.
+ *
+ * The fork is real, but the child waits, before it returns to the
+ * program, until the parent's next move:
+ *
+ *   - the parent calls exit or _exit (nothing the shim sees in between):
+ *     the child is killed, and the parent resumes at the fork's return
+ *     with 0, on the stack as it was then (a copy taken at the fork), as
+ *     the child would have.  Same pid, same threads, same record stream:
+ *     at every replica alike, since the parent's path is replayed.
+ *     setsid() then succeeds without leaving the replica's session, which
+ *     llft's process-group signals rely on.
+ *   - the parent makes a call that may wait for another process or for
+ *     input (a switch point, shim.h: a wait for the child, a read of a
+ *     pipe from it, a poll), forks again, starts a thread or execs: the
+ *     child is let go, an ordinary child as wrap_fork.c describes, before
+ *     that call runs.  Other calls on the way to the exit (nginx's parent
+ *     writes the pid file) are recorded and replayed as any are.
+ *
+ * Only a process that has started no thread does so: a child would have
+ * none of its parent's other threads.  What the parent's path changed
+ * outside its stack (rarely anything before an exit) stays changed. */
+#undef _FORTIFY_SOURCE /* the resumption jumps from another stack to an older frame */
+#include "shim.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define ALT_STACK_BYTES (64 * 1024)
+#define CHILD_WAIT_MS 5000 /* a child still held then goes on by itself */
+
+enum { HELD = 0, LET_GO = 1, WENT_ALONE = 2 };
+
+int llft_fork_held; /* a child waits for this process's next move */
+
+static struct {
+    int continued;        /* this process went on as its child */
+    pid_t child;
+    sigjmp_buf at_fork;
+    char *stack_lo;       /* the copy of the stack [stack_lo, stack_hi) at the fork */
+    size_t stack_len;
+    char *stack_copy;
+    size_t copy_cap;
+    char *alt_stack;
+} df;
+
+/* Shared with the waiting child: its fate. */
+static uint32_t *gate;
+
+int llft_daemon_gate_at(unsigned long lo)
+{
+    return gate && (unsigned long)gate == lo;
+}
+
+/* The end of the mapping that holds addr (the stack's top), read from
+ * /proc/self/maps with raw calls: the program's read is the shim's. */
+static char *mapping_end(const void *addr)
+{
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char buf[4096];
+    size_t have = 0;
+    char *found = NULL;
+    for (;;) {
+        long n = syscall(SYS_read, fd, buf + have, sizeof buf - 1 - have);
+        if (n > 0)
+            have += (size_t)n;
+        buf[have] = 0;
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            unsigned long lo, hi;
+            if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= (unsigned long)addr && (unsigned long)addr < hi) {
+                found = (char *)hi;
+                break;
+            }
+            line = nl + 1;
+        }
+        if (found || n <= 0)
+            break;
+        have = (size_t)(buf + have - line);
+        memmove(buf, line, have);
+    }
+    syscall(SYS_close, fd);
+    return found;
+}
+
+static void *map(size_t len)
+{
+    void *p = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return (long)p < 0 && (long)p > -4096 ? NULL : p;
+}
+
+/* Copies the stack from below the caller's frame to its top; 0 on success. */
+static __attribute__((noinline)) int copy_stack(void)
+{
+    char here;
+    char *lo = (char *)(((unsigned long)&here - 512) & ~15UL);
+    char *hi = mapping_end(&here);
+    if (!hi)
+        return -1;
+    size_t len = (size_t)(hi - lo);
+    if (len > df.copy_cap) {
+        if (df.stack_copy)
+            syscall(SYS_munmap, df.stack_copy, df.copy_cap);
+        df.copy_cap = (len + 0xffff) & ~0xffffUL;
+        df.stack_copy = map(df.copy_cap);
+        if (!df.stack_copy) {
+            df.copy_cap = 0;
+            return -1;
+        }
+    }
+    memcpy(df.stack_copy, lo, len);
+    df.stack_lo = lo;
+    df.stack_len = len;
+    return 0;
+}
+
+static int prepare(void)
+{
+    if (!gate) {
+        void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if ((long)p < 0 && (long)p > -4096)
+            return -1;
+        gate = p;
+    }
+    if (!df.alt_stack && !(df.alt_stack = map(ALT_STACK_BYTES)))
+        return -1;
+    return copy_stack();
+}
+
+/* In the child: waits for its fate; returns once it is to go on. */
+static void child_waits(void)
+{
+    uint64_t end = llft_now_ms() + CHILD_WAIT_MS;
+    uint32_t g;
+    while ((g = __atomic_load_n(gate, __ATOMIC_ACQUIRE)) == HELD) {
+        if (llft_now_ms() >= end) {
+            uint32_t held = HELD;
+            if (__atomic_compare_exchange_n(gate, &held, WENT_ALONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                return;
+            continue;
+        }
+        llft_futex_wait(gate, HELD, 100);
+    }
+}
+
+/* The pid that forks, while it does. */
+static pid_t forking_pid;
+
+/* Forks with the library's state at LLFT_STATE_FORKING, so that every call
+ * the shim sees meanwhile asks whether it runs in the child: the program's
+ * pthread_atfork handlers (jemalloc's relock and reset every arena lock in
+ * the child) run there before fork() returns, and must not record into
+ * the parent's stream. */
+static pid_t fork_quietly(pid_t (*real_fork)(void))
+{
+    forking_pid = (pid_t)syscall(SYS_getpid);
+    __atomic_store_n(&llft_state, LLFT_STATE_FORKING, __ATOMIC_RELEASE);
+    pid_t p = real_fork();
+    if (p == 0)
+        llft_fork_child_check();
+    __atomic_store_n(&llft_state, 2, __ATOMIC_RELEASE);
+    return p;
+}
+
+void llft_fork_child_check(void)
+{
+    if (llft_ctl && (pid_t)syscall(SYS_getpid) != forking_pid) {
+        llft_forked_from = llft_ctl;
+        llft_ctl = NULL;
+    }
+}
+
+pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
+{
+    *how = LLFT_FORK_PLAIN;
+    if (llft_fork_held)
+        llft_daemon_fork_settle();
+    if (!llft_ctl)
+        return real_fork();
+    if (__atomic_load_n(&llft_ctl->threads, __ATOMIC_RELAXED) != 0)
+        return fork_quietly(real_fork);
+    if (sigsetjmp(df.at_fork, 0)) {
+        /* Resumed: the parent's path exited; this process is the child. */
+        df.continued = 1;
+        *how = LLFT_FORK_RESUMED;
+        return 0;
+    }
+    if (prepare() != 0)
+        return fork_quietly(real_fork);
+    __atomic_store_n(gate, HELD, __ATOMIC_RELEASE);
+    pid_t p = fork_quietly(real_fork);
+    if (p == 0) {
+        child_waits();
+        return 0;
+    }
+    if (p > 0) {
+        llft_fork_held = 1;
+        df.child = p;
+        *how = LLFT_FORK_HELD;
+    }
+    return p;
+}
+
+void llft_fds_shared_with_child(void); /* fdtable.c */
+
+void llft_daemon_fork_settle(void)
+{
+    if (!llft_fork_held)
+        return;
+    llft_fork_held = 0;
+    __atomic_store_n(gate, LET_GO, __ATOMIC_RELEASE);
+    llft_futex_wake(gate);
+    llft_fds_shared_with_child();
+}
+
+static __attribute__((noreturn, noinline)) void restore_and_resume(void)
+{
+    memcpy(df.stack_lo, df.stack_copy, df.stack_len);
+    siglongjmp(df.at_fork, 1);
+}
+
+void llft_daemon_exit(void)
+{
+    if (!llft_fork_held)
+        return;
+    uint32_t held = HELD;
+    if (!__atomic_compare_exchange_n(gate, &held, LET_GO, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        llft_daemon_fork_settle(); /* it went on alone: this exit is the parent's own */
+        return;
+    }
+    llft_fork_held = 0;
+    /* The child's death is no news to the program: its SIGCHLD is taken
+     * here, with the signal blocked. */
+    sigset_t chld, old;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &chld, &old, sizeof(uint64_t));
+    syscall(SYS_kill, df.child, SIGKILL);
+    syscall(SYS_wait4, df.child, NULL, __WALL, NULL);
+    struct timespec none = {0, 0};
+    syscall(SYS_rt_sigtimedwait, &chld, NULL, &none, sizeof(uint64_t));
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, sizeof(uint64_t));
+    char *top = df.alt_stack + ALT_STACK_BYTES - 64;
+#if defined(__x86_64__)
+    __asm__ volatile("mov %0, %%rsp\n\tcall *%1\n" : : "r"(top), "r"(restore_and_resume) : "memory");
+#elif defined(__aarch64__)
+    __asm__ volatile("mov sp, %0\n\tblr %1\n" : : "r"(top), "r"(restore_and_resume) : "memory", "x30");
+#else
+#error "daemon_fork.c: no stack switch for this architecture"
+#endif
+    __builtin_unreachable();
+}
+
+/* setsid() after the replica went on as its child: the program's new
+ * session is the one it has (the replica stays in the process group llft
+ * signals); it gets its own pid as the session's id, as a child would. */
+DEFINE_REAL(setsid)
+EXPORT pid_t setsid(void)
+{
+    if (df.continued) {
+        df.continued = 0;
+        return getpid();
+    }
+    return REAL(setsid)();
+}
+
+/* Waits the parent's path may make for its child: switch points, so that
+ * a held child is let go first (it would never end), and under
+ * --serialize as pthread_join is. */
+#define SETTLING(ret, name, params, args)                                      \
+    DEFINE_REAL(name)                                                          \
+    EXPORT ret name params { LLFT_SWITCH_POINT(ret, REAL(name) args); }
+
+SETTLING(pid_t, wait, (int *status), (status))
+SETTLING(pid_t, waitpid, (pid_t pid, int *status, int options), (pid, status, options))
+SETTLING(pid_t, wait3, (int *status, int options, struct rusage *usage), (status, options, usage))
+SETTLING(pid_t, wait4, (pid_t pid, int *status, int options, struct rusage *usage), (pid, status, options, usage))
+SETTLING(int, waitid, (idtype_t type, id_t id, siginfo_t *info, int options), (type, id, info, options))
+SETTLING(int, pause, (void), ())
+SETTLING(int, sigsuspend, (const sigset_t *mask), (mask))
+
+/* glibc's daemon(3) forks inside libc, past the fork wrapper: it is done
+ * here as glibc does it, through that wrapper, so that it is followed. */
+EXPORT int daemon(int nochdir, int noclose)
+{
+    pid_t p = fork();
+    if (p < 0)
+        return -1;
+    if (p > 0)
+        _exit(0);
+    if (setsid() < 0)
+        return -1;
+    if (!nochdir && chdir("/") != 0)
+        return -1;
+    if (!noclose) {
+        int fd = open("/dev/null", O_RDWR);
+        if (fd < 0)
+            return -1;
+        dup2(fd, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        if (fd > 2)
+            close(fd);
+    }
+    return 0;
+}
