@@ -193,7 +193,9 @@ pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
         return real_fork();
     if (__atomic_load_n(&llft_ctl->threads, __ATOMIC_RELAXED) != 0)
         return fork_quietly(real_fork);
-    if (sigsetjmp(df.at_fork, 0)) {
+    /* The signal mask too: a parent that exits from a signal handler
+     * resumes with the mask it forked with. */
+    if (sigsetjmp(df.at_fork, 1)) {
         /* Resumed: the parent's path exited; this process is the child. */
         df.continued = 1;
         *how = LLFT_FORK_RESUMED;
