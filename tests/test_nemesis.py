@@ -46,7 +46,8 @@ def test_a_short_seeded_soak_over_every_shape(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     summaries = [json.loads(line) for line in (work / "nemesis.jsonl").read_text().splitlines()
                  if '"summary"' in line]
-    assert {s["shape"] for s in summaries} == {"echo", "poll", "epoll", "pool", "kv", "redis", "memcached", "http"}
+    assert {s["shape"] for s in summaries} == {"echo", "poll", "epoll", "pool", "kv", "daemon", "redis", "memcached",
+                                               "http"}
     assert sum(s["injected"] for s in summaries) == 32 and sum(s["survived"] for s in summaries) == 32
     assert all(s["lost"] == 0 and s["duplicated"] == 0 and not s["group_lost"] for s in summaries)
     assert sum(s["acknowledged"] for s in summaries) > 32 * 150

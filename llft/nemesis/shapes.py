@@ -1,7 +1,7 @@
 """The servers the nemesis runs, each with the protocol its clients speak:
 the project's example servers (blocking, poll, epoll, a worker pool, a
-thread per connection), Debian's redis and memcached, and Python's
-ThreadingHTTPServer."""
+thread per connection, one that daemonizes first), Debian's redis and
+memcached, and Python's ThreadingHTTPServer."""
 from __future__ import annotations
 
 import os
@@ -42,13 +42,14 @@ class Shape:
 
 
 EXAMPLE_SHAPES = {"echo": "echo_server", "poll": "poll_server", "epoll": "epoll_server", "pool": "pool_server",
-                  "kv": "kv_server"}
+                  "kv": "kv_server", "daemon": "daemon_server"}
 SHAPES = {s.name: s for s in [
     Shape("echo", LineProtocol, "echo_server"),
     Shape("poll", LineProtocol, "poll_server"),
     Shape("epoll", LineProtocol, "epoll_server"),
     Shape("pool", LineProtocol, "pool_server"),
     Shape("kv", KvProtocol, "kv_server"),
+    Shape("daemon", LineProtocol, "daemon_server"),
     Shape("redis", RedisProtocol, "redis-server"),
     Shape("memcached", MemcachedProtocol, "memcached"),
     Shape("http", HttpProtocol, ""),
