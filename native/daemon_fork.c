@@ -41,9 +41,10 @@
 #define ALT_STACK_BYTES (64 * 1024)
 #define CHILD_WAIT_MS 5000 /* a child still held then goes on by itself */
 
-enum { HELD = 0, LET_GO = 1, WENT_ALONE = 2 };
+enum { HELD = 0, LET_GO = 1, WENT_ALONE = 2, LET_GO_WAITING = 3, DOOMED = 4 };
 
-int llft_fork_held; /* a child waits for this process's next move */
+int llft_fork_held;       /* a child waits for this process's next move */
+int llft_fork_waited_for; /* this process is such a child, let go by its parent's wait */
 
 static struct {
     int continued;        /* this process went on as its child */
@@ -146,7 +147,11 @@ static void child_waits(void)
 {
     uint64_t end = llft_now_ms() + CHILD_WAIT_MS;
     uint32_t g;
-    while ((g = __atomic_load_n(gate, __ATOMIC_ACQUIRE)) == HELD) {
+    while ((g = __atomic_load_n(gate, __ATOMIC_ACQUIRE)) == HELD || g == DOOMED) {
+        if (g == DOOMED) { /* the parent goes on as this child: SIGKILL is on its way */
+            llft_futex_wait(gate, DOOMED, 100);
+            continue;
+        }
         if (llft_now_ms() >= end) {
             uint32_t held = HELD;
             if (__atomic_compare_exchange_n(gate, &held, WENT_ALONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
@@ -188,7 +193,7 @@ pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
 {
     *how = LLFT_FORK_PLAIN;
     if (llft_fork_held)
-        llft_daemon_fork_settle();
+        llft_daemon_fork_settle(0);
     if (!llft_ctl)
         return real_fork();
     if (__atomic_load_n(&llft_ctl->threads, __ATOMIC_RELAXED) != 0)
@@ -207,6 +212,7 @@ pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
     pid_t p = fork_quietly(real_fork);
     if (p == 0) {
         child_waits();
+        llft_fork_waited_for = __atomic_load_n(gate, __ATOMIC_ACQUIRE) == LET_GO_WAITING;
         return 0;
     }
     if (p > 0) {
@@ -219,12 +225,14 @@ pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
 
 void llft_fds_shared_with_child(void); /* fdtable.c */
 
-void llft_daemon_fork_settle(void)
+void llft_daemon_fork_settle(int waiting)
 {
     if (!llft_fork_held)
         return;
     llft_fork_held = 0;
-    __atomic_store_n(gate, LET_GO, __ATOMIC_RELEASE);
+    uint32_t held = HELD; /* (a child that went on alone keeps its word) */
+    __atomic_compare_exchange_n(gate, &held, waiting ? LET_GO_WAITING : LET_GO, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
     llft_futex_wake(gate);
     llft_fds_shared_with_child();
 }
@@ -240,8 +248,8 @@ void llft_daemon_exit(void)
     if (!llft_fork_held)
         return;
     uint32_t held = HELD;
-    if (!__atomic_compare_exchange_n(gate, &held, LET_GO, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        llft_daemon_fork_settle(); /* it went on alone: this exit is the parent's own */
+    if (!__atomic_compare_exchange_n(gate, &held, DOOMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        llft_daemon_fork_settle(0); /* it went on alone: this exit is the parent's own */
         return;
     }
     llft_fork_held = 0;
@@ -280,12 +288,17 @@ EXPORT pid_t setsid(void)
     return REAL(setsid)();
 }
 
-/* Waits the parent's path may make for its child: switch points, so that
- * a held child is let go first (it would never end), and under
- * --serialize as pthread_join is. */
+/* Waits the parent's path may make for its child (a prefork master's):
+ * the held child is let go first (it would never end), and each is a
+ * switch point under --serialize, as pthread_join is. */
 #define SETTLING(ret, name, params, args)                                      \
     DEFINE_REAL(name)                                                          \
-    EXPORT ret name params { LLFT_SWITCH_POINT(ret, REAL(name) args); }
+    EXPORT ret name params                                                     \
+    {                                                                          \
+        if (llft_fork_held)                                                    \
+            llft_daemon_fork_settle(0);                                        \
+        LLFT_SWITCH_POINT(ret, REAL(name) args);                               \
+    }
 
 SETTLING(pid_t, wait, (int *status), (status))
 SETTLING(pid_t, waitpid, (pid_t pid, int *status, int options), (pid, status, options))

@@ -84,10 +84,13 @@ static inline void llft_yield(void) { syscall(SYS_sched_yield); }
 /* ---- a daemon's fork (daemon_fork.c) ---- */
 enum { LLFT_FORK_PLAIN, LLFT_FORK_HELD, LLFT_FORK_RESUMED };
 extern int llft_fork_held;             /* a forked child waits for this process's next move */
+extern int llft_fork_waited_for;       /* this process is such a child, let go by its parent's wait */
 /* fork(): how says whether the child is held (parent) or this process went
  * on as its child (resumed, returning 0). */
 pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how);
-void  llft_daemon_fork_settle(void);   /* the parent's next switch point: the held child goes on */
+/* The parent's next move lets the held child go on: a switch point (a
+ * read of the child's pipe, say: waiting is nonzero) or another call. */
+void  llft_daemon_fork_settle(int waiting);
 void  llft_daemon_exit(void);          /* exit or _exit: goes on as the held child instead */
 void  llft_fork_child_check(void);     /* during a fork: a call in the child leaves the stream */
 int   llft_daemon_gate_at(unsigned long addr);
@@ -113,7 +116,7 @@ static inline void llft_serial_take(void)
 #define LLFT_SWITCH_POINT(type, call)                                               \
     do {                                                                            \
         if (UNLIKELY(llft_fork_held))                                               \
-            llft_daemon_fork_settle();                                              \
+            llft_daemon_fork_settle(1);                                             \
         if (LIKELY(!llft_serial_on))                                                \
             return call;                                                            \
         llft_serial_give_slow();                                                    \

@@ -89,7 +89,7 @@ static int replicated_exec(exec_fn fn, const void *target, enum exec_target how,
                            char *const envp[])
 {
     if (UNLIKELY(llft_fork_held))
-        llft_daemon_fork_settle(); /* a forked child goes on once its parent execs */
+        llft_daemon_fork_settle(0); /* a forked child goes on once its parent execs */
     struct llft_thread *t;
     int role = llft_mode(&t);
     if (role != LLFT_ROLE_OFF) {

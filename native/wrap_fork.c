@@ -106,7 +106,14 @@ EXPORT pid_t vfork(void)
 
 void llft_forked_use(int fd, const char *what)
 {
+    /* A child its parent waited for, before it had any thread: a daemon
+     * whose parent waits for the child's word before it exits (lighttpd,
+     * dnsmasq), which the foreground mode avoids. */
+    const char *how = llft_fork_waited_for
+                          ? "; it is the background copy of a daemon whose parent waited for it: run the server in "
+                            "the foreground (lighttpd -D, dnsmasq -d)"
+                          : "; run the server in its single-process mode";
     llft_refuse("a process the program forked (pid %d) %s (fd %d)%s%s: llft replicates a program's threads, "
-                "not the processes it forks to serve clients; run the server in its single-process mode",
-                (int)syscall(SYS_getpid), what, fd, shared_memory[0] ? ", sharing with it " : "", shared_memory);
+                "not the processes it forks to serve clients%s",
+                (int)syscall(SYS_getpid), what, fd, shared_memory[0] ? ", sharing with it " : "", shared_memory, how);
 }

@@ -100,7 +100,7 @@ static void let_go(struct start *s)
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
     if (UNLIKELY(llft_fork_held))
-        llft_daemon_fork_settle(); /* a forked child goes on once its parent has threads */
+        llft_daemon_fork_settle(0); /* a forked child goes on once its parent has threads */
     struct llft_thread *t;
     int role = llft_mode(&t);
     if (role != LLFT_ROLE_OFF)
