@@ -8,7 +8,7 @@
  * The fork is real, but the child waits, before it returns to the
  * program, until the parent's next move:
  *
- *   - the parent calls exit or _exit (nothing the shim sees in between):
+ *   - the parent calls exit or _exit, with no call that waits on the way:
  *     the child is killed, and the parent resumes at the fork's return
  *     with 0, on the stack as it was then (a copy taken at the fork), as
  *     the child would have.  Same pid, same threads, same record stream:
@@ -44,13 +44,13 @@
 enum { HELD = 0, LET_GO = 1, WENT_ALONE = 2, LET_GO_WAITING = 3, DOOMED = 4 };
 
 int llft_fork_held;       /* a child waits for this process's next move */
-int llft_fork_waited_for; /* this process is such a child, let go by its parent's wait */
+int llft_fork_waited_for; /* this process was such a child, let go as its parent waited (read, poll) */
 
 static struct {
     int continued;        /* this process went on as its child */
     pid_t child;
     sigjmp_buf at_fork;
-    char *stack_lo;       /* the copy of the stack [stack_lo, stack_hi) at the fork */
+    char *stack_lo;       /* the stack [stack_lo, stack_lo + stack_len) as it was at the fork */
     size_t stack_len;
     char *stack_copy;
     size_t copy_cap;

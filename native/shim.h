@@ -84,7 +84,7 @@ static inline void llft_yield(void) { syscall(SYS_sched_yield); }
 /* ---- a daemon's fork (daemon_fork.c) ---- */
 enum { LLFT_FORK_PLAIN, LLFT_FORK_HELD, LLFT_FORK_RESUMED };
 extern int llft_fork_held;             /* a forked child waits for this process's next move */
-extern int llft_fork_waited_for;       /* this process is such a child, let go by its parent's wait */
+extern int llft_fork_waited_for;       /* this process was such a child, let go as its parent waited (read, poll) */
 /* fork(): how says whether the child is held (parent) or this process went
  * on as its child (resumed, returning 0). */
 pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how);
