@@ -85,6 +85,11 @@ static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (ti
 static uint32_t wake_bits;        /* whom the records drain() moved are for (dispatch lock held) */
 uint32_t llft_stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
+/* Records past a signal the program sent itself wait until it is sent
+ * here: at the primary its handler had run (memcached's sets the flag its
+ * main loop reads after each round, with no call in between that waits),
+ * so no thread may replay a later record before the handler has run. */
+static uint32_t signal_barrier;
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
 static uint32_t max_tid;          /* highest thread id the primary used or created */
 static uint64_t stream_ended_ms;
@@ -228,7 +233,7 @@ static long drain(void)
 {
     llft_ring_t *r = llft_ring;
     uint64_t tail = LOAD(&r->tail, RLX), start = tail;
-    while (tail - start < 4096 && !exec_barrier && !promote_pending) {
+    while (tail - start < 4096 && !exec_barrier && !signal_barrier && !promote_pending) {
         const llft_rec_t *h = llft_ring_slot(r, tail);
         int v = llft_rec_validate(h, tail + 1);
         if (v == LLFT_REC_PENDING)
@@ -288,6 +293,8 @@ static long drain(void)
         tail += n;
         if (h->op == LLFT_OP_EXEC)
             exec_barrier = 1; /* leave the rest in the ring for the image execve starts */
+        if (h->op == LLFT_OP_SIGNAL_SELF)
+            signal_barrier = 1;
     }
     if (tail != start)
         llft_ring_release(r, tail);
@@ -578,6 +585,13 @@ void llft_replay_exec_failed(void)
     spin_lock(&dispatch_lock);
     exec_barrier = 0;
     spin_unlock(&dispatch_lock);
+}
+
+void llft_replay_signal_sent(void)
+{
+    spin_lock(&dispatch_lock);
+    signal_barrier = 0;
+    drain_and_wake(); /* (releases the lock) */
 }
 
 /* ---- thread lifecycle ----------------------------------------------- */

@@ -187,6 +187,7 @@ void llft_replay_thread_start(struct llft_thread *t);
 void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
 void llft_replay_exec_failed(void);
+void llft_replay_signal_sent(void);   /* a backup sent the signal the primary sent itself: its successors may replay */
 void llft_python_threads_start(void); /* python_gil.c */
 
 /* ---- group clock (wrap_time.c) ---- */

@@ -63,6 +63,7 @@ static int signal_self(int (*send)(pid_t pid, int sig), pid_t pid, int sig)
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_SIGNAL_SELF, &e)) {
+            llft_replay_signal_sent(); /* the records after it may go to their threads */
             errno = err;
             return r;
         }
