@@ -65,42 +65,33 @@ int llft_daemon_gate_at(unsigned long lo)
     return gate && (unsigned long)gate == lo;
 }
 
-/* The end of the mapping that holds addr (the stack's top), read from
- * /proc/self/maps with raw calls: the program's read is the shim's. */
-static char *mapping_end(const void *addr)
+struct mapping_of {
+    unsigned long addr;
+    char *end;
+};
+
+static int note_end_if_holds(const char *line, void *arg)
 {
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    char buf[4096];
-    size_t have = 0;
-    char *found = NULL;
-    for (;;) {
-        long n = syscall(SYS_read, fd, buf + have, sizeof buf - 1 - have);
-        if (n > 0)
-            have += (size_t)n;
-        buf[have] = 0;
-        char *line = buf, *nl;
-        while ((nl = strchr(line, '\n')) != NULL) {
-            unsigned long lo, hi;
-            if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= (unsigned long)addr && (unsigned long)addr < hi) {
-                found = (char *)hi;
-                break;
-            }
-            line = nl + 1;
-        }
-        if (found || n <= 0)
-            break;
-        have = (size_t)(buf + have - line);
-        memmove(buf, line, have);
-    }
-    syscall(SYS_close, fd);
-    return found;
+    struct mapping_of *m = arg;
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) != 2 || lo > m->addr || m->addr >= hi)
+        return 0;
+    m->end = (char *)hi;
+    return 1;
 }
 
-static void *map(size_t len)
+/* The end of the mapping that holds addr (the stack's top), or NULL. */
+static char *mapping_end(const void *addr)
 {
-    void *p = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    struct mapping_of m = {(unsigned long)addr, NULL};
+    llft_each_mapping(note_end_if_holds, &m);
+    return m.end;
+}
+
+static void *map(size_t len, int shared)
+{
+    void *p = (void *)syscall(SYS_mmap, NULL, len, PROT_READ | PROT_WRITE,
+                              (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_ANONYMOUS, -1, 0);
     return (long)p < 0 && (long)p > -4096 ? NULL : p;
 }
 
@@ -117,7 +108,7 @@ static __attribute__((noinline)) int copy_stack(void)
         if (df.stack_copy)
             syscall(SYS_munmap, df.stack_copy, df.copy_cap);
         df.copy_cap = (len + 0xffff) & ~0xffffUL;
-        df.stack_copy = map(df.copy_cap);
+        df.stack_copy = map(df.copy_cap, 0);
         if (!df.stack_copy) {
             df.copy_cap = 0;
             return -1;
@@ -131,13 +122,9 @@ static __attribute__((noinline)) int copy_stack(void)
 
 static int prepare(void)
 {
-    if (!gate) {
-        void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if ((long)p < 0 && (long)p > -4096)
-            return -1;
-        gate = p;
-    }
-    if (!df.alt_stack && !(df.alt_stack = map(ALT_STACK_BYTES)))
+    if (!gate && !(gate = map(4096, 1)))
+        return -1;
+    if (!df.alt_stack && !(df.alt_stack = map(ALT_STACK_BYTES, 0)))
         return -1;
     return copy_stack();
 }

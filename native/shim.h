@@ -94,6 +94,10 @@ void  llft_daemon_fork_settle(int waiting);
 void  llft_daemon_exit(void);          /* exit or _exit: goes on as the held child instead */
 void  llft_fork_child_check(void);     /* during a fork: a call in the child leaves the stream */
 int   llft_daemon_gate_at(unsigned long addr);
+/* Calls visit(line, arg) for each line of /proc/self/maps, read with raw
+ * calls (the program's read is the shim's), until it returns nonzero
+ * (wrap_fork.c). */
+void  llft_each_mapping(int (*visit)(const char *line, void *arg), void *arg);
 
 /* ---- --serialize: one thread runs at a time (serialize.c) ---- */
 extern int llft_serial_on;            /* set once, at attach */

@@ -37,11 +37,8 @@ static const char *shared_kind(const char *perms, const char *path)
     return NULL;
 }
 
-/* Parent, before a fork: notes the first such mapping (read with raw
- * system calls: the shim's own read would be the program's). */
-static void note_shared_memory(char *out, size_t cap)
+void llft_each_mapping(int (*visit)(const char *line, void *arg), void *arg)
 {
-    out[0] = 0;
     int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return;
@@ -56,15 +53,9 @@ static void note_shared_memory(char *out, size_t cap)
         char *line = buf, *nl;
         while ((nl = strchr(line, '\n')) != NULL) {
             *nl = 0;
-            unsigned long lo;
-            char perms[8] = "", path[64] = "";
-            if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) >= 2 && !llft_daemon_gate_at(lo)) {
-                const char *kind = shared_kind(perms, path);
-                if (kind) {
-                    snprintf(out, cap, "%s at %#lx", kind, lo);
-                    syscall(SYS_close, fd);
-                    return;
-                }
+            if (visit(line, arg)) {
+                syscall(SYS_close, fd);
+                return;
             }
             line = nl + 1;
         }
@@ -76,22 +67,32 @@ static void note_shared_memory(char *out, size_t cap)
     syscall(SYS_close, fd);
 }
 
+/* Parent, before a fork: notes the first such mapping. */
+static int note_if_shared(const char *line, void *out)
+{
+    unsigned long lo;
+    char perms[8] = "", path[64] = "";
+    if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) < 2 || llft_daemon_gate_at(lo))
+        return 0;
+    const char *kind = shared_kind(perms, path);
+    if (kind)
+        snprintf(out, sizeof shared_memory, "%s at %#lx", kind, lo);
+    return kind != NULL;
+}
+
 DEFINE_REAL(fork)
 EXPORT pid_t fork(void)
 {
-    if (llft_ctl)
-        note_shared_memory(shared_memory, sizeof shared_memory);
+    if (llft_ctl) {
+        shared_memory[0] = 0;
+        llft_each_mapping(note_if_shared, shared_memory);
+    }
+    /* The child leaves the record stream there (llft_forked_from). */
     int how;
     pid_t p = llft_daemon_fork(REAL(fork), &how);
-    if (how == LLFT_FORK_RESUMED)
-        return 0;
-    if (p == 0 && llft_ctl) {
-        llft_forked_from = llft_ctl;
-        llft_ctl = NULL;
-    } else if (p > 0 && llft_ctl && how != LLFT_FORK_HELD) {
+    if (p > 0 && llft_ctl && how == LLFT_FORK_PLAIN)
         llft_fds_shared_with_child(); /* a held child's parent does so when it lets it go */
-    }
-    return p;
+    return how == LLFT_FORK_RESUMED ? 0 : p;
 }
 
 /* vfork's child borrows its parent's memory until it execs: whatever it
