@@ -48,6 +48,7 @@ class GroupOptions:
     host: str | None = None
     log_output: bool = False
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
+    keep: int | None = None       # --keep N: replacements cloned from a live backup (CRIU), else replayed
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
     serialize: bool = False       # --serialize: threads take turns (native/serialize.c)
@@ -88,6 +89,8 @@ class LocalGroup:
         self.failovers: list[dict] = []   # each view change: who failed, who took over, when (time.monotonic)
         self.follow = FollowWatch(options.stall_alarm)
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
+        self.cloning: asyncio.Task | None = None   # --keep: the clone being made (one at a time)
+        self.clone_refused: str | None = None      # --keep: why replacements cannot be cloned here
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -124,6 +127,14 @@ class LocalGroup:
             saved = saved or self.run_dir / HISTORY_FILE
             self.inputs = InputLog(self.run_dir / INPUT_DIR)
         saver = SavedStreamWriter(saved) if saved else None
+        if self.opts.keep is not None:
+            from llft.checkpoint.criu import CriuUnavailable, find
+            try:
+                find()
+            except CriuUnavailable as e:
+                self.clone_refused = str(e)
+                log.warning("--keep: %s; a failed replica is replaced by one that replays the group's history",
+                            e)
         self.ordering = ordering_for(self.opts.order, self.run_id, self.opts)
         self.forwarder = RecordForwarder(self.source, self.sinks.values(), self.ordering, saver)
 
@@ -152,6 +163,7 @@ class LocalGroup:
             "controller_pid": os.getpid(),
             "argv": self.argv,
             "respawn": self.opts.respawn,
+            "keep": self.opts.keep,
             "replicas": [dict(r.state(), precedence=r.index, rank=ranks.get(r.index),
                               replaces=r.replaces, catch_up=r.catch_up,
                               follow=self.follow.view(r.index) if r.role == "backup" else None,
@@ -198,6 +210,9 @@ class LocalGroup:
             for rl in self.relays:
                 await rl.drained(timeout=2.0)
         finally:
+            if self.cloning is not None:
+                self.cloning.cancel()
+                await asyncio.gather(self.cloning, return_exceptions=True)
             if self.gateway:
                 await self.gateway.close()
             self.plane.stop()
@@ -286,28 +301,82 @@ class LocalGroup:
             f"replica {r.index} (backup)": r.pid,
             f"replica {primary.index} (primary)" if primary else "primary": primary and primary.pid})
 
-    # -- re-adding replicas (--respawn) -----------------------------------
+    # -- re-adding replicas (--respawn, --keep) ----------------------------
     def _respawn(self):
         """Starts a new backup in place of each failed replica not yet
-        replaced: a new index (precedence), never reused, ranked last.  It
-        replays the group's history, OrderInfo and client input alike, from
-        the start, then follows the live stream like any backup."""
+        replaced: a new index (precedence), never reused, ranked last.
+        With --keep it is cloned from a live backup (llft/checkpoint/),
+        one at a time; otherwise, or when that cannot be done, it replays
+        the group's history, OrderInfo and client input alike, from the
+        start, then follows the live stream like any backup."""
         if not self.opts.respawn or self.gateway is None or self.source.finished() or self.interrupted is not None:
             return
+        if self.cloning is not None:
+            return
         for failed in [r for r in self.replicas if r.role == "failed" and not r.replaced]:
+            if self.opts.keep is not None:
+                live = sum(1 for r in self.replicas if r.role in ("primary", "backup") and r.alive())
+                if live >= self.opts.keep:
+                    failed.replaced = True   # the group has its N
+                    continue
+                source = self._clone_source()
+                if source is not None:
+                    failed.replaced = True
+                    self.cloning = asyncio.create_task(self._clone(source, failed))
+                    return
             failed.replaced = True
-            k, self.next_index = self.next_index, self.next_index + 1
-            r = self._new_replica(k, ROLE_BACKUP)
+            self._replay_replacement(failed)
+
+    def _clone_source(self) -> Replica | None:
+        """The backup a replacement is cloned from: the last-ranked live one
+        that follows the live stream (not one still catching up)."""
+        if self.clone_refused is not None:
+            return None
+        for r in reversed(self.replicas):
+            sink = self.sinks.get(r.index)
+            if (r.role == "backup" and r.alive() and sink is not None and not sink.dead and sink.joined.is_set()
+                    and (r.catch_up is None or r.catch_up["done"])):
+                return r
+        return None
+
+    async def _clone(self, source: Replica, failed: Replica):
+        from llft.checkpoint.clone import BackupClone, CloneFailed
+        k, self.next_index = self.next_index, self.next_index + 1
+        try:
+            r = await BackupClone(self, source, k).run()
             r.replaces = failed.index
-            r.catch_up = {"records": None, "ms": None, "done": False}
-            r.start(self.argv, self.env)
-            watch_exit(r, self.exited.set)
-            self.tasks.append(asyncio.create_task(self.outgoing.serve()))
-            self.gateway.add_relay(self._relay(r))
-            feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
-            feeder.start()
-            log.warning("replica %d started to replace replica %d: pid %d, catching up", k, failed.index, r.pid)
-            self.write_state("running")
+        except CloneFailed as e:
+            log.warning("replica %d could not be cloned from replica %d (%s); replica %d is replaced by one "
+                        "that replays the group's history", k, source.index, e, failed.index)
+            if not self.source.finished() and self.interrupted is None:
+                self._replay_replacement(failed)
+        finally:
+            self.cloning = None
+            self.exited.set()   # the wait loop looks again: more may be missing
+
+    def adopt(self, r: Replica, relay: PlaneRelay):
+        """A replica made outside _new_replica (a clone) joins the group."""
+        self.replicas.append(r)
+        self.relays.append(relay)
+        watch_exit(r, self.exited.set)
+        self.outgoing.listen(r)
+        self.tasks.append(asyncio.create_task(self.outgoing.serve()))
+        self.tasks.append(asyncio.create_task(relay.run()))
+        self.write_state("running")
+
+    def _replay_replacement(self, failed: Replica):
+        k, self.next_index = self.next_index, self.next_index + 1
+        r = self._new_replica(k, ROLE_BACKUP)
+        r.replaces = failed.index
+        r.catch_up = {"records": None, "ms": None, "done": False}
+        r.start(self.argv, self.env)
+        watch_exit(r, self.exited.set)
+        self.tasks.append(asyncio.create_task(self.outgoing.serve()))
+        self.gateway.add_relay(self._relay(r))
+        feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
+        feeder.start()
+        log.warning("replica %d started to replace replica %d: pid %d, catching up", k, failed.index, r.pid)
+        self.write_state("running")
 
     def _check_caught_up(self):
         """A replacement has caught up once it has replayed every record the
@@ -330,7 +399,7 @@ class LocalGroup:
         replica takes the fenced one's place: it never serves in the old view."""
         now = time.monotonic()
         for r in self.replicas:
-            if r.role not in ("primary", "backup") or not r.alive() or not r.frozen():
+            if r.role not in ("primary", "backup") or not r.alive() or r.checkpointing or not r.frozen():
                 frozen_since.pop(r.index, None)
                 continue
             since = frozen_since.setdefault(r.index, now)

@@ -327,6 +327,21 @@ class StreamFile:
         """Wakes whoever waits in wait_data, so that it looks again now."""
         lib.llft_ring_wake(self.ring)
 
+    def copy_from(self, src: "StreamFile", replica: int):
+        """This (new, same-sized) stream becomes a copy of src as it is now:
+        its control block and ring header, and the slots src has yet to
+        consume.  src's consumer must be stopped (frozen for a checkpoint)
+        and its producer held, so that the copy is one instant of src."""
+        if src.capacity != self.capacity:
+            raise StreamError(f"{self.path}: {self.capacity} slots, {src.path} has {src.capacity}")
+        ffi.memmove(self.ctl, src.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR)
+        self.ctl.replica = replica
+        pos, head = src.tail, src.head
+        while pos < head:   # in at most two runs: the ring wraps once
+            run = min(head - pos, self.capacity - pos % self.capacity)
+            ffi.memmove(lib.llft_ring_slot(self.ring, pos), lib.llft_ring_slot(src.ring, pos), run * REC_SIZE)
+            pos += run
+
     def raw_slot(self, pos: int):
         """The slot at ring position pos, as a writable cffi buffer (tests)."""
         return ffi.buffer(lib.llft_ring_slot(self.ring, pos), REC_SIZE)

@@ -124,6 +124,19 @@ def prepare(files_dir: Path) -> bytes:
     return "".join("\t".join(step) + "\n" for step in steps).encode()
 
 
+def copy_uppers(src_dir: Path, dst_dir: Path):
+    """What one replica has written, into another's prepared view (a clone
+    of it, llft/checkpoint/clone.py): each upper layer copied as it is,
+    whiteouts and xattrs with it (cp -a), into the layer of the same
+    mount.  The source must be still meanwhile (frozen)."""
+    import subprocess
+    for entry in os.scandir(src_dir):
+        upper, dest = Path(entry.path) / "upper", dst_dir / entry.name / "upper"
+        if upper.is_dir() and dest.is_dir() and any(os.scandir(upper)):   # (most are empty)
+            shutil.rmtree(dest)
+            subprocess.run(["cp", "-a", "--", str(upper), str(dest)], check=True)
+
+
 def check_available():
     """Raises PrivateFilesUnavailable with the reason if replicas cannot
     have private files here."""

@@ -49,6 +49,7 @@ class Replica:
     fenced_at: float | None = None      # time.monotonic() when llft-run fenced it (a timing fault)
     private_files: bool = False         # in its own view of the files, kept in files_dir
     serialize: bool = False             # --serialize: its threads take turns (native/serialize.c)
+    checkpointing: bool = False         # frozen by CRIU for a checkpoint of it: not a timing fault
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -111,7 +112,7 @@ class Replica:
             rc = self.proc.poll()
             if rc is not None:
                 self.status = rc if rc >= 0 else 128 - rc
-                end_process_group(self.proc.pid)   # what it forked goes with it
+                end_process_group(self.pid)   # what it forked goes with it
         return self.status
 
     def alive(self) -> bool:
@@ -120,7 +121,7 @@ class Replica:
     def frozen(self) -> bool:
         """Stopped (SIGSTOP, or stopped by a debugger): a timing fault once it lasts."""
         try:
-            stat = open(f"/proc/{self.proc.pid}/stat").read()
+            stat = open(f"/proc/{self.pid}/stat").read()
         except (OSError, AttributeError):
             return False
         return stat[stat.rindex(")") + 2] in "Tt"
@@ -131,7 +132,7 @@ class Replica:
         if self.proc is None or self.poll() is not None:
             return True
         try:
-            stat = open(f"/proc/{self.proc.pid}/stat").read()
+            stat = open(f"/proc/{self.pid}/stat").read()
         except OSError:
             return True
         fields = stat[stat.rindex(")") + 2:].split()
@@ -192,7 +193,7 @@ class Replica:
     def signal(self, sig: int):
         if self.alive():
             try:
-                os.kill(self.proc.pid, sig)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -202,6 +203,24 @@ class Replica:
         if self.proc:
             self.proc.wait()
             self.poll()
+
+
+@dataclass
+class RestoredReplica(Replica):
+    """A replica restored from a checkpoint of another (llft/checkpoint/):
+    proc is the namespace it runs in (llft/checkpoint/restore_init.py,
+    whose exit status is the program's), program_pid the program's pid as
+    this controller sees it."""
+    program_pid: int | None = None
+    source: int | None = None            # the replica it was cloned from
+    checkpoint: dict | None = None       # what the checkpoint cost: llft-status
+
+    @property
+    def pid(self) -> int | None:
+        return self.program_pid
+
+    def state(self) -> dict:
+        return dict(super().state(), cloned_from=self.source, checkpoint=self.checkpoint)
 
 
 def stop_replicas(replicas: Iterable[Replica], grace: float = 3.0):

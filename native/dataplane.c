@@ -2,8 +2,7 @@
  * epoll set, level-triggered; the sockets are non-blocking.  A client's
  * bytes are written straight from the read buffer to every leg whose queue
  * is empty, so the common case copies nothing. */
-#include "dataplane.h"
-#include "idmap.h"
+#include "dataplane_state.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +19,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define READ_CHUNK 65536
 #define CLIENT_OUT_LIMIT (4u << 20)   /* queued for one client beyond this: its primary's leg is not read */
 #define CONN_BACKLOG (1u << 20)       /* a client with this much queued (to it, or to one of its legs) is not read */
 #define MAX_EVENTS 256
@@ -29,15 +27,11 @@
 #define TAG_WAKE UINT64_MAX
 #define PF_EXITING 0x4
 
-/* A byte queue: p[off..len). */
-struct bytes {
-    char *p;
-    size_t off, len, cap;
-};
+/* -- byte queues -------------------------------------------------------- */
 
-static size_t bytes_size(const struct bytes *b) { return b->len - b->off; }
+size_t dp_bytes_size(const struct bytes *b) { return b->len - b->off; }
 
-static int bytes_put(struct bytes *b, const void *data, size_t n)
+int dp_bytes_put(struct bytes *b, const void *data, size_t n)
 {
     if (b->len + n > b->cap && b->off) {
         memmove(b->p, b->p + b->off, b->len - b->off);
@@ -66,98 +60,17 @@ static void bytes_drop(struct bytes *b, size_t n)
         b->off = b->len = 0;
 }
 
-static void bytes_free(struct bytes *b)
+void dp_bytes_free(struct bytes *b)
 {
     free(b->p);
     memset(b, 0, sizeof *b);
 }
 
-/* One replica's side of one client connection. */
-struct leg {
-    int fd;                  /* -1 before attach and once its output ended */
-    bool attached;           /* has been connected: it has an output summary */
-    bool registered;         /* in the epoll set */
-    bool in_done;            /* takes no more input: EOF sent, write failed, replica removed */
-    bool eof_wanted;         /* the client's input ended: shut down writing once pending is out */
-    bool rd_paused;          /* the client has too much queued: not read (primary only) */
-    bool out_ended;          /* the program closed it (or the replica died) */
-    bool waiting;            /* a new connection its replica's relay has yet to hand over (counted) */
-    uint32_t events;
-    struct bytes pending;    /* input not written yet */
-    int replay_fd;           /* a joining replica's logged input, sent before pending */
-    uint64_t replay_off, replay_left;
-    uint64_t out_bytes;
-    EVP_MD_CTX *sha;
-    char hex[65];            /* the final digest once out_ended */
-    int log_fd;              /* --log-output */
-    struct bytes unsent;     /* a backup's output the client has not had, for a takeover */
-    uint64_t unsent_from;    /* stream offset of unsent's first byte */
-};
+struct conn *dp_conn_get(llft_dp_t *dp, uint64_t id) { return llft_idmap_get(&dp->conns, id); }
 
-struct conn {
-    uint64_t id;
-    int cfd;                 /* the client; -1 once closed */
-    bool registered;
-    bool in_ended;           /* the client's input ended */
-    bool closing;            /* close once out is sent */
-    bool rd_paused;          /* not read: its own backlog, or a replica's (then listed in paused_ids) */
-    bool listed;             /* in paused_ids: read again when the replicas catch up */
-    uint32_t events;
-    uint64_t in_bytes;       /* read from the client */
-    uint64_t sent;           /* output stream offset the client has been sent up to */
-    struct bytes out;        /* to the client, not written yet */
-    int in_fd;               /* the input log file while the client's input lasts */
-    struct leg **legs;       /* by replica slot; NULL: the replica was not live when it opened */
-    int nlegs;
-    bool replayed;           /* brought back for a joining replica after it was done */
-};
+struct leg *dp_leg_get(struct conn *c, int slot) { return slot >= 0 && slot < c->nlegs ? c->legs[slot] : NULL; }
 
-struct replica {
-    int pid, pidfd;
-    bool live;
-    char *log_dir;
-    uint64_t queued;         /* input bytes queued in its legs */
-    int open_legs;
-    uint64_t waiting;        /* new connections its relay has yet to hand it (not a joiner's catch-up) */
-    /* Connections done on every side and freed (conn_settle): how many, the
-     * bytes this replica sent on them, and the XOR of a SHA-256 per
-     * connection (id, bytes, digest): one value whatever the order they
-     * were done in, equal at two replicas that sent the same. */
-    uint64_t closed_conns, closed_bytes;
-    unsigned char closed_xor[32];
-};
-
-/* What a replica joining later needs of a connection that is done and
- * freed: its logged input (with an input directory only). */
-struct gone {
-    uint64_t id, in_bytes;
-};
-
-struct llft_dp {
-    pthread_mutex_t mu;
-    pthread_t thread;
-    bool started, stopped;
-    int ep, wake;
-    char *input_dir;
-    uint64_t queue_limit;
-    bool paused;             /* clients are not read: a replica is too far behind */
-    llft_idmap_t conns;      /* the connections not done yet, by id */
-    struct gone *gone;       /* with an input directory: the connections done, for joiners */
-    size_t ngone, capgone;
-    struct replica *reps;
-    int nreps;
-    int primary;
-    llft_dp_stats_t st;
-    uint64_t *paused_ids;    /* clients found readable while paused */
-    size_t npaused, cappaused;
-    char buf[READ_CHUNK];
-};
-
-static struct conn *conn_get(llft_dp_t *dp, uint64_t id) { return llft_idmap_get(&dp->conns, id); }
-
-static struct leg *leg_get(struct conn *c, int slot) { return slot >= 0 && slot < c->nlegs ? c->legs[slot] : NULL; }
-
-static void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+void dp_set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 static int write_file(int fd, const char *p, size_t n)
 {
@@ -174,7 +87,7 @@ static int write_file(int fd, const char *p, size_t n)
     return 0;
 }
 
-static int open_conn_file(const char *dir, uint64_t id, int flags)
+int dp_open_conn_file(const char *dir, uint64_t id, int flags)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/conn-%llu", dir, (unsigned long long)id);
@@ -193,13 +106,13 @@ static void epoll_set(llft_dp_t *dp, int fd, bool *registered, uint32_t *events,
 
 static uint64_t leg_tag(const struct conn *c, int slot) { return ((uint64_t)(slot + 1) << TAG_SLOT_SHIFT) | c->id; }
 
-static void leg_events(llft_dp_t *dp, struct conn *c, int slot)
+void dp_leg_events(llft_dp_t *dp, struct conn *c, int slot)
 {
     struct leg *l = c->legs[slot];
     if (l->fd < 0)
         return;
     uint32_t want = l->rd_paused ? 0 : EPOLLIN;
-    if (!l->in_done && (l->replay_left || bytes_size(&l->pending) || l->eof_wanted))
+    if (!l->in_done && !dp->reps[slot].held && (l->replay_left || dp_bytes_size(&l->pending) || l->eof_wanted))
         want |= EPOLLOUT;
     epoll_set(dp, l->fd, &l->registered, &l->events, want, leg_tag(c, slot));
 }
@@ -209,7 +122,7 @@ static void client_events(llft_dp_t *dp, struct conn *c)
     if (c->cfd < 0)
         return;
     uint32_t want = (c->in_ended || c->rd_paused) ? 0 : EPOLLIN;
-    if (bytes_size(&c->out))
+    if (dp_bytes_size(&c->out))
         want |= EPOLLOUT;
     epoll_set(dp, c->cfd, &c->registered, &c->events, want, c->id);
 }
@@ -220,10 +133,10 @@ static void client_events(llft_dp_t *dp, struct conn *c)
  * it sent, is held on its own: the others go on being served. */
 static bool conn_backlogged(const struct conn *c, unsigned divisor)
 {
-    if (bytes_size(&c->out) > CONN_BACKLOG / divisor)
+    if (dp_bytes_size(&c->out) > CONN_BACKLOG / divisor)
         return true;
     for (int s = 0; s < c->nlegs; s++)
-        if (c->legs[s] != NULL && bytes_size(&c->legs[s]->pending) > CONN_BACKLOG / divisor)
+        if (c->legs[s] != NULL && dp_bytes_size(&c->legs[s]->pending) > CONN_BACKLOG / divisor)
             return true;
     return false;
 }
@@ -263,7 +176,7 @@ static void client_release(llft_dp_t *dp, struct conn *c)
     client_events(dp, c);
 }
 
-static void queued_less(llft_dp_t *dp, int slot, uint64_t n)
+void dp_queued_less(llft_dp_t *dp, int slot, uint64_t n)
 {
     dp->reps[slot].queued -= n;
     if (!dp->paused)
@@ -273,7 +186,7 @@ static void queued_less(llft_dp_t *dp, int slot, uint64_t n)
             return;
     dp->paused = false;
     for (size_t i = 0; i < dp->npaused; i++) {
-        struct conn *c = conn_get(dp, dp->paused_ids[i]);
+        struct conn *c = dp_conn_get(dp, dp->paused_ids[i]);
         if (c != NULL) {
             c->listed = false;
             client_release(dp, c);
@@ -287,7 +200,7 @@ static void resume_legs(llft_dp_t *dp, struct conn *c)
     for (int s = 0; s < c->nlegs; s++)
         if (c->legs[s] != NULL && c->legs[s]->rd_paused) {
             c->legs[s]->rd_paused = false;
-            leg_events(dp, c, s);
+            dp_leg_events(dp, c, s);
         }
 }
 
@@ -306,7 +219,7 @@ static void client_close(llft_dp_t *dp, struct conn *c)
     c->cfd = -1;
     c->registered = false;
     dp->st.open_clients--;
-    bytes_free(&c->out);
+    dp_bytes_free(&c->out);
     if (!c->in_ended)
         client_input_ended(dp, c);
     resume_legs(dp, c);
@@ -315,7 +228,7 @@ static void client_close(llft_dp_t *dp, struct conn *c)
 static void client_close_when_sent(llft_dp_t *dp, struct conn *c)
 {
     c->closing = true;
-    if (!bytes_size(&c->out))
+    if (!dp_bytes_size(&c->out))
         client_close(dp, c);
 }
 
@@ -333,7 +246,7 @@ static ssize_t send_or_queue(int fd, struct bytes *q, const char *data, size_t n
             n -= (size_t)w;
         }
     }
-    if (n && bytes_put(q, data, n) < 0)
+    if (n && dp_bytes_put(q, data, n) < 0)
         return -1;
     return (ssize_t)n;
 }
@@ -352,7 +265,7 @@ static void reply(llft_dp_t *dp, struct conn *c, int slot, const char *data, siz
     if (c->cfd < 0 || c->closing)
         return;
     dp->st.bytes_out += n;
-    ssize_t queued = send_or_queue(c->cfd, &c->out, data, n, !bytes_size(&c->out));
+    ssize_t queued = send_or_queue(c->cfd, &c->out, data, n, !dp_bytes_size(&c->out));
     if (queued < 0) {
         client_close(dp, c);   /* or out of memory: this client loses its connection, not the group */
         return;
@@ -360,17 +273,17 @@ static void reply(llft_dp_t *dp, struct conn *c, int slot, const char *data, siz
     if (queued == 0)
         return;
     client_events(dp, c);
-    struct leg *l = leg_get(c, slot);
-    if (l != NULL && bytes_size(&c->out) > CLIENT_OUT_LIMIT && !l->rd_paused) {
+    struct leg *l = dp_leg_get(c, slot);
+    if (l != NULL && dp_bytes_size(&c->out) > CLIENT_OUT_LIMIT && !l->rd_paused) {
         l->rd_paused = true;
-        leg_events(dp, c, slot);
+        dp_leg_events(dp, c, slot);
     }
 }
 
 static void client_writable(llft_dp_t *dp, struct conn *c)
 {
-    while (bytes_size(&c->out)) {
-        ssize_t w = send(c->cfd, c->out.p + c->out.off, bytes_size(&c->out), MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (dp_bytes_size(&c->out)) {
+        ssize_t w = send(c->cfd, c->out.p + c->out.off, dp_bytes_size(&c->out), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 break;
@@ -379,10 +292,10 @@ static void client_writable(llft_dp_t *dp, struct conn *c)
         }
         bytes_drop(&c->out, (size_t)w);
     }
-    if (bytes_size(&c->out) <= CLIENT_OUT_LIMIT / 2)
+    if (dp_bytes_size(&c->out) <= CLIENT_OUT_LIMIT / 2)
         resume_legs(dp, c);
     client_release(dp, c);
-    if (!bytes_size(&c->out) && c->closing) {
+    if (!dp_bytes_size(&c->out) && c->closing) {
         client_close(dp, c);
         return;
     }
@@ -400,11 +313,11 @@ static void leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
         l->replay_fd = -1;
     }
     l->replay_left = 0;
-    size_t n = bytes_size(&l->pending);
-    bytes_free(&l->pending);
+    size_t n = dp_bytes_size(&l->pending);
+    dp_bytes_free(&l->pending);
     if (n)
-        queued_less(dp, slot, n);
-    leg_events(dp, c, slot);
+        dp_queued_less(dp, slot, n);
+    dp_leg_events(dp, c, slot);
     client_release(dp, c);
 }
 
@@ -414,8 +327,8 @@ static void leg_send(llft_dp_t *dp, struct conn *c, int slot, const char *data, 
     struct leg *l = c->legs[slot];
     if (l->in_done)
         return;
-    ssize_t queued = send_or_queue(l->fd, &l->pending, data, n,
-                                   l->fd >= 0 && !l->replay_left && !bytes_size(&l->pending));
+    ssize_t queued = send_or_queue(l->fd, &l->pending, data, n, l->fd >= 0 && !dp->reps[slot].held &&
+                                   !l->replay_left && !dp_bytes_size(&l->pending));
     if (queued < 0) {
         leg_input_failed(dp, c, slot);
         return;
@@ -426,7 +339,7 @@ static void leg_send(llft_dp_t *dp, struct conn *c, int slot, const char *data, 
     r->queued += (uint64_t)queued;
     if (r->queued > dp->queue_limit)
         dp->paused = true;
-    leg_events(dp, c, slot);
+    dp_leg_events(dp, c, slot);
 }
 
 /* 1: all sent, 0: the socket is full, -1: failed. */
@@ -443,6 +356,8 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
 {
     struct leg *l = c->legs[slot];
     size_t w = 0;
+    if (dp->reps[slot].held)
+        return;   /* (an EPOLLERR: the write that fails comes once it is let go) */
     while (l->replay_left) {
         size_t want = l->replay_left < READ_CHUNK ? (size_t)l->replay_left : READ_CHUNK;
         ssize_t r = pread(l->replay_fd, dp->buf, want, (off_t)l->replay_off);
@@ -465,23 +380,23 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
         close(l->replay_fd);
         l->replay_fd = -1;
     }
-    while (bytes_size(&l->pending)) {
+    while (dp_bytes_size(&l->pending)) {
         w = 0;
-        int done = send_some(l->fd, l->pending.p + l->pending.off, bytes_size(&l->pending), &w);
+        int done = send_some(l->fd, l->pending.p + l->pending.off, dp_bytes_size(&l->pending), &w);
         if (done < 0) {
             leg_input_failed(dp, c, slot);
             return;
         }
         bytes_drop(&l->pending, w);
-        queued_less(dp, slot, w);
+        dp_queued_less(dp, slot, w);
         if (!done)
             break;
     }
-    if (!bytes_size(&l->pending) && l->eof_wanted && !l->in_done) {
+    if (!dp_bytes_size(&l->pending) && l->eof_wanted && !l->in_done) {
         shutdown(l->fd, SHUT_WR);
         l->in_done = true;
     }
-    leg_events(dp, c, slot);
+    dp_leg_events(dp, c, slot);
     client_release(dp, c);
 }
 
@@ -548,18 +463,18 @@ static void leg_output_ended(llft_dp_t *dp, struct conn *c, int slot)
 static void keep_unsent(struct conn *c, struct leg *l, const char *data, size_t n, uint64_t offset)
 {
     uint64_t end = offset + n;
-    if (!bytes_size(&l->unsent))
+    if (!dp_bytes_size(&l->unsent))
         l->unsent_from = offset;
     uint64_t keep_from = c->sent > l->unsent_from ? c->sent : l->unsent_from;
     if (keep_from > end)
         keep_from = end;
     if (keep_from >= offset) {
         l->unsent.off = l->unsent.len = 0;
-        if (keep_from < end && bytes_put(&l->unsent, data + (keep_from - offset), end - keep_from) < 0)
+        if (keep_from < end && dp_bytes_put(&l->unsent, data + (keep_from - offset), end - keep_from) < 0)
             keep_from = end;   /* out of memory: a takeover would miss these bytes */
     } else {
         bytes_drop(&l->unsent, (size_t)(keep_from - l->unsent_from));
-        if (bytes_put(&l->unsent, data, n) < 0) {
+        if (dp_bytes_put(&l->unsent, data, n) < 0) {
             l->unsent.off = l->unsent.len = 0;
             keep_from = end;
         }
@@ -567,7 +482,7 @@ static void keep_unsent(struct conn *c, struct leg *l, const char *data, size_t 
     l->unsent_from = keep_from;
 }
 
-static void leg_readable(llft_dp_t *dp, struct conn *c, int slot)
+void dp_leg_readable(llft_dp_t *dp, struct conn *c, int slot)
 {
     struct leg *l = c->legs[slot];
     ssize_t n = read(l->fd, dp->buf, READ_CHUNK);
@@ -590,7 +505,7 @@ static void leg_readable(llft_dp_t *dp, struct conn *c, int slot)
         keep_unsent(c, l, dp->buf, (size_t)n, offset);
 }
 
-static struct leg *leg_new(void)
+struct leg *dp_leg_new(void)
 {
     struct leg *l = calloc(1, sizeof *l);
     if (l != NULL)
@@ -598,7 +513,7 @@ static struct leg *leg_new(void)
     return l;
 }
 
-static int conn_add_leg(struct conn *c, int slot, struct leg *l)
+int dp_conn_add_leg(struct conn *c, int slot, struct leg *l)
 {
     if (slot >= c->nlegs) {
         struct leg **legs = realloc(c->legs, (size_t)(slot + 1) * sizeof *legs);
@@ -625,7 +540,7 @@ static void client_input_ended(llft_dp_t *dp, struct conn *c)
     for (int s = 0; s < c->nlegs; s++)
         if (c->legs[s] != NULL) {
             c->legs[s]->eof_wanted = true;
-            leg_events(dp, c, s);
+            dp_leg_events(dp, c, s);
         }
     client_events(dp, c);
 }
@@ -704,8 +619,8 @@ static void leg_free(llft_dp_t *dp, struct leg *l)
     if (l->log_fd >= 0)
         close(l->log_fd);
     EVP_MD_CTX_free(l->sha);
-    bytes_free(&l->pending);
-    bytes_free(&l->unsent);
+    dp_bytes_free(&l->pending);
+    dp_bytes_free(&l->unsent);
     free(l);
 }
 
@@ -713,7 +628,7 @@ static void leg_free(llft_dp_t *dp, struct leg *l)
  * summary and freed: what the plane holds follows the connections open,
  * not every connection the group has served.  With an input directory
  * its id and input length stay, for a replica that joins later. */
-static void conn_settle(llft_dp_t *dp, struct conn *c)
+void dp_conn_settle(llft_dp_t *dp, struct conn *c)
 {
     if (!conn_done(dp, c))
         return;
@@ -727,8 +642,8 @@ static void conn_settle(llft_dp_t *dp, struct conn *c)
             dp->reps[s].open_legs--;
         if (l->waiting)
             dp->reps[s].waiting--;
-        if (bytes_size(&l->pending))
-            queued_less(dp, s, bytes_size(&l->pending));
+        if (dp_bytes_size(&l->pending))
+            dp_queued_less(dp, s, dp_bytes_size(&l->pending));
         leg_free(dp, l);
     }
     if (dp->input_dir != NULL && !c->replayed) {
@@ -761,22 +676,22 @@ static void dispatch_conn(llft_dp_t *dp, struct conn *c, int slot, uint32_t even
             client_readable(dp, c, events);
         return;
     }
-    struct leg *l = leg_get(c, slot);
+    struct leg *l = dp_leg_get(c, slot);
     if (l == NULL || l->fd < 0)
         return;   /* closed earlier in this batch */
     if ((events & (EPOLLOUT | EPOLLERR)) && !l->in_done)
         leg_writable(dp, c, slot);
     if (l->fd >= 0 && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-        leg_readable(dp, c, slot);
+        dp_leg_readable(dp, c, slot);
 }
 
 static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
 {
-    struct conn *c = conn_get(dp, tag & TAG_ID_MASK);
+    struct conn *c = dp_conn_get(dp, tag & TAG_ID_MASK);
     if (c == NULL)
         return;   /* settled earlier in this batch */
     dispatch_conn(dp, c, (int)(tag >> TAG_SLOT_SHIFT) - 1, events);
-    conn_settle(dp, c);
+    dp_conn_settle(dp, c);
 }
 
 static void *dp_main(void *arg)
@@ -885,10 +800,10 @@ void llft_dp_stop(llft_dp_t *dp)
             if (l->log_fd >= 0)
                 close(l->log_fd);
             l->replay_fd = l->log_fd = -1;
-            bytes_free(&l->pending);
-            bytes_free(&l->unsent);
+            dp_bytes_free(&l->pending);
+            dp_bytes_free(&l->unsent);
         }
-        bytes_free(&c->out);
+        dp_bytes_free(&c->out);
     }
 }
 
@@ -928,13 +843,13 @@ void llft_dp_free(llft_dp_t *dp)
  * first, then what their clients send from now on. */
 static int catch_up_leg(llft_dp_t *dp, struct conn *c, int slot)
 {
-    struct leg *l = leg_new();
-    if (l == NULL || conn_add_leg(c, slot, l) < 0) {
+    struct leg *l = dp_leg_new();
+    if (l == NULL || dp_conn_add_leg(c, slot, l) < 0) {
         free(l);
         return -1;
     }
     if (c->in_bytes) {
-        l->replay_fd = open_conn_file(dp->input_dir, c->id, O_RDONLY);
+        l->replay_fd = dp_open_conn_file(dp->input_dir, c->id, O_RDONLY);
         if (l->replay_fd < 0) {
             l->in_done = true;   /* its history is gone: it will diverge, and be told so */
             return 0;
@@ -953,7 +868,7 @@ static int catch_up(llft_dp_t *dp, int slot)
         if (llft_idmap_at(&dp->conns, i) && catch_up_leg(dp, dp->conns.vals[i], slot) < 0)
             return -1;
     for (size_t k = 0; k < dp->ngone; k++) {
-        if (conn_get(dp, dp->gone[k].id) != NULL)
+        if (dp_conn_get(dp, dp->gone[k].id) != NULL)
             continue;   /* brought back for an earlier joiner, and not done yet: it got a leg above */
         struct conn *c = calloc(1, sizeof *c);
         if (c == NULL)
@@ -973,13 +888,12 @@ static int catch_up(llft_dp_t *dp, int slot)
     return 0;
 }
 
-int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
+/* A new slot, live, with nothing yet; -1 (ENOMEM). */
+int dp_new_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
 {
-    pthread_mutex_lock(&dp->mu);
-    int slot = -1;
     struct replica *reps = realloc(dp->reps, (size_t)(dp->nreps + 1) * sizeof *reps);
     if (reps == NULL)
-        goto out;
+        return -1;
     dp->reps = reps;
     struct replica *r = &reps[dp->nreps];
     memset(r, 0, sizeof *r);
@@ -987,12 +901,17 @@ int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
     r->pidfd = pidfd;
     r->live = true;
     r->log_dir = log_dir ? strdup(log_dir) : NULL;
-    slot = dp->nreps++;
-    if (dp->input_dir != NULL && catch_up(dp, slot) < 0) {
+    return dp->nreps++;
+}
+
+int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
+{
+    pthread_mutex_lock(&dp->mu);
+    int slot = dp_new_replica(dp, pid, pidfd, log_dir);
+    if (slot >= 0 && dp->input_dir != NULL && catch_up(dp, slot) < 0) {
         errno = ENOMEM;
         slot = -1;   /* the replica stays without those connections; the caller fails it */
     }
-out:
     pthread_mutex_unlock(&dp->mu);
     return slot;
 }
@@ -1006,12 +925,12 @@ void llft_dp_remove_replica(llft_dp_t *dp, int slot)
             if (!llft_idmap_at(&dp->conns, i))
                 continue;
             struct conn *c = dp->conns.vals[i];
-            if (leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
+            if (dp_leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
                 leg_input_failed(dp, c, slot);
-            conn_settle(dp, c);   /* it may have waited for this replica alone */
+            dp_conn_settle(dp, c);   /* it may have waited for this replica alone */
         }
         dp->reps[slot].queued = 0;
-        queued_less(dp, slot, 0);   /* it no longer holds the clients back */
+        dp_queued_less(dp, slot, 0);   /* it no longer holds the clients back */
     }
     pthread_mutex_unlock(&dp->mu);
 }
@@ -1025,18 +944,18 @@ void llft_dp_set_primary(llft_dp_t *dp, int slot)
             continue;
         struct conn *c = dp->conns.vals[i];
         resume_legs(dp, c);   /* an old primary's paused leg is only digested now */
-        struct leg *l = leg_get(c, slot);
+        struct leg *l = dp_leg_get(c, slot);
         if (l == NULL || !l->attached)
             continue;
-        if (bytes_size(&l->unsent)) {
+        if (dp_bytes_size(&l->unsent)) {
             struct bytes kept = l->unsent;
             memset(&l->unsent, 0, sizeof l->unsent);
-            reply(dp, c, slot, kept.p + kept.off, bytes_size(&kept), l->unsent_from);
-            bytes_free(&kept);
+            reply(dp, c, slot, kept.p + kept.off, dp_bytes_size(&kept), l->unsent_from);
+            dp_bytes_free(&kept);
         }
         if (l->out_ended)
             client_close_when_sent(dp, c);
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }
@@ -1050,7 +969,7 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
     pthread_mutex_lock(&dp->mu);
     int rc = -1;
     struct conn *c = NULL;
-    if (conn_get(dp, conn_id) != NULL || dp->stopped) {
+    if (dp_conn_get(dp, conn_id) != NULL || dp->stopped) {
         errno = EEXIST;
         goto out;
     }
@@ -1063,8 +982,8 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
     for (int s = 0; s < dp->nreps; s++) {
         if (!dp->reps[s].live)
             continue;
-        struct leg *l = leg_new();
-        if (l == NULL || conn_add_leg(c, s, l) < 0) {
+        struct leg *l = dp_leg_new();
+        if (l == NULL || dp_conn_add_leg(c, s, l) < 0) {
             free(l);
             goto fail;
         }
@@ -1074,11 +993,11 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
             c->legs[s]->waiting = true;
             dp->reps[s].waiting++;
         }
-    if (dp->input_dir != NULL && (c->in_fd = open_conn_file(dp->input_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC)) < 0)
+    if (dp->input_dir != NULL && (c->in_fd = dp_open_conn_file(dp->input_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC)) < 0)
         goto fail;
     if (llft_idmap_put(&dp->conns, conn_id, c) < 0)
         goto fail;
-    set_nonblocking(client_fd);
+    dp_set_nonblocking(client_fd);
     dp->st.connections++;
     dp->st.open_clients++;
     client_events(dp, c);
@@ -1097,8 +1016,8 @@ out:
 int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
 {
     pthread_mutex_lock(&dp->mu);
-    struct conn *c = conn_get(dp, conn_id);
-    struct leg *l = c ? leg_get(c, slot) : NULL;
+    struct conn *c = dp_conn_get(dp, conn_id);
+    struct leg *l = c ? dp_leg_get(c, slot) : NULL;
     int rc = -1;
     if (l == NULL || l->attached || dp->stopped) {
         if (fd >= 0)
@@ -1115,7 +1034,7 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
         l->out_ended = true;   /* nothing will come: as closed */
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
         goto out;
     }
     l->sha = EVP_MD_CTX_new();
@@ -1126,19 +1045,19 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
         l->out_ended = true;
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
         errno = ENOMEM;
         rc = -1;
         goto out;
     }
-    set_nonblocking(fd);
+    dp_set_nonblocking(fd);
     l->fd = fd;
     l->attached = true;
     const char *log_dir = dp->reps[slot].log_dir;
     if (log_dir != NULL)
-        l->log_fd = open_conn_file(log_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC);
+        l->log_fd = dp_open_conn_file(log_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC);
     dp->reps[slot].open_legs++;
-    leg_events(dp, c, slot);
+    dp_leg_events(dp, c, slot);
 out:
     pthread_mutex_unlock(&dp->mu);
     return rc;
@@ -1154,7 +1073,7 @@ long llft_dp_summary(llft_dp_t *dp, int slot, char *out, long cap)
             continue;
         struct conn *c = dp->conns.vals[i];
         uint64_t id = c->id;
-        struct leg *l = leg_get(c, slot);
+        struct leg *l = dp_leg_get(c, slot);
         if (l == NULL || !l->attached)
             continue;
         char hex[65];
@@ -1216,7 +1135,7 @@ void llft_dp_close_clients(llft_dp_t *dp)
         struct conn *c = dp->conns.vals[i];
         if (c->cfd >= 0)
             client_close_when_sent(dp, c);
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }

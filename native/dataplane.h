@@ -16,6 +16,7 @@
 #ifndef LLFT_DATAPLANE_H
 #define LLFT_DATAPLANE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct llft_dp llft_dp_t;
@@ -48,6 +49,36 @@ void llft_dp_remove_replica(llft_dp_t *dp, int slot);
  * the clients have had goes out at once, and connections it has closed are
  * closed.  Also sets the first primary. */
 void llft_dp_set_primary(llft_dp_t *dp, int slot);
+
+/* Cloning a replica (a checkpoint of a backup restored beside it,
+ * llft/checkpoint/): llft_dp_clone_replica, with src's process frozen,
+ * reads what src's program has sent so far, holds src's input from then
+ * on (queued, not written: what src has not read is then exactly what is
+ * in its sockets) and makes a new slot whose legs continue src's: the
+ * same output offsets, digests and unsent bytes, the input src has queued.
+ * Per connection of src it says (into out, at most max) the connection,
+ * the inode of the plane's end of src's leg and its state: WAITING (src's
+ * relay has yet to hand it over; the clone's relay will), LIVE (src's
+ * program has the other end: the clone gets a socket of its own with
+ * llft_dp_clone_attach), ENDED (src's program closed it).  Returns how
+ * many, with *slot the clone's; -1 with errno EBUSY (src still replays
+ * logged input: later), ENOSPC (more than max) or ENOMEM (*slot is then
+ * the clone's if one was made: remove it and release src). */
+enum { LLFT_DP_LEG_WAITING = 0, LLFT_DP_LEG_LIVE = 1, LLFT_DP_LEG_ENDED = 2 };
+typedef struct {
+    uint64_t conn_id;
+    uint64_t ino;
+    int state;
+} llft_dp_leg_info_t;
+int llft_dp_clone_replica(llft_dp_t *dp, int src, const char *log_dir, llft_dp_leg_info_t *out, int max,
+                          int *slot);
+/* The clone's socket for a LIVE connection: prefix (what src had not read
+ * of it, n bytes) goes first, then the input src has queued since. */
+int llft_dp_clone_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd, const char *prefix, size_t n);
+/* slot's process, once it runs (a clone's is known after its restore). */
+void llft_dp_set_pid(llft_dp_t *dp, int slot, int pid, int pidfd);
+/* src takes its input again, what was queued meanwhile first. */
+void llft_dp_release(llft_dp_t *dp, int src);
 
 /* A client connection (conn_id: the gateway's number, increasing); the plane
  * owns client_fd from now on.  Every live replica gets a leg, which queues

@@ -177,3 +177,63 @@ def test_two_joiners_in_a_row_get_each_done_connection_once(tmp_path):
     plane.remove_replica(joiners[1])
     assert plane.summary(first)["closed"]["connections"] == 20
     plane.stop()
+
+
+def test_a_clone_continues_its_sources_connections(group):
+    """A clone of backup 2 (llft/checkpoint/clone.py): what 2 had not read
+    is given to the clone first, input that comes while 2 is held reaches
+    both, in order, and the clone's output continues 2's offsets and
+    digest, so that it can take over like any backup."""
+    from llft.serving.dataplane import LEG_LIVE
+    plane, client, programs = group
+    client.sendall(b"first ")
+    for prog in programs:
+        assert recv_exactly(prog, 6) == b"first "
+    client.sendall(b"unread ")
+    assert recv_exactly(programs[0], 7) == b"unread "
+    programs[2].sendall(b"reply-one ")   # the backup's output before the checkpoint
+    for prog in programs[:2]:
+        prog.sendall(b"reply-one ")
+    assert recv_exactly(client, 10) == b"reply-one "
+    time.sleep(0.05)   # the plane has read every program's output
+    slot, legs = plane.clone_replica(2, None)
+    assert [(c, state) for c, _ino, state in legs] == [(1, LEG_LIVE)] and legs[0][1] > 0
+    client.sendall(b"held")              # while 2 is held: queued for it and for the clone
+    assert recv_exactly(programs[0], 4) == b"held"
+    programs[2].settimeout(0.2)
+    assert programs[2].recv(100) == b"unread ", "a held replica gets nothing more"
+    clone_prog, clone_leg = socket.socketpair()
+    plane.clone_attach(slot, 1, clone_leg, b"unread ")   # what 2 had not read, as a peek saw it
+    plane.set_pid(slot, os.getpid())
+    assert recv_exactly(clone_prog, 11) == b"unread held"
+    plane.release(2)
+    assert recv_exactly(programs[2], 4) == b"held"
+    for prog in [programs[0], programs[1], programs[2], clone_prog]:
+        prog.sendall(b"reply-two")
+    assert recv_exactly(client, 9) == b"reply-two"
+    want = {"1": {"bytes": 19, "sha256": hashlib.sha256(b"reply-one reply-two").hexdigest(), "closed": False}}
+    assert eventually(lambda: [plane.summary(s) for s in (0, 1, 2, slot)] == [want] * 4), \
+        [plane.summary(s) for s in (0, 1, 2, slot)]
+    clone_prog.close()
+
+
+def test_a_clone_of_a_replica_still_replaying_logged_input_is_refused(tmp_path):
+    (tmp_path / "input").mkdir()
+    plane = DataPlane(tmp_path / "input")
+    try:
+        first = plane.add_replica(Proc(0), None)
+        plane.set_primary(first)
+        client, gw_side = socket.socketpair()
+        assert plane.open_conn(1, gw_side)
+        prog, leg = socket.socketpair()
+        plane.attach(first, 1, leg)
+        client.sendall(b"x" * (1 << 20))   # more than a socket holds: the joiner's replay lasts
+        assert recv_exactly(prog, 1 << 20)
+        joiner = plane.add_replica(Proc(1), None)
+        jprog, jleg = socket.socketpair()
+        plane.attach(joiner, 1, jleg)
+        with pytest.raises(OSError, match="Device or resource busy"):
+            plane.clone_replica(joiner, None)
+        assert plane.open_legs(joiner) == 1, "the refused clone left the joiner as it was"
+    finally:
+        plane.stop()

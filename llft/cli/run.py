@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "history (every OrderInfo record and every client's input since the start, kept in "
                         "RUN_DIR), so the group survives any number of failures one after another.  Off by "
                         "default: the history grows with the group's age, on disk and in catch-up time")
+    p.add_argument("--keep", type=int, metavar="N",
+                   help="keep the group at N replicas (N <= --replicas): a replica that fails is replaced by a "
+                        "new backup cloned with CRIU from a live backup, at an exact point of the record "
+                        "stream, however long the group has run (docs/checkpoints.md).  When no backup lives "
+                        "or CRIU is missing, the replacement replays the group's history as with --respawn, "
+                        "which --keep implies")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -209,8 +215,13 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
                  "stall_alarm"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.keep is not None:
+        if not 1 <= args.keep <= args.replicas:
+            raise UsageError(f"--keep must be between 1 and --replicas ({args.replicas}), got {args.keep}")
+        args.respawn = True
     if args.respawn and (args.replay_from is not None or args.join):
-        raise UsageError("--respawn replaces replicas of a group on this host: not with --replay-from or --join")
+        raise UsageError(f"--{'keep' if args.keep else 'respawn'} replaces replicas of a group on this host: "
+                         "not with --replay-from or --join")
     if args.replay_from is not None and not args.replay_from.is_file():
         raise UsageError(f"--replay-from {args.replay_from}: no such file")
     args.port_map = {}
@@ -300,7 +311,7 @@ def main(argv=None) -> int:
                            backup_exit_timeout=args.backup_exit_timeout,
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
-                           fault_timeout=args.fault_timeout / 1000, respawn=args.respawn,
+                           fault_timeout=args.fault_timeout / 1000, respawn=args.respawn, keep=args.keep,
                            stall_alarm=args.stall_alarm, private_files=private_files(args),
                            serialize=args.serialize, order=args.order,
                            mailbox_copies=args.mailbox_copies, mailbox_protocol=args.mailbox_protocol)

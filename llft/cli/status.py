@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"group {report['group']}  ({report['phase']})  run dir {where}"
-          + ("  (--respawn)" if state.get("respawn") else ""))
+          + (f"  (--keep {state['keep']})" if state.get("keep") else "  (--respawn)" if state.get("respawn") else ""))
     if messaging is not None:
         print_cluster(report)
     elif report["view"]:
@@ -133,9 +133,15 @@ def dash(value) -> str:
 
 
 def rejoin_note(m: dict) -> str:
-    """What llft-run --respawn did: this replica replaces a failed one."""
+    """What llft-run --respawn or --keep did: this replica replaces a failed
+    one, replaying the history or cloned from a live backup."""
     if m.get("replaces") is None:
         return ""
+    ck = m.get("checkpoint")
+    if ck:
+        return (f"replaces replica {m['replaces']}; cloned from replica {ck['source']}: the source was frozen "
+                f"{ck['frozen_ms']:.1f} ms, image {ck['image_bytes'] // 1024} KiB, restored in "
+                f"{ck['restore_ms']:.0f} ms")
     c = m.get("catch_up") or {}
     done = f"caught up after {c['records']} records in {c['ms']:.0f} ms" if c.get("done") else "catching up"
     return f"replaces replica {m['replaces']}; {done}"

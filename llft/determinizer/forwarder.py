@@ -34,6 +34,7 @@ class RecordForwarder(threading.Thread):
         self.saver = saver
         self.records = 0
         self.slots = 0
+        self.sent = 0   # records handed to the backend (under lock)
         self.error: str | None = None
         self.torn = 0
         self.successor = None  # (source, sink) taking over when the source fails
@@ -104,10 +105,12 @@ class RecordForwarder(threading.Thread):
             self.source.wait(20)
 
     def _deliver(self, chunk: bytes):
-        self.records += count_groups(chunk)
+        groups = count_groups(chunk)
+        self.records += groups
         self.slots += len(chunk) // REC_SIZE
         with self.lock:
             if self.saver:
                 self.saver.write(chunk)
             self.ordering.send(chunk)
+            self.sent += groups
         self.ordering.deliver()

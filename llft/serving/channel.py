@@ -41,6 +41,7 @@ class ProgramChannel:
         self.changed: asyncio.Event | None = None
         self.attached = False
         self.tasks: set[asyncio.Task] = set()
+        self.handing_held = False   # no connection is handed over meanwhile (a checkpoint drains the listeners)
 
     # -- the replica's side, at its start ------------------------------------
     def child_fd(self) -> int:
@@ -177,6 +178,9 @@ class ProgramChannel:
         self.attach()
         since, told = asyncio.get_running_loop().time(), False
         while alive() and not self.closed:
+            if self.handing_held:
+                await asyncio.sleep(BACKLOG_RETRY_S)
+                continue
             lsock = next((s for (p, _f), s in self.listeners.items() if p == port), None)
             if lsock is None:
                 if self.listeners and not told and asyncio.get_running_loop().time() - since > WRONG_PORT_NOTICE_S:

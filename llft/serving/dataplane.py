@@ -12,6 +12,7 @@ from pathlib import Path
 from llft._dataplane import ffi, lib
 
 QUEUE_LIMIT = 8 << 20   # input bytes queued for one replica beyond which clients wait
+LEG_WAITING, LEG_LIVE, LEG_ENDED = lib.LLFT_DP_LEG_WAITING, lib.LLFT_DP_LEG_LIVE, lib.LLFT_DP_LEG_ENDED
 
 
 class DataPlane:
@@ -40,6 +41,39 @@ class DataPlane:
                 os.close(pidfd)
             raise OSError(ffi.errno, f"replica {replica.index}: cannot add it to the data plane")
         return slot
+
+    def clone_replica(self, src: int, log_dir: Path | None, max_legs: int = 1 << 16) -> tuple[int, list[tuple]]:
+        """src's process is frozen for a checkpoint: src's input is held
+        from now on, and a new slot continues src's connections (see
+        native/dataplane.h).  Returns the slot and, per connection of src,
+        (conn_id, inode of the plane's end of src's leg, state)."""
+        out = ffi.new("llft_dp_leg_info_t[]", max_legs)
+        slot = ffi.new("int *", -1)
+        d = ffi.new("char[]", os.fsencode(log_dir)) if log_dir is not None else ffi.NULL
+        n = lib.llft_dp_clone_replica(self._dp, src, d, out, max_legs, slot)
+        if n < 0:
+            err = ffi.errno
+            if slot[0] >= 0:
+                self.remove_replica(slot[0])
+            self.release(src)
+            raise OSError(err, f"cannot clone the data plane's replica {src}: {os.strerror(err)}")
+        return slot[0], [(out[i].conn_id, out[i].ino, out[i].state) for i in range(n)]
+
+    def clone_attach(self, slot: int, conn_id: int, sock: socket.socket, prefix: bytes):
+        """A clone's socket for a LIVE connection; prefix goes to it first."""
+        if lib.llft_dp_clone_attach(self._dp, slot, conn_id, sock.detach(), prefix, len(prefix)) != 0:
+            raise OSError(ffi.errno, f"connection {conn_id}: cannot attach the clone's socket")
+
+    def set_pid(self, slot: int, pid: int):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = -1
+        lib.llft_dp_set_pid(self._dp, slot, pid, pidfd)
+
+    def release(self, src: int):
+        """src takes its input again (after llft_dp_clone_replica)."""
+        lib.llft_dp_release(self._dp, src)
 
     def remove_replica(self, slot: int):
         lib.llft_dp_remove_replica(self._dp, slot)

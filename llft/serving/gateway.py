@@ -57,6 +57,15 @@ class Gateway:
         relay.catch_up(self.inputs)
         self.relays.append(relay)
 
+    def add_clone_relay(self, relay, unhanded: list[tuple]):
+        """A replica cloned from another joins (llft/checkpoint/clone.py):
+        the plane gave it the connections its source has; it hands over
+        those its source had not been handed yet (unhanded: the open()
+        arguments, in connection order), then every new one."""
+        for args in unhanded:
+            relay.open(*args)
+        self.relays.append(relay)
+
     def remove_relay(self, relay):
         """A replica failed: clients no longer wait for it."""
         if relay in self.relays:

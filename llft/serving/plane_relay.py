@@ -21,19 +21,22 @@ DRAIN_POLL_S = 0.01
 
 
 class PlaneRelay:
-    def __init__(self, replica, plane: DataPlane, log_dir: Path | None = None):
+    def __init__(self, replica, plane: DataPlane, log_dir: Path | None = None, slot: int | None = None):
         self.replica = replica
         self.plane = plane
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
-        self.slot = plane.add_replica(replica, log_dir)
+        # slot: the plane made it already (a clone's, llft/checkpoint/clone.py)
+        self.slot = plane.add_replica(replica, log_dir) if slot is None else slot
         self.opens: asyncio.Queue = asyncio.Queue()
+        self.unhanded: dict[int, tuple] = {}   # connections opened and not handed over yet, in order
         self.stopped = False
 
     def open(self, conn_id: int, port: int, host: str, client_port: int):
         """A client connection: the plane has made this replica's leg, which
         queues the client's bytes until it is connected."""
         if not self.stopped:
+            self.unhanded[conn_id] = (conn_id, port, host, client_port)
             self.opens.put_nowait((conn_id, port, host, client_port))
 
     def catch_up(self, inputs):
@@ -53,7 +56,10 @@ class PlaneRelay:
             conn_id, port, host, client_port = await self.opens.get()
             sock = await self.replica.channel.hand_connection(port, conn_header(conn_id, host, client_port),
                                                               self.replica.alive)
+            # (no await from the hand-over to here: a connection sent to the
+            # program is attached, which a checkpoint relies on)
             self.plane.attach(self.slot, conn_id, sock)
+            self.unhanded.pop(conn_id, None)
 
     async def drained(self, timeout: float):
         """Waits until every connection's output has been read to its end

@@ -1,0 +1,410 @@
+"""A new backup made from a checkpoint of a live one, on one host (LLFT
+§IV-C, adding a backup from a checkpoint taken at an exact point of the
+ordering stream; docs/checkpoints.md).
+
+The source backup is dumped by CRIU and keeps running; while CRIU holds
+it frozen, everything the clone will need is taken at that one instant:
+
+- its ring: the control block, the ring header and the records it has yet
+  to replay are copied into the clone's ring, and the clone joins the
+  ordering backend there, so it replays exactly what follows, nothing
+  twice, nothing skipped (the group's history is not needed);
+- its client connections: the data plane holds the source's input, so
+  that what the source has not read is exactly what is in its sockets,
+  and gives the clone a slot that continues the source's legs (output
+  offsets, digests); each socket of the source whose other end is the
+  controller's gets a new socketpair for the clone, primed with what the
+  source had not read of it (read without taking it);
+- its files: stdout and stderr so far, and with private files its upper
+  layers.
+
+Then the clone is restored in a PID namespace of its own
+(restore_init.py) with the new sockets and files in place of the old
+(`--inherit-fd`), and the controller adopts it as a backup."""
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+from llft import PRELOAD_LIBRARY, private_files
+from llft.checkpoint import criu, sockets
+from llft.determinizer.streams import BackupSink, stream_path
+from llft.members import start_time
+from llft.native import ROLE_BACKUP, StreamFile
+from llft.replica import RestoredReplica
+from llft.serving.dataplane import LEG_LIVE
+from llft.serving.plane_relay import PlaneRelay
+
+log = logging.getLogger("llft.checkpoint")
+
+CHECKPOINT_DIR = "checkpoints"
+FROZEN_STEP_S = 5.0      # the most the frozen-time work waits for the event loop
+SENT_WAIT_S = 1.0        # the most it waits for the source's ring to hold every record sent
+RESTORE_S = 30.0
+
+
+class CloneFailed(Exception):
+    pass
+
+
+def _ino(sock_or_fd) -> int:
+    fd = sock_or_fd if isinstance(sock_or_fd, int) else sock_or_fd.fileno()
+    return os.fstat(fd).st_ino
+
+
+class BackupClone:
+    """One clone of backup src into a new replica with index k."""
+
+    def __init__(self, group, src, k: int):
+        self.g = group
+        self.src = src
+        self.k = k
+        self.loop = asyncio.get_running_loop()
+        self.images = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
+        self.inherit: list[tuple[object, str]] = []   # (fd or socket or file, CRIU's key for it)
+        self.clone: RestoredReplica | None = None
+        self.sink: BackupSink | None = None
+        self.relay: PlaneRelay | None = None
+        self.slot: int | None = None
+        self.frozen_work_ms = 0.0
+        self.taken: list[tuple[socket.socket, list[socket.socket]]] = []   # the source's listeners' queues
+        self.held = False
+
+    # -- the whole clone -------------------------------------------------------
+    async def run(self) -> RestoredReplica:
+        """The clone, restored and adopted; CloneFailed (with nothing left
+        behind) if it cannot be made."""
+        started = time.monotonic()
+        try:
+            self._prepare()
+            self.src.checkpointing = True   # frozen by CRIU: not a timing fault
+            try:
+                dump_stats = await asyncio.to_thread(
+                    criu.dump, self.src.pid, self.images, externals=self._externals(),
+                    on_frozen=self._frozen, on_dumped=self._give_back)
+            finally:
+                self._give_back()
+                self.src.checkpointing = False
+            dumped = time.monotonic()
+            pid, proc = await asyncio.to_thread(self._restore)
+        except (criu.CheckpointFailed, CloneFailed, OSError) as e:
+            self._undo()
+            raise CloneFailed(str(e)) from None
+        finally:
+            self._close_inherited()
+        self._adopt(pid, proc, {
+            "source": self.src.index, "frozen_ms": round(dump_stats.get("frozen_time", 0) / 1000, 1),
+            "frozen_work_ms": round(self.frozen_work_ms, 1),
+            "dump_ms": round((dumped - started) * 1000, 1),
+            "restore_ms": round((time.monotonic() - dumped) * 1000, 1),
+            "image_bytes": sum(f.stat().st_size for f in self.images.iterdir() if f.is_file()),
+            "at": time.time()})
+        return self.clone
+
+    # -- before the dump -----------------------------------------------------------
+    def _prepare(self):
+        g, k = self.g, self.k
+        if self.images.exists():
+            shutil.rmtree(self.images)
+        self.images.mkdir(parents=True)
+        path = stream_path(g.run_id, k)
+        if os.path.exists(path):
+            os.unlink(path)
+        stream = StreamFile(path, create=True, slots=self.src.stream.capacity, role=ROLE_BACKUP, replica=k)
+        out_dir = g.run_dir / f"replica-{k}"
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.mkdir()
+        self.clone = RestoredReplica(k, stream, out_dir, private_files=self.src.private_files,
+                                     serialize=self.src.serialize, source=self.src.index)
+        if self.src.private_files:
+            self.files_plan = private_files.prepare(self.clone.files_dir)
+
+    def _externals(self) -> list[str]:
+        """What CRIU is to leave out of the image, and the restore gives
+        anew: the sockets whose other end is this controller's, and the
+        files the controller opened for the replica (its ring, the library,
+        stdio), which the clone gets its own of.  (Asked again once the
+        source is frozen: a socket may come meanwhile.)"""
+        pid = self.src.pid
+        socks = sockets.fd_inodes(pid)
+        peers = sockets.unix_peers(set(socks.values()))
+        own = set(socks.values())
+        out = [f"unix[{ino}]" for ino in socks.values() if peers.get(ino) and peers[ino] not in own]
+        self.files_at_dump = self._controller_files()
+        return out + [key for _fd, key, _what in self.files_at_dump]
+
+    def _controller_files(self) -> list[tuple[int, str, str]]:
+        """(fd, CRIU's external key, which) for each fd of the source that
+        is one of the controller's files for it."""
+        pid, src = self.src.pid, self.src
+        wanted = {src.stream.path: "ring", os.path.realpath(PRELOAD_LIBRARY): "library",
+                  str(src.out_dir / "stdout"): "stdout", str(src.out_dir / "stderr"): "stderr",
+                  "/dev/null": "null"}
+        out = []
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            which = wanted.get(target)
+            if which is None:
+                continue
+            key = sockets.file_key(pid, int(name))
+            if key is not None:
+                out.append((int(name), key, which))
+        return out
+
+    # -- while the source is frozen ------------------------------------------------
+    def _frozen(self) -> list[str]:
+        """Runs in CRIU's dump thread once the source is frozen; returns
+        the externals found since the dump began."""
+        t0 = time.monotonic()
+        self._copy_files()
+        t1 = time.monotonic()
+        plan = asyncio.run_coroutine_threadsafe(self._frozen_in_loop(), self.loop).result(FROZEN_STEP_S)
+        t2 = time.monotonic()
+        try:
+            for conn_id, fd in plan["live"]:
+                with sockets.take_fd(self.src.pid, fd) as theirs_now:
+                    theirs = self._give_conn(conn_id, sockets.unread(theirs_now))
+                    sockets.same_settings(theirs_now, theirs)
+                    self.inherit.append((theirs, f"socket:[{_ino(theirs_now)}]"))
+            self._copy_ring()
+        finally:
+            self.g.plane.release(self.src_slot)
+            self.held = False
+        self.files_at_dump = self._controller_files()
+        self.frozen_work_ms = (time.monotonic() - t0) * 1000
+        log.debug("frozen work: files %.1f ms, loop %.1f ms, sockets and ring %.1f ms", (t1 - t0) * 1000,
+                  (t2 - t1) * 1000, (time.monotonic() - t2) * 1000)
+        return plan["externals"] + [key for _fd, key, _what in self.files_at_dump]
+
+    def _give_back(self):
+        """The connections taken from the source's listeners go back, in
+        their order (CRIU has written the listeners' empty queues)."""
+        taken, self.taken = self.taken, []
+        self.loop.call_soon_threadsafe(setattr, self.src.channel, "handing_held", False)
+        for ours, waiting in taken:
+            for s in waiting:
+                try:
+                    ours.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [s.fileno()]))])
+                except OSError as e:
+                    log.error("replica %d: a connection waiting to be accepted could not be given back (%s)",
+                              self.src.index, e)
+                s.close()
+
+    def _copy_files(self):
+        """stdout and stderr so far, and with private files the upper layers."""
+        for name in ("stdout", "stderr"):
+            shutil.copyfile(self.src.out_dir / name, self.clone.out_dir / name)
+            f = open(self.clone.out_dir / name, "ab")
+            self.inherit.append((f, None))   # keyed in _controller_files' order below
+            setattr(self, f"_{name}", f)
+        if self.src.private_files:
+            private_files.copy_uppers(self.src.files_dir, self.clone.files_dir)
+
+    async def _frozen_in_loop(self) -> dict:
+        """The part that must not interleave with the relays and the
+        gateway: the plane's clone slot, the sockets' inventory, the
+        connections in flight, the clone's relay."""
+        g, src = self.g, self.src
+        src.channel.handing_held = True   # until the listeners' queues are given back (_give_back)
+        src.channel._readable()   # what the source said on its channel before it froze
+        self.src_slot = g._relay_of(src).slot
+        self.slot, legs = g.plane.clone_replica(self.src_slot, self.clone.out_dir / "output"
+                                                if g.opts.log_output else None)
+        self.held = True
+        by_leg = {ino: conn_id for conn_id, ino, state in legs if state == LEG_LIVE and ino}
+        listeners = {_ino(s): key for key, s in src.channel.listeners.items()}
+        socks = sockets.fd_inodes(src.pid)
+        peers = sockets.unix_peers(set(socks.values()))
+        own = set(socks.values())
+        live, seen, externals = [], set(), []
+        for fd, ino in sorted(socks.items()):
+            peer = peers.get(ino)
+            if not peer or peer in own:
+                continue
+            externals.append(f"unix[{ino}]")
+            if peer == _ino(src.channel.ours):
+                self._inherit(fd, self.clone.channel.theirs, ino)
+            elif peer in listeners:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                ours.setblocking(False)
+                self.clone.channel.listeners[listeners[peer]] = ours
+                self._inherit(fd, theirs, ino)
+                self._requeue(fd, src.channel.listeners[listeners[peer]], ours, by_leg, seen)
+            elif peer in by_leg:
+                live.append((by_leg[peer], fd))
+                seen.add(by_leg[peer])
+            else:
+                raise CloneFailed(f"its fd {fd} is a socket llft cannot give a clone (an outgoing connection "
+                                  "or a UDP port)")
+        missing = set(by_leg.values()) - seen
+        if missing:
+            raise CloneFailed(f"connection {min(missing)} is neither open in it nor waiting to be accepted")
+        self.relay = PlaneRelay(self.clone, g.plane, log_dir=(self.clone.out_dir / "output")
+                                if g.opts.log_output else None, slot=self.slot)
+        g.gateway.add_clone_relay(self.relay, list(g._relay_of(src).unhanded.values()))
+        return {"live": live, "externals": externals}
+
+    def _requeue(self, fd: int, src_ours: socket.socket, clone_ours: socket.socket, by_leg: dict, seen: set):
+        """The connections handed to the source and not accepted yet wait
+        in its listener's queue, which CRIU cannot dump: they are taken out
+        until the dump is written (_give_back), and the clone's listener
+        gets a socket of its own for each, in the same order, primed with
+        what is queued on the source's."""
+        with sockets.take_fd(self.src.pid, fd) as lsock:
+            waiting = sockets.take_handed(lsock)
+        self.taken.append((src_ours, waiting))
+        peers = sockets.unix_peers({_ino(s) for s in waiting})
+        for s in waiting:
+            conn_id = by_leg.get(peers.get(_ino(s)))
+            if conn_id is None:
+                raise CloneFailed("a connection waiting in its listener is not one the data plane knows")
+            seen.add(conn_id)
+            theirs = self._give_conn(conn_id, sockets.unread(s))
+            clone_ours.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+            theirs.close()
+
+    def _give_conn(self, conn_id: int, prefix: bytes) -> socket.socket:
+        """A new socketpair for the clone's side of connection conn_id: the
+        plane's end attached with prefix first; the program's end is
+        returned."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.g.plane.clone_attach(self.slot, conn_id, ours, prefix)
+        return theirs
+
+    def _inherit(self, fd: int, theirs: socket.socket, ino: int):
+        """theirs takes the place of the source's socket fd (inode ino) in
+        the clone, set up as the program set that one up."""
+        with sockets.take_fd(self.src.pid, fd) as now:
+            sockets.same_settings(now, theirs)
+        self.inherit.append((theirs, f"socket:[{ino}]"))
+
+    def _copy_ring(self):
+        """The clone's ring as the source's is now, joined to the backend:
+        every record sent so far is in the source's ring (waited for), and
+        every record sent from here on reaches the clone too."""
+        g = self.g
+        src_sink = g.sinks[self.src.index]
+        fwd = g.forwarder
+        with fwd.lock:
+            deadline = time.monotonic() + SENT_WAIT_S
+            while src_sink.delivered < fwd.sent:
+                if time.monotonic() > deadline or src_sink.dead:
+                    raise CloneFailed("the source's ring did not receive the records sent to it in time")
+                time.sleep(0.0005)
+            self.clone.stream.copy_from(self.src.stream, self.k)
+            self.sink = BackupSink(self.k, self.clone.stream, self.clone.alive)
+            self.sink.delivered = src_sink.delivered
+            g.ordering.add(self.sink)
+
+    # -- the restore -----------------------------------------------------------------
+    def _restore(self) -> tuple[int, subprocess.Popen]:
+        c = criu.find()
+        self._no_parent_death_signal(c)
+        files = {which: (fd, key) for fd, key, which in self.files_at_dump}
+        opened = {"ring": lambda: os.open(self.clone.stream.path, os.O_RDWR),
+                  "library": lambda: os.open(PRELOAD_LIBRARY, os.O_RDONLY),
+                  "null": lambda: os.open("/dev/null", os.O_RDWR),
+                  "stdout": lambda: self._stdout.fileno(), "stderr": lambda: self._stderr.fileno()}
+        keyed = [(opened[which](), key) for which, (_fd, key) in files.items()]
+        fds = [(obj if isinstance(obj, int) else obj.fileno(), key) for obj, key in self.inherit if key] + keyed
+        pidfile = self.images / "restored.pid"
+        dir_fd = os.open(self.images, os.O_RDONLY | os.O_DIRECTORY)
+        argv = [c.binary, "restore", "--images-dir", f"/proc/self/fd/{dir_fd}", "--restore-detached",
+                "--pidfile", str(pidfile), "-v4", "--log-file", "restore.log"]
+        for fd, key in fds:
+            argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        status_r, status_w = os.pipe()
+        helper = [sys.executable, "-m", "llft.checkpoint.restore_init", str(status_w)]
+        if self.src.private_files:
+            plan = self.images / "files.plan"
+            plan.write_bytes(self.files_plan)
+            helper += ["--files-plan", str(plan)]
+        try:
+            proc = subprocess.Popen(helper + ["--"] + argv, pass_fds=[status_w, dir_fd] + [fd for fd, _ in fds],
+                                    cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=open(self.images / "restore_init.log", "wb"))
+        finally:
+            os.close(status_w)
+            os.close(dir_fd)
+            for fd, _ in keyed:
+                if fd not in (self._stdout.fileno(), self._stderr.fileno()):
+                    os.close(fd)
+        with os.fdopen(status_r, "rb") as f:
+            word = f.readline().decode(errors="replace").strip()
+        if word != "ok":
+            proc.kill()
+            proc.wait()
+            if not word:
+                said = (self.images / "restore_init.log").read_text(errors="replace").strip().splitlines()
+                word = f"the restore helper ended{': ' + said[-1] if said else ''}"
+            raise CloneFailed(f"{word} (see {self.images / 'restore.log'})")
+        pid = sockets.namespace_child(proc.pid)
+        if pid is None:
+            proc.kill()
+            proc.wait()
+            raise CloneFailed("the restored program is not running")
+        return pid, proc
+
+    def _no_parent_death_signal(self, c):
+        """The source dies with the controller (PR_SET_PDEATHSIG, llft/replica.py),
+        which CRIU would restore, and the clone's parent is CRIU, which
+        exits at once: the clone would be killed as soon as it runs.  The
+        clone dies with its namespace instead, which dies with the controller."""
+        for path in self.images.glob("core-*.img"):
+            with open(path, "rb") as f:
+                image = c.images.load(f)
+            cores = [e["thread_core"] for e in image["entries"] if "pdeath_sig" in e.get("thread_core", {})]
+            if cores:
+                for core in cores:
+                    del core["pdeath_sig"]
+                with open(path, "wb") as f:
+                    c.images.dump(image, f)
+
+    def _close_inherited(self):
+        for obj, _key in self.inherit:
+            try:
+                obj.close() if not isinstance(obj, int) else os.close(obj)
+            except OSError:
+                pass
+        self.inherit.clear()
+
+    # -- afterwards -------------------------------------------------------------------
+    def _adopt(self, pid: int, proc: subprocess.Popen, checkpoint: dict):
+        g, r = self.g, self.clone
+        r.proc, r.program_pid, r.checkpoint = proc, pid, checkpoint
+        r.started = start_time(pid)
+        r.channel.started()
+        g.plane.set_pid(self.slot, pid)
+        g.sinks[self.k] = self.sink
+        g.adopt(r, self.relay)
+        log.warning("replica %d (backup) cloned from replica %d: pid %d; the source was frozen %.1f ms (%.1f ms "
+                    "of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", r.index,
+                    self.src.index, pid, checkpoint["frozen_ms"], checkpoint["frozen_work_ms"],
+                    checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
+
+    def _undo(self):
+        g = self.g
+        if self.held:
+            g.plane.release(self.src_slot)
+        if self.relay is not None:
+            g.gateway.remove_relay(self.relay)
+        elif self.slot is not None:
+            g.plane.remove_replica(self.slot)
+        if self.sink is not None:
+            self.sink.dead = True
+            g.ordering.remove(self.sink, crashed=True)
+        if self.clone is not None:
+            self.clone.channel.close()
+            self.clone.stream.close()
+            self.clone.stream.unlink()

@@ -1,0 +1,165 @@
+"""CRIU as llft drives it: found and checked once, and a dump over CRIU's
+RPC (`criu swrk`, the protocol pycriu speaks) whose notifications llft
+answers itself, so that work can be done while the process is frozen
+(pycriu's own dump() does not answer them).
+
+CRIU >= 4.2 is needed: Debian bookworm's 3.17 fails `criu check` on this
+kernel and 4.1 cannot dump inet sockets (../shared/notes/criu.md);
+scripts/build-criu.sh builds 4.2 into /opt/criu."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CRIU_PREFIX = Path(os.environ.get("LLFT_CRIU_PREFIX", "/opt/criu"))
+MIN_VERSION = (4, 2)
+RPC_MAX = 1 << 20
+
+
+class CriuUnavailable(Exception):
+    """No working CRIU here; the message says why."""
+
+
+class CheckpointFailed(Exception):
+    """CRIU could not dump or restore; the message says why (and where its log is)."""
+
+
+@dataclass
+class Criu:
+    binary: str
+    version: tuple[int, ...]
+    rpc: object          # pycriu.rpc: the protobuf messages
+    images: object       # pycriu.images: reads and writes image files
+
+
+def _version(binary: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    m = re.search(r"Version:\s*(\d+(?:\.\d+)*)", out)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+@functools.cache
+def find() -> Criu:
+    """The CRIU to use, checked once (`criu check`); CriuUnavailable if none works."""
+    candidates = [str(CRIU_PREFIX / "sbin" / "criu")]
+    on_path = shutil.which("criu")
+    if on_path:
+        candidates.append(on_path)
+    found = [(b, _version(b)) for b in candidates if os.access(b, os.X_OK)]
+    usable = [(b, v) for b, v in found if v >= MIN_VERSION]
+    if not usable:
+        if found:
+            raise CriuUnavailable(f"CRIU {'.'.join(map(str, found[0][1])) or '?'} at {found[0][0]} is too old "
+                                  f"(llft needs {'.'.join(map(str, MIN_VERSION))} or later: scripts/build-criu.sh)")
+        raise CriuUnavailable("CRIU is not installed (scripts/build-criu.sh builds it)")
+    binary, version = usable[0]
+    if os.geteuid() != 0:
+        raise CriuUnavailable("CRIU needs root, and llft-run does not run as root")
+    check = subprocess.run([binary, "check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        last = (check.stderr or check.stdout).strip().splitlines()
+        raise CriuUnavailable(f"`{binary} check` fails on this kernel: {last[-1] if last else 'no output'}")
+    python_dir = str(CRIU_PREFIX / "lib" / "python")
+    if python_dir not in sys.path and os.path.isdir(python_dir):
+        sys.path.append(python_dir)
+    try:
+        from pycriu import images, rpc
+    except ImportError as e:
+        raise CriuUnavailable(f"CRIU's Python binding pycriu cannot be loaded ({e})") from None
+    return Criu(binary, version, rpc, images)
+
+
+def _swrk(criu: Criu, pid: int, keep_fd: int) -> tuple[socket.socket, subprocess.Popen]:
+    """A `criu swrk` to talk RPC to, in the mount and PID namespaces of
+    process pid: there a replica with private files has no mount tree of
+    its own to dump and its paths are the program's, and a replica
+    restored from a checkpoint (in a PID namespace of its own) is found
+    under the pid it has there.  keep_fd stays open in it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    argv = ["nsenter", f"--target={pid}", "--mount", "--pid", "--", criu.binary, "swrk", str(theirs.fileno())]
+    proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), keep_fd), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    theirs.close()
+    return ours, proc
+
+
+def namespace_pid(pid: int) -> int:
+    """pid as its own PID namespace numbers it."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
+
+
+def _exchange(sk: socket.socket, criu: Criu, req):
+    sk.send(req.SerializeToString())
+    resp = criu.rpc.criu_resp()
+    resp.ParseFromString(sk.recv(RPC_MAX))
+    return resp
+
+
+def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen, on_dumped) -> dict:
+    """Dumps process pid (and its children) into images_dir, leaving it
+    running.  CRIU asks which files are external once the process is
+    frozen: on_frozen() runs then and returns more externals; what it
+    reads of the process is of the instant the image holds, as the
+    process stays frozen until after on_dumped(), which runs once the
+    image is written.  Returns CRIU's dump statistics (frozen_time in us,
+    ...); CheckpointFailed if CRIU fails or a callback raises (CRIU is
+    then told, and thaws the process)."""
+    criu = find()
+    dir_fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
+    sk, proc = _swrk(criu, pid, dir_fd)
+    try:
+        req = criu.rpc.criu_req(type=criu.rpc.DUMP)
+        o = req.opts
+        o.pid = namespace_pid(pid)
+        o.images_dir_fd = -1   # (CRIU would look for it in this process, which its namespace may not show)
+        o.images_dir = f"/proc/self/fd/{dir_fd}"
+        o.leave_running = True
+        o.log_level = 4
+        o.log_file = "dump.log"
+        o.notify_scripts = True
+        o.external.extend(externals)
+        failure = None
+        resp = _exchange(sk, criu, req)
+        while resp.type == criu.rpc.NOTIFY:
+            ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=True)
+            try:
+                if failure is None and resp.notify.script == "query-ext-files":
+                    ack.opts.external.extend(on_frozen())
+                    ack.opts.images_dir_fd = -1   # (a required field of the options)
+                elif failure is None and resp.notify.script == "post-dump":
+                    on_dumped()
+            except Exception as e:   # noqa: BLE001 - CRIU must hear of any failure, or it waits
+                failure = e
+                ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=False)
+            resp = _exchange(sk, criu, ack)
+        if failure is not None:
+            raise CheckpointFailed(f"while process {pid} was frozen: {failure}") from failure
+        if not resp.success:
+            raise CheckpointFailed(f"criu could not dump process {pid} (errno {resp.cr_errno}): "
+                                   f"see {images_dir / 'dump.log'}")
+        return stats(images_dir, "dump")
+    finally:
+        sk.close()
+        proc.wait()
+        os.close(dir_fd)
+
+
+def stats(images_dir: Path, kind: str) -> dict:
+    """CRIU's own figures for a dump or a restore (stats-dump, stats-restore)."""
+    try:
+        with open(images_dir / f"stats-{kind}", "rb") as f:
+            entry = find().images.load(f)["entries"][0]
+        return dict(entry.get(kind, {}))
+    except (OSError, KeyError, IndexError, ValueError):
+        return {}

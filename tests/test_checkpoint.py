@@ -1,0 +1,175 @@
+"""Replacements cloned with CRIU from a live backup (llft-run --keep N,
+llft/checkpoint/).  A failed replica's place is taken by a copy of a
+backup taken at an exact point of the record stream: the copy replays
+what follows and nothing else, without the group's history, and carries
+the backup's client connections (their unread input, its output offsets)
+and, with private files, what the backup has written.
+
+Checked as in test_rejoin.py: no client connection drops; every INCR a
+client saw was applied exactly once; the group clock never goes back;
+after each replacement every live replica, the clone included, computes
+the same state digest as the primary; at the end every survivor sent byte
+for byte what the primary sent; and each replacement was a clone, not a
+replay of the history."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import tool
+from serving import ServingGroup
+from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, survive_kills, wait_for
+
+from llft.checkpoint.criu import CriuUnavailable, find
+
+
+def _criu_problem() -> str | None:
+    try:
+        find()
+    except CriuUnavailable as e:
+        return str(e)
+    return None
+
+
+needs_criu = pytest.mark.skipif(_criu_problem() is not None, reason=f"no working CRIU: {_criu_problem()}")
+
+
+def clones_in_log(group) -> list[str]:
+    text = (group.run_dir / "llft.log").read_text()
+    assert "could not be cloned" not in text, text[-3000:]
+    return [line for line in text.splitlines() if "cloned from replica" in line]
+
+
+@needs_criu
+def test_kv_server_keeps_three_replicas_through_five_primary_kills(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
+                         extra=["--keep", "3", "--log-output"])
+    final = survive_kills(group, KvClient, replicas=3, nclients=4, kills=5)
+    assert len(clones_in_log(group)) == 5
+    clones = [r for r in final["replicas"] if r.get("cloned_from") is not None]
+    assert len(clones) == 5
+    for r in clones:
+        assert r["checkpoint"]["frozen_ms"] > 0 and r["checkpoint"]["image_bytes"] > 0
+
+
+@needs_criu
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
+def test_redis_with_an_append_only_file_keeps_three_replicas(tmp_path):
+    """Each clone gets its own copy of what its source wrote (the AOF, in
+    its private files) and appends to it, as the others do to theirs."""
+    group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
+                                           "--appendonly", "yes", "--appendfsync", "everysec",
+                                           "--enable-debug-command", "yes"],
+                         replicas=3, extra=["--keep", "3", "--log-output"])
+    final = survive_kills(group, RedisClient, replicas=3, nclients=3, kills=3)
+    assert len(clones_in_log(group)) == 3
+    aofs = {r["index"]: sorted(p.name for p in (group.run_dir / f"replica-{r['index']}" / "files").rglob("*.aof*"))
+            for r in live(final)}
+    assert all(aofs.values()), f"every survivor has its own append-only file: {aofs}"
+
+
+@needs_criu
+def test_a_backup_killed_while_idle_is_replaced_by_a_clone_with_shared_files(examples, tmp_path):
+    """A quiet moment: no request in flight, one client connection open
+    and idle across the clone; then requests on it and on a new one."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
+                         extra=["--keep", "3", "--log-output", "--shared-files"])
+    try:
+        idle = group.connect()
+        c = KvClient(idle)
+        assert c.incr("k") == 1
+        st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
+        backup = next(r for r in live(st) if r["role"] == "backup")
+        os.kill(backup["pid"], signal.SIGKILL)
+        st = wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != backup["index"] for r in live(st)),
+                      "a clone replaces the killed backup", group)
+        assert c.incr("k") == 2, "the idle connection carries on at every replica"
+        check_digests(group, KvClient, st)
+        c.shutdown()
+        idle.close()
+        final = group.finish()
+    finally:
+        group.stop()
+    assert group.proc.returncode == 0, group.stderr
+    assert len(clones_in_log(group)) == 1
+    survivors = live(final)
+    for r in survivors[1:]:
+        assert r["outputs"] == survivors[0]["outputs"], f"replica {r['index']} sent something else"
+
+
+@needs_criu
+def test_clones_of_clones_under_connection_churn(examples, tmp_path):
+    """Backups killed one after another while clients connect and close
+    all the time: connections in every state (just opened and not yet
+    handed over, handed over and not accepted, open, closed) cross the
+    clones; each new backup is cloned from one that is itself a clone."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
+                         extra=["--keep", "3", "--log-output"])
+    wl = Workload(group, KvClient, 2)
+    stop, errors, counts = False, [], []
+
+    def churn():
+        n = 0
+        while not stop:
+            try:
+                with group.connect() as s:
+                    n += 1
+                    KvClient(s).incr("churn")
+            except OSError as e:
+                errors.append(repr(e))
+                return
+        counts.append(n)
+    import threading
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for n in range(4):
+            wl.progresses(f"before kill {n + 1}", replies=30)
+            st = wait_for(lambda st: len(live(st)) == 3, "three replicas", group)
+            victim = [r for r in live(st) if r["role"] == "backup"][-1]
+            os.kill(victim["pid"], signal.SIGKILL)
+            wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != victim["index"] for r in live(st)),
+                     f"kill {n + 1}: a clone replaces backup {victim['index']}", group)
+        stop = True
+        t.join(timeout=30)
+        assert not errors, errors
+        check_digests(group, KvClient, state(group))
+        with group.connect() as s:
+            assert KvClient(s).get("churn") == counts[0], "every churned INCR applied once"
+        wl.finish_and_shut_down(group)
+    finally:
+        stop = True
+        wl.stop.set()
+        group.stop()
+    assert len(clones_in_log(group)) == 4
+
+
+def test_keep_without_criu_says_so_and_replays_the_history(examples, tmp_path):
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
+                         extra=["--keep", "2"], env={"LLFT_CRIU_PREFIX": str(tmp_path / "no-criu"),
+                                                     "PATH": "/usr/bin:/bin"})
+    try:
+        with group.connect() as s:
+            c = KvClient(s)
+            assert c.incr("k") == 1
+            st = wait_for(lambda st: len(live(st)) == 2, "the group starts", group)
+            os.kill(next(r["pid"] for r in live(st) if r["role"] == "backup"), signal.SIGKILL)
+            wait_for(lambda st: len(live(st)) == 2 and any(r["catch_up"] and r["catch_up"]["done"]
+                                                           for r in live(st)), "a replay replaces it", group)
+            assert c.incr("k") == 2
+            c.shutdown()
+        group.finish()
+    finally:
+        group.stop()
+    text = (group.run_dir / "llft.log").read_text()
+    assert "--keep: CRIU is not installed" in text and "replays the group's history" in text
+
+
+def test_keep_more_than_replicas_is_refused(examples, tmp_path):
+    out = subprocess.run([tool("llft-run"), "--replicas", "2", "--keep", "3", "--", str(examples / "kv_server"),
+                          "7000"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--keep must be between 1 and --replicas (2), got 3" in out.stderr
