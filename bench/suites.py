@@ -56,6 +56,9 @@ WORKLOADS = {
     "memory": ("memory:memory", {
         "paper": dict(connections=100_000, step=10_000),
         "smoke": dict(programs=("pool_server",), connections=400, step=200)}),
+    "checkpoint": ("checkpoint:checkpoint", {
+        "paper": dict(sizes_mib=(10, 100, 1024), trials=3),
+        "smoke": dict(sizes_mib=(10,), trials=1)}),
     "cluster": ("cluster:cluster", {
         "paper": dict(quick=False, trials=5, other_timeout=60.0)}),
 }

@@ -57,6 +57,7 @@ static struct leg *clone_leg(llft_dp_t *dp, struct conn *c, int src, int slot, i
         *state = LLFT_DP_LEG_WAITING;
         n->waiting = true;
         dp->reps[slot].waiting++;
+        dp->reps[slot].queued += dp_bytes_size(&n->pending);   /* (queued_less takes it off as it goes out) */
         return n;
     }
     if (l->out_ended) {
@@ -64,6 +65,9 @@ static struct leg *clone_leg(llft_dp_t *dp, struct conn *c, int src, int slot, i
         n->attached = n->out_ended = n->in_done = true;
         memcpy(n->hex, l->hex, sizeof n->hex);
         dp_bytes_free(&n->pending);
+        int log = copy_log(dp, src, slot, c->id);   /* complete: the program closed it */
+        if (log >= 0)
+            close(log);
         return n;
     }
     *state = LLFT_DP_LEG_LIVE;

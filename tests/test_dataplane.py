@@ -237,3 +237,52 @@ def test_a_clone_of_a_replica_still_replaying_logged_input_is_refused(tmp_path):
         assert plane.open_legs(joiner) == 1, "the refused clone left the joiner as it was"
     finally:
         plane.stop()
+
+
+def test_a_clone_of_a_connection_not_handed_over_yet_counts_its_queued_input(tmp_path):
+    """Input queued for a leg not connected yet goes to the clone's copy of
+    the leg too, and is counted as queued for the clone: once both are
+    connected and drained, nothing stays counted, and the clients are
+    still read (a count off by what was copied would hold them forever)."""
+    plane = DataPlane(None, queue_limit=4 << 20)
+    try:
+        slots = [plane.add_replica(Proc(k), None) for k in range(2)]
+        plane.set_primary(slots[0])
+        client, gw_side = socket.socketpair()
+        client.settimeout(10)
+        assert plane.open_conn(1, gw_side)
+        prog0, leg0 = socket.socketpair()
+        plane.attach(slots[0], 1, leg0)
+        early = b"queued for the backup" * 40000   # 840 kB; its leg is not connected: queued
+        client.sendall(early)
+        assert recv_exactly(prog0, len(early)) == early
+        slot, legs = plane.clone_replica(slots[1], None)
+        assert [(c, state) for c, _ino, state in legs] == [(1, 0)]
+        plane.release(slots[1])
+        progs = []
+        for s in (slots[1], slot):
+            prog, leg = socket.socketpair()
+            plane.attach(s, 1, leg)
+            progs.append(prog)
+        plane.set_pid(slot, os.getpid())
+        for prog in progs:
+            assert recv_exactly(prog, len(early)) == early
+        import threading
+        got = {id(p): 0 for p in [prog0, *progs]}
+
+        def drain(prog, n):
+            got[id(prog)] += len(recv_exactly(prog, n))
+        chunk, chunks = 1 << 14, 32   # 512 KiB: the clone's leg queues some while it does not read
+        readers = [threading.Thread(target=drain, args=(p, chunk * chunks)) for p in (prog0, progs[0])]
+        for t in readers:
+            t.start()
+        for _ in range(chunks):
+            client.sendall(b"y" * chunk)
+        drain(progs[1], chunk * chunks)   # the clone reads late: its queue empties
+        for t in readers:
+            t.join(10)
+        client.sendall(b"z" * chunk)      # still read from the client: nothing holds it
+        for prog in [prog0, *progs]:
+            assert recv_exactly(prog, chunk) == b"z" * chunk
+    finally:
+        plane.stop()

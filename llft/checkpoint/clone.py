@@ -23,7 +23,6 @@ Then the clone is restored in a PID namespace of its own
 (`--inherit-fd`), and the controller adopts it as a backup."""
 from __future__ import annotations
 
-import array
 import asyncio
 import logging
 import os
@@ -32,10 +31,11 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
 from llft.checkpoint import criu, sockets
-from llft.determinizer.streams import BackupSink, stream_path
+from llft.determinizer.streams import BackupSink, image_dir, stream_path
 from llft.members import start_time
 from llft.native import ROLE_BACKUP, StreamFile
 from llft.replica import RestoredReplica
@@ -47,6 +47,7 @@ log = logging.getLogger("llft.checkpoint")
 CHECKPOINT_DIR = "checkpoints"
 FROZEN_STEP_S = 5.0      # the most the frozen-time work waits for the event loop
 SENT_WAIT_S = 1.0        # the most it waits for the source's ring to hold every record sent
+GIVE_BACK_S = 5.0        # the most it waits for room in the source's listener queue
 RESTORE_S = 30.0
 
 
@@ -67,7 +68,10 @@ class BackupClone:
         self.src = src
         self.k = k
         self.loop = asyncio.get_running_loop()
-        self.images = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
+        # The images live in memory (they are read back at once, then
+        # dropped); CRIU's logs are kept in the run dir.
+        self.images = Path(image_dir(group.run_id, k))
+        self.logs = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
         self.inherit: list[tuple[object, str]] = []   # (fd or socket or file, CRIU's key for it)
         self.clone: RestoredReplica | None = None
         self.sink: BackupSink | None = None
@@ -88,32 +92,45 @@ class BackupClone:
             try:
                 dump_stats = await asyncio.to_thread(
                     criu.dump, self.src.pid, self.images, externals=self._externals(),
-                    on_frozen=self._frozen, on_dumped=self._give_back)
+                    on_frozen=self._frozen, on_dumped=lambda: None)
             finally:
-                self._give_back()
                 self.src.checkpointing = False
+                await asyncio.to_thread(self._give_back)
             dumped = time.monotonic()
             pid, proc = await asyncio.to_thread(self._restore)
         except (criu.CheckpointFailed, CloneFailed, OSError) as e:
             self._undo()
-            raise CloneFailed(str(e)) from None
+            raise CloneFailed(str(e).replace(str(self.images), str(self.logs))) from None
         finally:
             self._close_inherited()
+            self._keep_logs()
         self._adopt(pid, proc, {
             "source": self.src.index, "frozen_ms": round(dump_stats.get("frozen_time", 0) / 1000, 1),
             "frozen_work_ms": round(self.frozen_work_ms, 1),
             "dump_ms": round((dumped - started) * 1000, 1),
             "restore_ms": round((time.monotonic() - dumped) * 1000, 1),
-            "image_bytes": sum(f.stat().st_size for f in self.images.iterdir() if f.is_file()),
-            "at": time.time()})
+            "image_bytes": self.image_bytes, "at": time.time()})
         return self.clone
+
+    def _keep_logs(self):
+        """CRIU's logs and figures into the run dir; the images are dropped."""
+        if not self.images.exists():
+            return
+        self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for f in self.images.iterdir():
+            if f.suffix in (".log", ".plan") or f.name.startswith("stats-"):
+                shutil.copyfile(f, self.logs / f.name)
+        shutil.rmtree(self.images, ignore_errors=True)
 
     # -- before the dump -----------------------------------------------------------
     def _prepare(self):
         g, k = self.g, self.k
-        if self.images.exists():
-            shutil.rmtree(self.images)
+        for d in (self.images, self.logs):
+            if d.exists():
+                shutil.rmtree(d)
         self.images.mkdir(parents=True)
+        self.image_bytes = 0
         path = stream_path(g.run_id, k)
         if os.path.exists(path):
             os.unlink(path)
@@ -189,17 +206,18 @@ class BackupClone:
 
     def _give_back(self):
         """The connections taken from the source's listeners go back, in
-        their order (CRIU has written the listeners' empty queues)."""
+        their order, once the dump is over: the source accepts again then,
+        which a queue full of them may need."""
         taken, self.taken = self.taken, []
-        self.loop.call_soon_threadsafe(setattr, self.src.channel, "handing_held", False)
         for ours, waiting in taken:
             for s in waiting:
                 try:
-                    ours.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [s.fileno()]))])
+                    sockets.send_handed(ours, s, GIVE_BACK_S)
                 except OSError as e:
                     log.error("replica %d: a connection waiting to be accepted could not be given back (%s)",
                               self.src.index, e)
                 s.close()
+        self.loop.call_soon_threadsafe(setattr, self.src.channel, "handing_held", False)
 
     def _copy_files(self):
         """stdout and stderr so far, and with private files the upper layers."""
@@ -219,8 +237,10 @@ class BackupClone:
         src.channel.handing_held = True   # until the listeners' queues are given back (_give_back)
         src.channel._readable()   # what the source said on its channel before it froze
         self.src_slot = g._relay_of(src).slot
-        self.slot, legs = g.plane.clone_replica(self.src_slot, self.clone.out_dir / "output"
-                                                if g.opts.log_output else None)
+        log_dir = self.clone.out_dir / "output" if g.opts.log_output else None
+        if log_dir is not None:
+            log_dir.mkdir(exist_ok=True)   # the plane copies the source's logs there
+        self.slot, legs = g.plane.clone_replica(self.src_slot, log_dir)
         self.held = True
         by_leg = {ino: conn_id for conn_id, ino, state in legs if state == LEG_LIVE and ino}
         listeners = {_ino(s): key for key, s in src.channel.listeners.items()}
@@ -250,8 +270,7 @@ class BackupClone:
         missing = set(by_leg.values()) - seen
         if missing:
             raise CloneFailed(f"connection {min(missing)} is neither open in it nor waiting to be accepted")
-        self.relay = PlaneRelay(self.clone, g.plane, log_dir=(self.clone.out_dir / "output")
-                                if g.opts.log_output else None, slot=self.slot)
+        self.relay = PlaneRelay(self.clone, g.plane, log_dir=log_dir, slot=self.slot)
         g.gateway.add_clone_relay(self.relay, list(g._relay_of(src).unhanded.values()))
         return {"live": live, "externals": externals}
 
@@ -271,7 +290,7 @@ class BackupClone:
                 raise CloneFailed("a connection waiting in its listener is not one the data plane knows")
             seen.add(conn_id)
             theirs = self._give_conn(conn_id, sockets.unread(s))
-            clone_ours.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+            sockets.send_handed(clone_ours, theirs, 0.0)   # (a new queue: it holds what the source's held)
             theirs.close()
 
     def _give_conn(self, conn_id: int, prefix: bytes) -> socket.socket:

@@ -52,8 +52,10 @@ def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int
         _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount / private")
     # A proc of this PID namespace: CRIU reads the restored tasks there.
     _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+    inherited = _inherited(criu_argv)
     criu = subprocess.run(criu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          pass_fds=_inherited(criu_argv))
+                          pass_fds=inherited)
+    _close(inherited)   # the program has them now: a socket it closes must close
     if criu.returncode != 0:
         why = criu.stderr.decode(errors="replace").strip().splitlines()
         os.write(status_fd, f"failed: criu restore exited with {criu.returncode}"
@@ -83,6 +85,14 @@ def _inherited(argv: list[str]) -> tuple[int, ...]:
         elif arg == "--images-dir" and argv[i + 1].startswith("/proc/self/fd/"):
             fds.append(int(argv[i + 1].rsplit("/", 1)[1]))
     return tuple(fds)
+
+
+def _close(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def main(argv: list[str]) -> int:
@@ -116,6 +126,7 @@ def main(argv: list[str]) -> int:
                 pass
         os._exit(code)
     os.close(status_fd)
+    _close(_inherited(criu_argv))   # only the namespace's init hands them on
     signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
     _, code = os.waitpid(child, 0)
     return _status(code)

@@ -12,8 +12,10 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import select
 import socket
 import struct
+import time
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -161,6 +163,21 @@ def take_handed(listener: socket.socket) -> list[socket.socket]:
         if not data and not fds:
             return out
         out.extend(socket.socket(fileno=fd) for fd in fds)
+
+
+def send_handed(listener: socket.socket, conn: socket.socket, timeout: float):
+    """Hands conn over on a replica's listener as serving/channel.py does
+    (one byte and the socket), waiting up to timeout for room in its queue."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            listener.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))])
+            return
+        except (BlockingIOError, InterruptedError):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the listener's queue stayed full") from None
+            select.select([], [listener], [], left)
 
 
 def namespace_child(helper_pid: int) -> int | None:

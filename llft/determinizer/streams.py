@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import struct
 import threading
 
@@ -195,7 +196,13 @@ def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:
     return os.path.join(_ring_dir(directory), f"llft-{run_id}-r{replica:02d}")
 
 
-_RING_NAME = re.compile(r"llft-(\d+)-r\d{2}")
+def image_dir(run_id: str, replica: int, directory: str | None = None) -> str:
+    """Where a checkpoint of the replica that becomes replica is kept while
+    it is taken and restored (llft/checkpoint/clone.py): in memory."""
+    return os.path.join(_ring_dir(directory), f"llft-{run_id}-ck{replica:02d}")
+
+
+_RING_NAME = re.compile(r"llft-(\d+)-(?:r|ck)\d{2,}")
 
 
 def sweep_dead_rings(directory: str | None = None) -> int:
@@ -222,7 +229,10 @@ def sweep_dead_rings(directory: str | None = None) -> int:
         path = os.path.join(base, name)
         try:
             if os.stat(path).st_uid == os.geteuid():
-                os.unlink(path)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)   # a checkpoint's images
+                else:
+                    os.unlink(path)
                 removed += 1
         except OSError:
             pass

@@ -1,0 +1,148 @@
+"""Checkpoints (issue 20, llft-run --keep): redis holding about 10 MiB,
+100 MiB and 1 GiB (DEBUG POPULATE, 1 KiB values) under `--replicas 3
+--keep 3`; a backup is killed and replaced by a CRIU clone of another
+backup.  Per clone: how long the source backup was frozen and llft's part
+of that, the dump, the restore, the image's size, the join end to end
+(from the kill to the clone adopted, as the state file says), the backup's
+resident memory; and, for a client of the primary sending PINGs
+throughout, its slowest round trip in the second before the kill and
+during the clone: the primary is not paused."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.memory import anon_kib
+from bench.serving import free_port, wait_port
+
+SCENARIO = "checkpoint/clone"
+VALUE_BYTES = 1024
+
+
+def _ask(f, *args: str) -> bytes:
+    f.write(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args))
+    f.flush()
+    return f.readline()
+
+
+class Pinger(threading.Thread):
+    """PINGs the primary one after another; keeps (time, round trip)."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.f = self.sock.makefile("rwb")
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            if _ask(self.f, "PING") != b"+PONG\r\n":
+                raise RuntimeError("no PONG")
+            self.samples.append((t0, time.monotonic() - t0))
+            time.sleep(0.001)
+
+    def worst_ms(self, start: float, end: float) -> float | None:
+        got = [rt for t, rt in self.samples if start <= t <= end]
+        return round(max(got) * 1000, 2) if got else None
+
+
+def _state(run_dir: Path) -> dict:
+    for _ in range(100):
+        try:
+            return json.loads((run_dir / "llft-run.json").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+    raise RuntimeError("no state file")
+
+
+def _live(st: dict) -> list[dict]:
+    return [r for r in st["replicas"] if r["role"] in ("primary", "backup")]
+
+
+def one_clone(ctx, size_mib: int, trial: int):
+    port = free_port()
+    run_dir = ctx.tmp / f"checkpoint-{size_mib}-{trial}"
+    argv = [str(Path(sys.executable).with_name("llft-run")), "--replicas", "3", "--keep", "3",
+            "--run-dir", str(run_dir), "--port", str(port), "--", shutil.which("redis-server"), "--port", "6379",
+            "--save", "", "--appendonly", "no", "--enable-debug-command", "yes"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fields = dict(backend="llft", replicas=3, clients=1, net="loopback", variant=f"{size_mib} MiB", size=size_mib)
+    pinger = None
+    try:
+        wait_port(port, proc)
+        with socket.create_connection(("127.0.0.1", port), timeout=600) as s:
+            f = s.makefile("rwb")
+            keys = size_mib * (1 << 20) // VALUE_BYTES
+            if _ask(f, "DEBUG", "POPULATE", str(keys), "key", str(VALUE_BYTES)) != b"+OK\r\n":
+                raise RuntimeError("DEBUG POPULATE failed")
+        end = time.monotonic() + 600
+        while True:   # the backups have replayed the population
+            st = _state(run_dir)
+            live = _live(st)
+            primary = next(r for r in live if r["role"] == "primary")
+            if len(live) == 3 and all(r["records"] >= primary["records"] for r in live):
+                break
+            if time.monotonic() > end:
+                raise RuntimeError("the backups did not catch up")
+            time.sleep(0.2)
+        victim = [r for r in live if r["role"] == "backup"][-1]
+        backup_kib = anon_kib(victim["pid"])
+        pinger = Pinger(port)
+        pinger.start()
+        time.sleep(1.0)
+        killed = time.monotonic()
+        subprocess.run(["kill", "-KILL", str(victim["pid"])], check=True)
+        while True:
+            st = _state(run_dir)
+            clone = next((r for r in st["replicas"] if r.get("checkpoint") and r["role"] == "backup"), None)
+            if clone is not None:
+                joined = time.monotonic()
+                break
+            if time.monotonic() > killed + 120:
+                raise RuntimeError("no clone within 120 s")
+            time.sleep(0.005)
+        time.sleep(0.2)
+        ck = clone["checkpoint"]
+        ctx.rec.event(SCENARIO, {
+            "source_frozen_ms": ck["frozen_ms"], "llft_frozen_work_ms": ck["frozen_work_ms"],
+            "dump_ms": ck["dump_ms"], "restore_ms": ck["restore_ms"], "image_mib": round(ck["image_bytes"] / 2**20, 1),
+            "join_ms": round((joined - killed) * 1000, 1), "backup_rss_mib": round(backup_kib / 1024, 1),
+            "primary_worst_rtt_before_ms": pinger.worst_ms(killed - 1.0, killed),
+            "primary_worst_rtt_during_ms": pinger.worst_ms(killed, joined)}, round=trial, **fields)
+    except (RuntimeError, OSError, subprocess.SubprocessError, StopIteration) as e:
+        ctx.rec.failed(SCENARIO, "event", repr(e), round=trial, **fields)
+    finally:
+        if pinger is not None:
+            pinger.stop.set()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
+    from llft.checkpoint.criu import CriuUnavailable, find
+    try:
+        find()
+    except CriuUnavailable as e:
+        ctx.skip(f"no working CRIU: {e}")
+        return
+    if not shutil.which("redis-server"):
+        ctx.skip("redis-server is not installed")
+        return
+    ctx.plan(len(sizes_mib) * trials)
+    for size in sizes_mib:
+        for trial in range(trials):
+            one_clone(ctx, size, trial)
+            ctx.step()
