@@ -165,6 +165,11 @@ int llft_shm_check(const void *base, uint64_t mapped)
 
 /* ---- futex --------------------------------------------------------- */
 
+/* The shim's waits leave errno as the program had it: a program may read
+ * errno after a call that succeeded (CPython's poll loop retries when it
+ * says EINTR, whatever poll returned), and a wait that a stop interrupts
+ * (a debugger, CRIU's checkpoint of a backup) fails with EINTR, which a
+ * backup's replayed call would otherwise seem to have had. */
 int llft_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms)
 {
     struct timespec ts, *tsp = NULL;
@@ -173,7 +178,10 @@ int llft_futex_wait(uint32_t *addr, uint32_t expected, int timeout_ms)
         ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
         tsp = &ts;
     }
-    return (int)syscall(SYS_futex, addr, FUTEX_WAIT, expected, tsp, NULL, 0);
+    int saved = errno;
+    int r = (int)syscall(SYS_futex, addr, FUTEX_WAIT, expected, tsp, NULL, 0);
+    errno = saved;
+    return r;
 }
 
 void llft_futex_wake(uint32_t *addr)
@@ -184,11 +192,14 @@ void llft_futex_wake(uint32_t *addr)
 int llft_futex_wait_bits(uint32_t *addr, uint32_t expected, int timeout_ms, uint32_t bits)
 {
     struct timespec ts; /* FUTEX_WAIT_BITSET's timeout is absolute, on CLOCK_MONOTONIC */
+    int saved = errno;
     syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
     long ns = ts.tv_nsec + (long)(timeout_ms % 1000) * 1000000L;
     ts.tv_sec += timeout_ms / 1000 + ns / 1000000000L;
     ts.tv_nsec = ns % 1000000000L;
-    return (int)syscall(SYS_futex, addr, FUTEX_WAIT_BITSET, expected, &ts, NULL, bits);
+    int r = (int)syscall(SYS_futex, addr, FUTEX_WAIT_BITSET, expected, &ts, NULL, bits);
+    errno = saved;
+    return r;
 }
 
 void llft_futex_wake_bits(uint32_t *addr, int count, uint32_t bits)

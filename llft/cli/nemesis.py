@@ -55,6 +55,9 @@ def build_parser():
     p.add_argument("--examples", type=Path, default=Path("examples/bin"), metavar="DIR",
                    help="where the example servers are built (default ./examples/bin)")
     p.add_argument("--keep", action="store_true", help="keep every shape's run dir, not only failed ones")
+    p.add_argument("--clone", action="store_true",
+                   help="replacements are CRIU clones of a live backup (llft-run --keep N, docs/checkpoints.md) "
+                        "rather than replays of the group's history (--respawn)")
     p.add_argument("--fuzz", type=int, metavar="N",
                    help="instead of faults: N bad datagrams (garbage, truncated, mutated, forged with a wrong key, "
                         "the group's own replayed) against a live group across hosts (root) while checked clients "
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
             else:
                 run = ShapeRun(shape, shape_seed, share, args.work_dir, args.examples, replicas=args.replicas,
                                clients=args.clients, progress=args.progress, pace_ms=args.pace, keep=args.keep,
-                               log=log)
+                               clone=args.clone, log=log)
             r = run.run()
             results.append(r)
             summary = {"shape": r.shape, "seed": r.seed, "summary": True, "injected": r.injected,

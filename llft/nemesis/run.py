@@ -86,8 +86,9 @@ def run_in_groups(result: ShapeResult, faults: int, per_group: int, keep: bool, 
 class ShapeRun:
     def __init__(self, shape: Shape, seed: int, faults: int, work_dir: Path, examples: Path, *, replicas: int = 3,
                  clients: int = 4, progress: int = 150, pace_ms: float = 1.0, fault_timeout_ms: float = 30.0,
-                 keep: bool = False, log=None):
+                 keep: bool = False, clone: bool = False, log=None):
         self.shape, self.seed, self.faults = shape, seed, faults
+        self.replace = ["--keep", str(replicas)] if clone else ["--respawn"]
         self.replicas, self.clients, self.progress, self.pace_s = replicas, clients, progress, pace_ms / 1000
         self.fault_timeout_s = fault_timeout_ms / 1000
         self.examples, self.work_dir, self.keep = examples, work_dir, keep
@@ -107,7 +108,7 @@ class ShapeRun:
         if r.run_dir.exists():
             shutil.rmtree(r.run_dir)
         port = free_port()   # the program's port, served by the gateway on this host
-        cmd = [tool("llft-run"), "--replicas", str(self.replicas), "--respawn", "--run-dir", str(r.run_dir),
+        cmd = [tool("llft-run"), "--replicas", str(self.replicas), *self.replace, "--run-dir", str(r.run_dir),
                "--fault-timeout", str(self.fault_timeout_s * 1000), "--", *self.shape.argv(port, self.examples)]
         r.run_dir.parent.mkdir(parents=True, exist_ok=True)
         stderr = open(r.run_dir.parent / f"{r.run_dir.name}.stderr", "w")   # what llft-run said, kept with its run
