@@ -340,11 +340,15 @@ class LocalGroup:
         return None
 
     async def _clone(self, source: Replica, failed: Replica):
-        from llft.checkpoint.clone import BackupClone, CloneFailed
+        from llft.checkpoint.clone import BackupClone, CloneAgain, CloneFailed
         k, self.next_index = self.next_index, self.next_index + 1
         try:
             r = await BackupClone(self, source, k).run()
             r.replaces = failed.index
+        except CloneAgain as e:
+            log.warning("replica %d could not be cloned from replica %d (%s); another clone replaces replica %d",
+                        k, source.index, e, failed.index)
+            failed.replaced = False   # the next look at the group starts it, from a backup as it is then
         except CloneFailed as e:
             log.warning("replica %d could not be cloned from replica %d (%s); replica %d is replaced by one "
                         "that replays the group's history", k, source.index, e, failed.index)

@@ -55,6 +55,11 @@ class CloneFailed(Exception):
     pass
 
 
+class CloneAgain(CloneFailed):
+    """The group changed under the clone (a failover began, its source
+    stopped being a backup): another clone may well succeed."""
+
+
 def _ino(sock_or_fd) -> int:
     fd = sock_or_fd if isinstance(sock_or_fd, int) else sock_or_fd.fileno()
     return os.fstat(fd).st_ino
@@ -100,7 +105,8 @@ class BackupClone:
             pid, proc = await asyncio.to_thread(self._restore)
         except (criu.CheckpointFailed, CloneFailed, OSError) as e:
             self._undo()
-            raise CloneFailed(str(e).replace(str(self.images), str(self.logs))) from None
+            again = isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
+            raise (CloneAgain if again else CloneFailed)(str(e).replace(str(self.images), str(self.logs))) from None
         finally:
             self._close_inherited()
             self._keep_logs()
@@ -234,6 +240,8 @@ class BackupClone:
         gateway: the plane's clone slot, the sockets' inventory, the
         connections in flight, the clone's relay."""
         g, src = self.g, self.src
+        if src.role != "backup" or not src.alive():
+            raise CloneAgain(f"replica {src.index} is no longer a live backup")
         src.channel.handing_held = True   # until the listeners' queues are given back (_give_back)
         src.channel._readable()   # what the source said on its channel before it froze
         self.src_slot = g._relay_of(src).slot
@@ -316,6 +324,8 @@ class BackupClone:
         src_sink = g.sinks[self.src.index]
         fwd = g.forwarder
         with fwd.lock:
+            if fwd.promoting or self.src.role != "backup":
+                raise CloneAgain("a failover began meanwhile")   # (its PROMOTE is written outside the lock)
             deadline = time.monotonic() + SENT_WAIT_S
             while src_sink.delivered < fwd.sent:
                 if time.monotonic() > deadline or src_sink.dead:

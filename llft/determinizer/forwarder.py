@@ -40,6 +40,7 @@ class RecordForwarder(threading.Thread):
         self.successor = None  # (source, sink) taking over when the source fails
         self.lock = threading.Lock()   # guards the saver, ended and joins (catch-ups add sinks under it)
         self.ended = False
+        self.promoting = False   # a failover is under way: from fail_over until PROMOTE is written
 
     def fail_over(self, new_source, promoted_sink) -> threading.Event:
         """The source failed: once its last records are forwarded, promoted_sink
@@ -48,6 +49,7 @@ class RecordForwarder(threading.Thread):
         set once PROMOTE is written."""
         with self.lock:
             self.successor = (new_source, promoted_sink, threading.Event())
+            self.promoting = True
             return self.successor[2]
 
     def run(self):
@@ -98,6 +100,8 @@ class RecordForwarder(threading.Thread):
                 self.ordering.remove(sink, crashed=False)
                 if not sink.stream.write_promote(timeout_ms=5000):
                     log.error("replica %d: could not tell it to take over", sink.replica)
+                with self.lock:
+                    self.promoting = False
                 promoted.set()
                 log.info("forwarding replica %d's records from here on", sink.replica)
                 self.source = new_source
