@@ -213,17 +213,24 @@ def test_redis_loads_an_existing_aof_alike_at_every_replica(tmp_path):
 
 
 def pages_under_a_kill(group: ServingGroup, page: bytes, clients: int = 3, each: int = 100,
-                       kill_at: int = 120) -> dict[int, list[bool]]:
+                       kill_at: int = 120, after: int = 10) -> dict[int, list[bool]]:
     """Each client GETs / each times on one keep-alive connection while the
     primary is killed after the kill_at-th answer; per client, whether each
-    answer was 200 with the page."""
+    answer was 200 with the page.  Each client's last `after` requests wait
+    for the kill, so that some come after it however slowly llft-kill runs
+    (a loaded machine took longer to start it than the clients took to
+    finish, and the group was stopped before it could fail over)."""
+    import threading
     progress = Progress()
     served: dict[int, list[bool]] = {}
+    killed = threading.Event()
 
     def client(i):
         conn = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
         served[i] = []
-        for _ in range(each):
+        for j in range(each):
+            if j == each - after:
+                assert killed.wait(60), "the primary was not killed"
             conn.request("GET", "/")
             r = conn.getresponse()
             body = r.read()
@@ -231,7 +238,10 @@ def pages_under_a_kill(group: ServingGroup, page: bytes, clients: int = 3, each:
             progress.tick()
         conn.close()
 
-    concurrently(client, clients, kill_after(group, progress, kill_at))
+    def kill():
+        kill_after(group, progress, kill_at)()
+        killed.set()
+    concurrently(client, clients, kill)
     return served
 
 
