@@ -70,7 +70,7 @@ struct conn *dp_conn_get(llft_dp_t *dp, uint64_t id) { return llft_idmap_get(&dp
 
 struct leg *dp_leg_get(struct conn *c, int slot) { return slot >= 0 && slot < c->nlegs ? c->legs[slot] : NULL; }
 
-void dp_set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+static void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 static int write_file(int fd, const char *p, size_t n)
 {
@@ -176,7 +176,7 @@ static void client_release(llft_dp_t *dp, struct conn *c)
     client_events(dp, c);
 }
 
-void dp_queued_less(llft_dp_t *dp, int slot, uint64_t n)
+static void queued_less(llft_dp_t *dp, int slot, uint64_t n)
 {
     dp->reps[slot].queued -= n;
     if (!dp->paused)
@@ -316,7 +316,7 @@ static void leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
     size_t n = dp_bytes_size(&l->pending);
     dp_bytes_free(&l->pending);
     if (n)
-        dp_queued_less(dp, slot, n);
+        queued_less(dp, slot, n);
     dp_leg_events(dp, c, slot);
     client_release(dp, c);
 }
@@ -388,7 +388,7 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
             return;
         }
         bytes_drop(&l->pending, w);
-        dp_queued_less(dp, slot, w);
+        queued_less(dp, slot, w);
         if (!done)
             break;
     }
@@ -513,6 +513,17 @@ struct leg *dp_leg_new(void)
     return l;
 }
 
+/* slot's leg of c takes fd, its program's end, and goes to work. */
+void dp_leg_connect(llft_dp_t *dp, struct conn *c, int slot, int fd)
+{
+    struct leg *l = c->legs[slot];
+    set_nonblocking(fd);
+    l->fd = fd;
+    l->attached = true;
+    dp->reps[slot].open_legs++;
+    dp_leg_events(dp, c, slot);
+}
+
 int dp_conn_add_leg(struct conn *c, int slot, struct leg *l)
 {
     if (slot >= c->nlegs) {
@@ -628,7 +639,7 @@ static void leg_free(llft_dp_t *dp, struct leg *l)
  * summary and freed: what the plane holds follows the connections open,
  * not every connection the group has served.  With an input directory
  * its id and input length stay, for a replica that joins later. */
-void dp_conn_settle(llft_dp_t *dp, struct conn *c)
+static void conn_settle(llft_dp_t *dp, struct conn *c)
 {
     if (!conn_done(dp, c))
         return;
@@ -643,7 +654,7 @@ void dp_conn_settle(llft_dp_t *dp, struct conn *c)
         if (l->waiting)
             dp->reps[s].waiting--;
         if (dp_bytes_size(&l->pending))
-            dp_queued_less(dp, s, dp_bytes_size(&l->pending));
+            queued_less(dp, s, dp_bytes_size(&l->pending));
         leg_free(dp, l);
     }
     if (dp->input_dir != NULL && !c->replayed) {
@@ -691,7 +702,7 @@ static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
     if (c == NULL)
         return;   /* settled earlier in this batch */
     dispatch_conn(dp, c, (int)(tag >> TAG_SLOT_SHIFT) - 1, events);
-    dp_conn_settle(dp, c);
+    conn_settle(dp, c);
 }
 
 static void *dp_main(void *arg)
@@ -927,10 +938,10 @@ void llft_dp_remove_replica(llft_dp_t *dp, int slot)
             struct conn *c = dp->conns.vals[i];
             if (dp_leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
                 leg_input_failed(dp, c, slot);
-            dp_conn_settle(dp, c);   /* it may have waited for this replica alone */
+            conn_settle(dp, c);   /* it may have waited for this replica alone */
         }
         dp->reps[slot].queued = 0;
-        dp_queued_less(dp, slot, 0);   /* it no longer holds the clients back */
+        queued_less(dp, slot, 0);   /* it no longer holds the clients back */
     }
     pthread_mutex_unlock(&dp->mu);
 }
@@ -955,7 +966,7 @@ void llft_dp_set_primary(llft_dp_t *dp, int slot)
         }
         if (l->out_ended)
             client_close_when_sent(dp, c);
-        dp_conn_settle(dp, c);
+        conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }
@@ -997,7 +1008,7 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
         goto fail;
     if (llft_idmap_put(&dp->conns, conn_id, c) < 0)
         goto fail;
-    dp_set_nonblocking(client_fd);
+    set_nonblocking(client_fd);
     dp->st.connections++;
     dp->st.open_clients++;
     client_events(dp, c);
@@ -1034,7 +1045,7 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
         l->out_ended = true;   /* nothing will come: as closed */
-        dp_conn_settle(dp, c);
+        conn_settle(dp, c);
         goto out;
     }
     l->sha = EVP_MD_CTX_new();
@@ -1045,19 +1056,15 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         if (!l->in_done)
             leg_input_failed(dp, c, slot);
         l->out_ended = true;
-        dp_conn_settle(dp, c);
+        conn_settle(dp, c);
         errno = ENOMEM;
         rc = -1;
         goto out;
     }
-    dp_set_nonblocking(fd);
-    l->fd = fd;
-    l->attached = true;
     const char *log_dir = dp->reps[slot].log_dir;
     if (log_dir != NULL)
         l->log_fd = dp_open_conn_file(log_dir, conn_id, O_WRONLY | O_CREAT | O_TRUNC);
-    dp->reps[slot].open_legs++;
-    dp_leg_events(dp, c, slot);
+    dp_leg_connect(dp, c, slot, fd);
 out:
     pthread_mutex_unlock(&dp->mu);
     return rc;
@@ -1135,7 +1142,7 @@ void llft_dp_close_clients(llft_dp_t *dp)
         struct conn *c = dp->conns.vals[i];
         if (c->cfd >= 0)
             client_close_when_sent(dp, c);
-        dp_conn_settle(dp, c);
+        conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }

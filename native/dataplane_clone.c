@@ -170,12 +170,8 @@ int llft_dp_clone_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd, cons
         l->pending = q;
         dp->reps[slot].queued += n;
     }
-    dp_set_nonblocking(fd);
-    l->fd = fd;
+    dp_leg_connect(dp, c, slot, fd);
     fd = -1;
-    l->attached = true;
-    dp->reps[slot].open_legs++;
-    dp_leg_events(dp, c, slot);
     rc = 0;
 out:
     if (fd >= 0)

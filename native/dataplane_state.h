@@ -111,12 +111,10 @@ struct conn *dp_conn_get(llft_dp_t *dp, uint64_t id);
 struct leg *dp_leg_get(struct conn *c, int slot);
 struct leg *dp_leg_new(void);
 int dp_conn_add_leg(struct conn *c, int slot, struct leg *l);
+void dp_leg_connect(llft_dp_t *dp, struct conn *c, int slot, int fd);
 void dp_leg_events(llft_dp_t *dp, struct conn *c, int slot);
 void dp_leg_readable(llft_dp_t *dp, struct conn *c, int slot);
 int dp_open_conn_file(const char *dir, uint64_t id, int flags);
-void dp_set_nonblocking(int fd);
-void dp_conn_settle(llft_dp_t *dp, struct conn *c);
-void dp_queued_less(llft_dp_t *dp, int slot, uint64_t n);
 int dp_new_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir);
 
 #endif
