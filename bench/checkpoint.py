@@ -9,7 +9,6 @@ throughout, its slowest round trip in the second before the kill and
 during the clone: the primary is not paused."""
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -18,8 +17,9 @@ import threading
 import time
 from pathlib import Path
 
+from bench.failover import state
 from bench.memory import anon_kib
-from bench.serving import free_port, wait_port
+from bench.serving import end, free_port, wait_port
 
 SCENARIO = "checkpoint/clone"
 VALUE_BYTES = 1024
@@ -49,18 +49,9 @@ class Pinger(threading.Thread):
             self.samples.append((t0, time.monotonic() - t0))
             time.sleep(0.001)
 
-    def worst_ms(self, start: float, end: float) -> float | None:
-        got = [rt for t, rt in self.samples if start <= t <= end]
+    def worst_ms(self, start: float, until: float) -> float | None:
+        got = [rt for t, rt in self.samples if start <= t <= until]
         return round(max(got) * 1000, 2) if got else None
-
-
-def _state(run_dir: Path) -> dict:
-    for _ in range(100):
-        try:
-            return json.loads((run_dir / "llft-run.json").read_text())
-        except (OSError, ValueError):
-            time.sleep(0.01)
-    raise RuntimeError("no state file")
 
 
 def _live(st: dict) -> list[dict]:
@@ -83,14 +74,14 @@ def one_clone(ctx, size_mib: int, trial: int):
             keys = size_mib * (1 << 20) // VALUE_BYTES
             if _ask(f, "DEBUG", "POPULATE", str(keys), "key", str(VALUE_BYTES)) != b"+OK\r\n":
                 raise RuntimeError("DEBUG POPULATE failed")
-        end = time.monotonic() + 600
+        deadline = time.monotonic() + 600
         while True:   # the backups have replayed the population
-            st = _state(run_dir)
+            st = state(run_dir)
             live = _live(st)
             primary = next(r for r in live if r["role"] == "primary")
             if len(live) == 3 and all(r["records"] >= primary["records"] for r in live):
                 break
-            if time.monotonic() > end:
+            if time.monotonic() > deadline:
                 raise RuntimeError("the backups did not catch up")
             time.sleep(0.2)
         victim = [r for r in live if r["role"] == "backup"][-1]
@@ -101,7 +92,7 @@ def one_clone(ctx, size_mib: int, trial: int):
         killed = time.monotonic()
         subprocess.run(["kill", "-KILL", str(victim["pid"])], check=True)
         while True:
-            st = _state(run_dir)
+            st = state(run_dir)
             clone = next((r for r in st["replicas"] if r.get("checkpoint") and r["role"] == "backup"), None)
             if clone is not None:
                 joined = time.monotonic()
@@ -122,12 +113,7 @@ def one_clone(ctx, size_mib: int, trial: int):
     finally:
         if pinger is not None:
             pinger.stop.set()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 30)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

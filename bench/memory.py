@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.serving import free_port, wait_port
+from bench.serving import end, free_port, wait_port
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "bin"
 REQUEST = {"kv_server": b"INCR memory\n", "pool_server": b"memory\n"}
@@ -77,9 +77,4 @@ def memory(ctx, programs=("kv_server", "pool_server"), connections: int = 100_00
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 ctx.rec.failed("memory/short-connections", "event", repr(e), variant=program, **fields)
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                end(proc, 15)

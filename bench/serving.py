@@ -72,12 +72,17 @@ class Server:
         wait_port(self.port, self.proc)
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc, 20)
+
+
+def end(proc: subprocess.Popen, timeout: float):
+    """SIGTERM, then SIGKILL if proc has not exited within timeout seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def client(*args, prefix=(), timeout: float | None = None) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -21,23 +20,14 @@ import pytest
 
 import serving
 from serving import ServingGroup, line_client, line_clients
+from llft.checkpoint.sockets import fd_inodes
 from llft.native import CHAN_CONNECT, CHAN_LISTEN, ffi
 from llft.serving.channel import ProgramChannel
 from llft.serving.outgoing import OutgoingService
 
 
 def socket_inodes(pids) -> set[int]:
-    found = set()
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        for fd in os.listdir(fd_dir):
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                found.add(int(link[8:-1]))
-    return found
+    return {ino for pid in pids for ino in fd_inodes(pid).values()}
 
 
 def named_unix_sockets(inodes: set[int]) -> list[str]:

@@ -48,7 +48,6 @@ CHECKPOINT_DIR = "checkpoints"
 FROZEN_STEP_S = 5.0      # the most the frozen-time work waits for the event loop
 SENT_WAIT_S = 1.0        # the most it waits for the source's ring to hold every record sent
 GIVE_BACK_S = 5.0        # the most it waits for room in the source's listener queue
-RESTORE_S = 30.0
 
 
 class CloneFailed(Exception):
@@ -77,13 +76,14 @@ class BackupClone:
         # dropped); CRIU's logs are kept in the run dir.
         self.images = Path(image_dir(group.run_id, k))
         self.logs = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
-        self.inherit: list[tuple[object, str]] = []   # (fd or socket or file, CRIU's key for it)
+        self.inherit: list[tuple[socket.socket, str]] = []   # (the clone's socket, CRIU's key for the one it replaces)
         self.clone: RestoredReplica | None = None
         self.sink: BackupSink | None = None
         self.relay: PlaneRelay | None = None
         self.slot: int | None = None
         self.frozen_work_ms = 0.0
         self.taken: list[tuple[socket.socket, list[socket.socket]]] = []   # the source's listeners' queues
+        self.stdio: dict[str, object] = {}   # the clone's stdout and stderr, open for the restore
         self.held = False
 
     # -- the whole clone -------------------------------------------------------
@@ -97,7 +97,7 @@ class BackupClone:
             try:
                 dump_stats = await asyncio.to_thread(
                     criu.dump, self.src.pid, self.images, externals=self._externals(),
-                    on_frozen=self._frozen, on_dumped=lambda: None)
+                    on_frozen=self._frozen)
             finally:
                 self.src.checkpointing = False
                 await asyncio.to_thread(self._give_back)
@@ -156,13 +156,9 @@ class BackupClone:
         files the controller opened for the replica (its ring, the library,
         stdio), which the clone gets its own of.  (Asked again once the
         source is frozen: a socket may come meanwhile.)"""
-        pid = self.src.pid
-        socks = sockets.fd_inodes(pid)
-        peers = sockets.unix_peers(set(socks.values()))
-        own = set(socks.values())
-        out = [f"unix[{ino}]" for ino in socks.values() if peers.get(ino) and peers[ino] not in own]
         self.files_at_dump = self._controller_files()
-        return out + [key for _fd, key, _what in self.files_at_dump]
+        return ([f"unix[{ino}]" for _fd, ino, _peer in sockets.foreign_peers(self.src.pid)]
+                + [key for _fd, key, _what in self.files_at_dump])
 
     def _controller_files(self) -> list[tuple[int, str, str]]:
         """(fd, CRIU's external key, which) for each fd of the source that
@@ -229,9 +225,7 @@ class BackupClone:
         """stdout and stderr so far, and with private files the upper layers."""
         for name in ("stdout", "stderr"):
             shutil.copyfile(self.src.out_dir / name, self.clone.out_dir / name)
-            f = open(self.clone.out_dir / name, "ab")
-            self.inherit.append((f, None))   # keyed in _controller_files' order below
-            setattr(self, f"_{name}", f)
+            self.stdio[name] = open(self.clone.out_dir / name, "ab")
         if self.src.private_files:
             private_files.copy_uppers(self.src.files_dir, self.clone.files_dir)
 
@@ -252,14 +246,8 @@ class BackupClone:
         self.held = True
         by_leg = {ino: conn_id for conn_id, ino, state in legs if state == LEG_LIVE and ino}
         listeners = {_ino(s): key for key, s in src.channel.listeners.items()}
-        socks = sockets.fd_inodes(src.pid)
-        peers = sockets.unix_peers(set(socks.values()))
-        own = set(socks.values())
         live, seen, externals = [], set(), []
-        for fd, ino in sorted(socks.items()):
-            peer = peers.get(ino)
-            if not peer or peer in own:
-                continue
+        for fd, ino, peer in sockets.foreign_peers(src.pid):
             externals.append(f"unix[{ino}]")
             if peer == _ino(src.channel.ours):
                 self._inherit(fd, self.clone.channel.theirs, ino)
@@ -344,9 +332,9 @@ class BackupClone:
         opened = {"ring": lambda: os.open(self.clone.stream.path, os.O_RDWR),
                   "library": lambda: os.open(PRELOAD_LIBRARY, os.O_RDONLY),
                   "null": lambda: os.open("/dev/null", os.O_RDWR),
-                  "stdout": lambda: self._stdout.fileno(), "stderr": lambda: self._stderr.fileno()}
+                  "stdout": lambda: self.stdio["stdout"].fileno(), "stderr": lambda: self.stdio["stderr"].fileno()}
         keyed = [(opened[which](), key) for which, (_fd, key) in files.items()]
-        fds = [(obj if isinstance(obj, int) else obj.fileno(), key) for obj, key in self.inherit if key] + keyed
+        fds = [(sock.fileno(), key) for sock, key in self.inherit] + keyed
         pidfile = self.images / "restored.pid"
         dir_fd = os.open(self.images, os.O_RDONLY | os.O_DIRECTORY)
         argv = [c.binary, "restore", "--images-dir", f"/proc/self/fd/{dir_fd}", "--restore-detached",
@@ -367,7 +355,7 @@ class BackupClone:
             os.close(status_w)
             os.close(dir_fd)
             for fd, _ in keyed:
-                if fd not in (self._stdout.fileno(), self._stderr.fileno()):
+                if fd not in {f.fileno() for f in self.stdio.values()}:
                     os.close(fd)
         with os.fdopen(status_r, "rb") as f:
             word = f.readline().decode(errors="replace").strip()
@@ -401,12 +389,10 @@ class BackupClone:
                     c.images.dump(image, f)
 
     def _close_inherited(self):
-        for obj, _key in self.inherit:
-            try:
-                obj.close() if not isinstance(obj, int) else os.close(obj)
-            except OSError:
-                pass
+        for obj in [sock for sock, _key in self.inherit] + list(self.stdio.values()):
+            obj.close()
         self.inherit.clear()
+        self.stdio.clear()
 
     # -- afterwards -------------------------------------------------------------------
     def _adopt(self, pid: int, proc: subprocess.Popen, checkpoint: dict):

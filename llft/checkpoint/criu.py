@@ -106,15 +106,14 @@ def _exchange(sk: socket.socket, criu: Criu, req):
     return resp
 
 
-def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen, on_dumped) -> dict:
+def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict:
     """Dumps process pid (and its children) into images_dir, leaving it
     running.  CRIU asks which files are external once the process is
     frozen: on_frozen() runs then and returns more externals; what it
     reads of the process is of the instant the image holds, as the
-    process stays frozen until after on_dumped(), which runs once the
-    image is written.  Returns CRIU's dump statistics (frozen_time in us,
-    ...); CheckpointFailed if CRIU fails or a callback raises (CRIU is
-    then told, and thaws the process)."""
+    process stays frozen until the image is written.  Returns CRIU's dump
+    statistics (frozen_time in us, ...); CheckpointFailed if CRIU fails or
+    on_frozen raises (CRIU is then told, and thaws the process)."""
     criu = find()
     dir_fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
     sk, proc = _swrk(criu, pid, dir_fd)
@@ -137,8 +136,6 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen, on_dump
                 if failure is None and resp.notify.script == "query-ext-files":
                     ack.opts.external.extend(on_frozen())
                     ack.opts.images_dir_fd = -1   # (a required field of the options)
-                elif failure is None and resp.notify.script == "post-dump":
-                    on_dumped()
             except Exception as e:   # noqa: BLE001 - CRIU must hear of any failure, or it waits
                 failure = e
                 ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=False)

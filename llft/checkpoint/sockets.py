@@ -17,6 +17,8 @@ import socket
 import struct
 import time
 
+from llft.serving.channel import hand_over, received_fds
+
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
@@ -86,6 +88,15 @@ def fd_inodes(pid: int) -> dict[int, int]:
     return out
 
 
+def foreign_peers(pid: int) -> list[tuple[int, int, int]]:
+    """(fd, inode, peer's inode) of each AF_UNIX socket of pid whose other
+    end is not pid's own: for a replica, those that lead to its controller."""
+    socks = fd_inodes(pid)
+    peers = unix_peers(set(socks.values()))
+    own = set(socks.values())
+    return [(fd, ino, peers[ino]) for fd, ino in sorted(socks.items()) if peers.get(ino) and peers[ino] not in own]
+
+
 def file_key(pid: int, fd: int) -> str | None:
     """CRIU's name for the file pid has open as fd (file[mount id:inode],
     in hex), which --external and --inherit-fd take; None if it is gone."""
@@ -149,29 +160,25 @@ def unread(sock: socket.socket) -> bytes:
 
 def take_handed(listener: socket.socket) -> list[socket.socket]:
     """Takes every connection queued on a replica's listener (one byte
-    and one socket each, as serving/channel.py hands them), in order."""
+    and one socket each, serving/channel.py's hand_over), in order."""
     out = []
     while True:
         try:
             data, anc, _flags, _ = listener.recvmsg(1, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return out
-        fds = array.array("i")
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(raw[:len(raw) - len(raw) % 4])
+        fds = received_fds(anc)
         if not data and not fds:
             return out
         out.extend(socket.socket(fileno=fd) for fd in fds)
 
 
 def send_handed(listener: socket.socket, conn: socket.socket, timeout: float):
-    """Hands conn over on a replica's listener as serving/channel.py does
-    (one byte and the socket), waiting up to timeout for room in its queue."""
+    """hand_over, waiting up to timeout for room in the listener's queue."""
     end = time.monotonic() + timeout
     while True:
         try:
-            listener.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [conn.fileno()]))])
+            hand_over(listener, conn.fileno())
             return
         except (BlockingIOError, InterruptedError):
             left = end - time.monotonic()

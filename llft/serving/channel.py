@@ -27,6 +27,21 @@ WRONG_PORT_NOTICE_S = 3.0
 MAX_FDS = 4                 # fds a malformed message may carry (all closed)
 
 
+def received_fds(anc) -> list[int]:
+    """The fds an SCM_RIGHTS message carried (recvmsg's ancillary data)."""
+    fds = array.array("i")
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[:len(raw) - len(raw) % 4])
+    return list(fds)
+
+
+def hand_over(listener: socket.socket, fd: int):
+    """Hands a connection (fd, the program's end) over on a replica's
+    listener as the shim takes it: one byte and the fd."""
+    listener.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+
 class ProgramChannel:
     def __init__(self, index: int):
         self.index = index
@@ -75,12 +90,7 @@ class ProgramChannel:
             if not data and not anc:
                 self._close()
                 return
-            fds = []
-            for level, kind, raw in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    a = array.array("i")
-                    a.frombytes(raw[:len(raw) - len(raw) % 4])
-                    fds.extend(a)
+            fds = received_fds(anc)
             try:
                 if len(fds) != 1 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                     raise ValueError(f"{len(fds)} fds")
@@ -192,7 +202,7 @@ class ProgramChannel:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 ours.sendall(header)   # first on the connection: there when the program accepts it
-                lsock.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+                hand_over(lsock, theirs.fileno())
             except (BlockingIOError, InterruptedError):
                 ours.close()
                 await asyncio.sleep(BACKLOG_RETRY_S)   # its queue is full: the program accepts, room comes soon

@@ -15,6 +15,13 @@ QUEUE_LIMIT = 8 << 20   # input bytes queued for one replica beyond which client
 LEG_WAITING, LEG_LIVE, LEG_ENDED = lib.LLFT_DP_LEG_WAITING, lib.LLFT_DP_LEG_LIVE, lib.LLFT_DP_LEG_ENDED
 
 
+def _pidfd(pid: int | None) -> int:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError, TypeError):
+        return -1   # the plane then tells a death from /proc alone
+
+
 class DataPlane:
     def __init__(self, input_dir: Path | None = None, queue_limit: int = QUEUE_LIMIT):
         d = ffi.new("char[]", os.fsencode(input_dir)) if input_dir is not None else ffi.NULL
@@ -30,10 +37,7 @@ class DataPlane:
         lib.llft_dp_stop(self._dp)
 
     def add_replica(self, replica, log_dir: Path | None) -> int:
-        try:
-            pidfd = os.pidfd_open(replica.pid)
-        except (OSError, AttributeError, TypeError):
-            pidfd = -1   # the plane then tells a death from /proc alone
+        pidfd = _pidfd(replica.pid)
         d = ffi.new("char[]", os.fsencode(log_dir)) if log_dir is not None else ffi.NULL
         slot = lib.llft_dp_add_replica(self._dp, replica.pid or 0, pidfd, d)
         if slot < 0:
@@ -65,11 +69,7 @@ class DataPlane:
             raise OSError(ffi.errno, f"connection {conn_id}: cannot attach the clone's socket")
 
     def set_pid(self, slot: int, pid: int):
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            pidfd = -1
-        lib.llft_dp_set_pid(self._dp, slot, pid, pidfd)
+        lib.llft_dp_set_pid(self._dp, slot, pid, _pidfd(pid))
 
     def release(self, src: int):
         """src takes its input again (after llft_dp_clone_replica)."""
