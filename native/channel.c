@@ -189,18 +189,27 @@ int llft_channel_send(const llft_channel_msg_t *m, int fd)
     h->cmsg_type = SCM_RIGHTS;
     h->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    /* The outcome is the result: errno stays as the program had it. */
+    int saved = errno, err;
     for (;;) {
         /* Raw: a wrapped sendmsg would take this for the program's. */
         long r = syscall(SYS_sendmsg, ch, &msg, MSG_NOSIGNAL);
-        if (r == (long)sizeof *m)
-            return 0;
-        if (r >= 0)
-            return EIO;
+        if (r == (long)sizeof *m) {
+            err = 0;
+            break;
+        }
+        if (r >= 0) {
+            err = EIO;
+            break;
+        }
         if (errno == EAGAIN) { /* the controller reads on */
             struct timespec ms = {0, 1000000};
             llft_nap(&ms);
         } else if (errno != EINTR) {
-            return errno;
+            err = errno;
+            break;
         }
     }
+    errno = saved;
+    return err;
 }

@@ -77,8 +77,16 @@ static inline int llft_mode(struct llft_thread **tp)
 static inline int64_t llft_ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * LLFT_NS + ts->tv_nsec; }
 
 /* The shim's own naps and yields: raw, never the program's switch points
- * (serialize.c wraps nanosleep and sched_yield). */
-static inline void llft_nap(const struct timespec *d) { syscall(SYS_nanosleep, d, NULL); }
+ * (serialize.c wraps nanosleep and sched_yield).  A nap keeps errno as the
+ * program had it, as the futex waits do (ring.c): a stop ends it with EINTR
+ * (CRIU restores a frozen backup's sleep so), which the replayed call it
+ * waits inside would otherwise seem to have had. */
+static inline void llft_nap(const struct timespec *d)
+{
+    int saved = errno;
+    syscall(SYS_nanosleep, d, NULL);
+    errno = saved;
+}
 static inline void llft_yield(void) { syscall(SYS_sched_yield); }
 
 /* ---- a daemon's fork (daemon_fork.c) ---- */

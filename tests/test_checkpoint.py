@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import tool
+from conftest import PROGRAMS_DIR, tool
 from serving import ServingGroup
 from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, survive_kills, wait_for
 
@@ -207,15 +207,25 @@ def test_clones_of_clones_under_connection_churn(examples, tmp_path):
     assert len(clones_in_log(group)) == 4
 
 
+PYTHON_SERVERS = {
+    "http_counter": ["-m", "llft.nemesis.http_counter"],
+    "sleeper": [str(PROGRAMS_DIR / "sleeper_server.py")],
+}
+
+
 @needs_criu
-def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(tmp_path):
-    """CRIU interrupts the frozen backup's waits (EINTR); CPython's poll
-    loop reads errno after poll returned and retries on EINTR, so a wait
-    of the shim's that left EINTR in errno made the source and its clone
-    diverge at their next replayed poll.  Backups killed one after another
-    while three clients count; every clone and source stays."""
+@pytest.mark.parametrize("server", sorted(PYTHON_SERVERS))
+def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server, tmp_path):
+    """CRIU interrupts the frozen backup's blocking calls (EINTR): the
+    shim's waits for a record (CPython's poll loop reads errno after poll
+    returned and retries on EINTR, so a wait that left EINTR in errno made
+    the clone diverge at its next replayed poll), and the program's own
+    sleeps, which a backup makes for real (CPython's time.sleep goes round
+    again on EINTR, handing the GIL over twice more than its primary did).
+    Backups killed one after another while three clients count; every
+    clone and source stays."""
     import http.client
-    group = ServingGroup(tmp_path / "rd", [sys.executable, "-m", "llft.nemesis.http_counter", 7000], replicas=3,
+    group = ServingGroup(tmp_path / "rd", [sys.executable, *PYTHON_SERVERS[server], 7000], replicas=3,
                          extra=["--keep", "3", "--log-output"])
     stop, errors, counts = False, [], [0, 0, 0]
 

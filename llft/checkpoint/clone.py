@@ -105,7 +105,10 @@ class BackupClone:
             pid, proc = await asyncio.to_thread(self._restore)
         except (criu.CheckpointFailed, CloneFailed, OSError) as e:
             self._undo()
-            again = isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
+            # A source that died or left the group meanwhile says nothing of
+            # the other backups: the next one to hand is cloned instead.
+            again = (isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
+                     or self.src.role != "backup")
             raise (CloneAgain if again else CloneFailed)(str(e).replace(str(self.images), str(self.logs))) from None
         finally:
             self._close_inherited()
