@@ -49,6 +49,7 @@ class GroupOptions:
     log_output: bool = False
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
     keep: int | None = None       # --keep N: replacements cloned from a live backup (CRIU), else replayed
+    checkpoint_dir: str | None = None   # --checkpoint-dir: where a clone's image is written (None: memory)
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
     serialize: bool = False       # --serialize: threads take turns (native/serialize.c)

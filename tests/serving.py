@@ -44,12 +44,14 @@ def order_args(order: str) -> list[str]:
 class ServingGroup:
     """llft-run in the background, serving on a free public port."""
 
-    def __init__(self, run_dir: Path, argv, replicas=3, extra=(), wait_tcp=True, env=None):
+    def __init__(self, run_dir: Path, argv, replicas=3, extra=(), wait_tcp=True, env=None, prefix=()):
+        """prefix: a command that runs llft-run's command line (exec'ing it,
+        so that this object's process is llft-run's)."""
         import os
         LIVE.append(self)
         self.port = free_port()
         self.run_dir = run_dir
-        cmd = [tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(run_dir),
+        cmd = [*prefix, tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(run_dir),
                "--port", str(self.port), *extra, "--", *map(str, argv)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})

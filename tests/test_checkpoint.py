@@ -26,6 +26,7 @@ from conftest import PROGRAMS_DIR, tool
 from serving import ServingGroup
 from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, survive_kills, wait_for
 
+from llft.checkpoint import criu, images
 from llft.checkpoint.criu import CriuUnavailable, find
 
 
@@ -267,6 +268,87 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
     assert len(clones_in_log(group)) == 4
 
 
+@needs_criu
+def test_a_checkpoint_that_does_not_fit_is_refused_and_the_group_keeps_serving(examples, tmp_path):
+    """--checkpoint-dir on a 256 KiB tmpfs (mounted in a mount namespace of
+    the test's own): the dump of a backup cannot be written whole.  The log
+    says why, the replacement replays the history instead, and the group
+    serves on with every replica's state equal."""
+    small = tmp_path / "small"
+    small.mkdir()
+    in_small_tmpfs = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                      'mount -t tmpfs -o size=256k llft-test "$0" && exec "$@"', str(small)]
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
+                         extra=["--keep", "3", "--checkpoint-dir", str(small), "--log-output"], prefix=in_small_tmpfs)
+    try:
+        with group.connect() as s:
+            c = KvClient(s)
+            assert c.incr("k") == 1
+            st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
+            backup = next(r for r in live(st) if r["role"] == "backup")
+            os.kill(backup["pid"], signal.SIGKILL)
+            st = wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != backup["index"] for r in live(st))
+                          and all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st)),
+                          "a replacement that replays the history", group)
+            assert c.incr("k") == 2
+            check_digests(group, KvClient, st)
+            c.shutdown()
+        final = group.finish()
+    finally:
+        group.stop()
+    assert group.proc.returncode == 0, group.stderr
+    text = (group.run_dir / "llft.log").read_text()
+    refused = [line for line in text.splitlines() if "could not be cloned" in line]
+    assert len(refused) == 1 and "No space left on device" in refused[0], refused or text[-2000:]
+    assert "replays the group's history" in refused[0]
+    assert not any(r.get("cloned_from") is not None for r in final["replicas"])
+    assert list(small.iterdir()) == [], "the tmpfs was the test's own: nothing reached the directory beneath"
+
+
+@needs_criu
+def test_a_damaged_or_truncated_image_is_refused_before_it_is_restored(tmp_path):
+    """The list llft takes of an image once the dump is done, checked (as
+    before each restore) against a real image of a real process: a byte
+    flipped in its memory pages, which CRIU itself would restore as the
+    program's, a file cut short, one gone and one added are each refused,
+    naming the file."""
+    proc = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    written = tmp_path / "written"
+    written.mkdir()
+    try:
+        criu.dump(proc.pid, written, externals=[], on_frozen=lambda: [])
+    finally:
+        proc.kill()
+        proc.wait()
+    listed = images.manifest(written)
+    images.check(written, listed)
+    pages = max(written.glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    assert pages.stat().st_size >= 4096 and pages.name in listed
+
+    def refusal(change) -> str:
+        copy = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(written, copy)
+        change(copy)
+        with pytest.raises(images.DamagedImage) as e:
+            images.check(copy, listed)
+        return str(e.value)
+
+    def flip(d):
+        with open(d / pages.name, "r+b") as f:
+            f.seek(pages.stat().st_size // 2)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0x10]))
+
+    assert f"{pages.name} in" in refusal(flip) and "is damaged" in refusal(flip)
+    cut = refusal(lambda d: os.truncate(d / pages.name, 4096))
+    assert f"{pages.name} in" in cut and f"has 4096 bytes; the dump wrote {pages.stat().st_size}" in cut
+    core = next(iter(sorted(n for n in listed if n.startswith("core-"))))
+    assert f"{core} is missing" in refusal(lambda d: (d / core).unlink())
+    assert "stray.img in" in refusal(lambda d: (d / "stray.img").write_bytes(b"x"))
+
+
 def test_keep_without_criu_says_so_and_replays_the_history(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
                          extra=["--keep", "2"], env={"LLFT_CRIU_PREFIX": str(tmp_path / "no-criu"),
@@ -292,3 +374,13 @@ def test_keep_more_than_replicas_is_refused(examples, tmp_path):
     out = subprocess.run([tool("llft-run"), "--replicas", "2", "--keep", "3", "--", str(examples / "kv_server"),
                           "7000"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "--keep must be between 1 and --replicas (2), got 3" in out.stderr
+
+
+def test_checkpoint_dir_without_keep_or_unwritable_is_refused(examples, tmp_path):
+    def run(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([tool("llft-run"), "--replicas", "2", *args, "--", str(examples / "kv_server"),
+                               "7000"], capture_output=True, text=True, timeout=30)
+    out = run("--checkpoint-dir", str(tmp_path))
+    assert out.returncode == 2 and "give --keep too" in out.stderr
+    out = run("--keep", "2", "--checkpoint-dir", str(tmp_path / "absent"))
+    assert out.returncode == 2 and "absent: not a directory llft-run can write in" in out.stderr

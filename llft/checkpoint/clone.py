@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
-from llft.checkpoint import criu, sockets
+from llft.checkpoint import criu, images, sockets
 from llft.determinizer.streams import BackupSink, image_dir, stream_path
 from llft.members import start_time
 from llft.native import ROLE_BACKUP, StreamFile
@@ -72,9 +72,11 @@ class BackupClone:
         self.src = src
         self.k = k
         self.loop = asyncio.get_running_loop()
-        # The images live in memory (they are read back at once, then
-        # dropped); CRIU's logs are kept in the run dir.
-        self.images = Path(image_dir(group.run_id, k))
+        # The images live in memory unless --checkpoint-dir says where (they
+        # are read back at once, then dropped); CRIU's logs are kept in the
+        # run dir.
+        self.images = Path(image_dir(group.run_id, k, group.opts.checkpoint_dir))
+        self.listed: dict[str, tuple[int, int]] = {}   # the image's files as the dump wrote them
         self.logs = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
         self.inherit: list[tuple[socket.socket, str]] = []   # (the clone's socket, CRIU's key for the one it replaces)
         self.clone: RestoredReplica | None = None
@@ -101,9 +103,10 @@ class BackupClone:
             finally:
                 self.src.checkpointing = False
                 await asyncio.to_thread(self._give_back)
+            self.listed = await asyncio.to_thread(images.manifest, self.images)
             dumped = time.monotonic()
             pid, proc = await asyncio.to_thread(self._restore)
-        except (criu.CheckpointFailed, CloneFailed, OSError) as e:
+        except (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError) as e:
             self._undo()
             # A source that died or left the group meanwhile says nothing of
             # the other backups: the next one to hand is cloned instead.
@@ -330,6 +333,7 @@ class BackupClone:
     # -- the restore -----------------------------------------------------------------
     def _restore(self) -> tuple[int, subprocess.Popen]:
         c = criu.find()
+        images.check(self.images, self.listed)
         self._no_parent_death_signal(c)
         files = {which: (fd, key) for fd, key, which in self.files_at_dump}
         opened = {"ring": lambda: os.open(self.clone.stream.path, os.O_RDWR),

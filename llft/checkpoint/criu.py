@@ -143,13 +143,28 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict
         if failure is not None:
             raise CheckpointFailed(f"while process {pid} was frozen: {failure}") from failure
         if not resp.success:
-            raise CheckpointFailed(f"criu could not dump process {pid} (errno {resp.cr_errno}): "
-                                   f"see {images_dir / 'dump.log'}")
+            raise CheckpointFailed(f"criu could not dump process {pid}: {failure_said(resp.cr_errno, images_dir)} "
+                                   f"(see {images_dir / 'dump.log'})")
         return stats(images_dir, "dump")
     finally:
         sk.close()
         proc.wait()
         os.close(dir_fd)
+
+
+def failure_said(errno: int, images_dir: Path, log_name: str = "dump.log") -> str:
+    """Why CRIU failed, in its own words where its log has them: the last
+    error it logged before its closing "Dumping FAILED" (a log that could
+    not be written, as in a full directory, has none), else the error
+    number it returned."""
+    try:
+        with open(images_dir / log_name, errors="replace") as f:
+            errors = [line.strip() for line in f if "Error (" in line and "FAILED" not in line]
+    except OSError:
+        errors = []
+    if errors:
+        return re.sub(r"^\(?[\d.]+\)?\s*(\d+\s*)?Error \([^)]*\):\s*", "", errors[-1])
+    return os.strerror(errno) if errno else "no reason given"
 
 
 def stats(images_dir: Path, kind: str) -> dict:

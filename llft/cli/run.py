@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "stream, however long the group has run (docs/checkpoints.md).  When no backup lives "
                         "or CRIU is missing, the replacement replays the group's history as with --respawn, "
                         "which --keep implies")
+    p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
+                   help="with --keep: write each clone's image (about the program's memory in size) under DIR, "
+                        "for the moment it takes to restore it, instead of in memory (/dev/shm); a dump that "
+                        "does not fit fails, and the replacement replays the history")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -219,6 +223,11 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         if not 1 <= args.keep <= args.replicas:
             raise UsageError(f"--keep must be between 1 and --replicas ({args.replicas}), got {args.keep}")
         args.respawn = True
+    if args.checkpoint_dir is not None:
+        if args.keep is None:
+            raise UsageError("--checkpoint-dir is where --keep writes its clones' images: give --keep too")
+        if not args.checkpoint_dir.is_dir() or not os.access(args.checkpoint_dir, os.W_OK | os.X_OK):
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: not a directory llft-run can write in")
     if args.respawn and (args.replay_from is not None or args.join):
         raise UsageError(f"--{'keep' if args.keep else 'respawn'} replaces replicas of a group on this host: "
                          "not with --replay-from or --join")
@@ -312,6 +321,7 @@ def main(argv=None) -> int:
                            save_stream=args.save_stream, replay_from=args.replay_from,
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn, keep=args.keep,
+                           checkpoint_dir=args.checkpoint_dir and str(args.checkpoint_dir.resolve()),
                            stall_alarm=args.stall_alarm, private_files=private_files(args),
                            serialize=args.serialize, order=args.order,
                            mailbox_copies=args.mailbox_copies, mailbox_protocol=args.mailbox_protocol)

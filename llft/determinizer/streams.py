@@ -198,7 +198,8 @@ def stream_path(run_id: str, replica: int, directory: str | None = None) -> str:
 
 def image_dir(run_id: str, replica: int, directory: str | None = None) -> str:
     """Where a checkpoint of the replica that becomes replica is kept while
-    it is taken and restored (llft/checkpoint/clone.py): in memory."""
+    it is taken and restored (llft/checkpoint/clone.py): in directory, or
+    in memory."""
     return os.path.join(_ring_dir(directory), f"llft-{run_id}-ck{replica:02d}")
 
 
