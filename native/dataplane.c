@@ -176,7 +176,7 @@ static void client_release(llft_dp_t *dp, struct conn *c)
     client_events(dp, c);
 }
 
-static void queued_less(llft_dp_t *dp, int slot, uint64_t n)
+void dp_queued_less(llft_dp_t *dp, int slot, uint64_t n)
 {
     dp->reps[slot].queued -= n;
     if (!dp->paused)
@@ -195,7 +195,7 @@ static void queued_less(llft_dp_t *dp, int slot, uint64_t n)
     dp->npaused = 0;
 }
 
-static void resume_legs(llft_dp_t *dp, struct conn *c)
+void dp_resume_legs(llft_dp_t *dp, struct conn *c)
 {
     for (int s = 0; s < c->nlegs; s++)
         if (c->legs[s] != NULL && c->legs[s]->rd_paused) {
@@ -222,10 +222,10 @@ static void client_close(llft_dp_t *dp, struct conn *c)
     dp_bytes_free(&c->out);
     if (!c->in_ended)
         client_input_ended(dp, c);
-    resume_legs(dp, c);
+    dp_resume_legs(dp, c);
 }
 
-static void client_close_when_sent(llft_dp_t *dp, struct conn *c)
+void dp_client_close_when_sent(llft_dp_t *dp, struct conn *c)
 {
     c->closing = true;
     if (!dp_bytes_size(&c->out))
@@ -254,7 +254,7 @@ static ssize_t send_or_queue(int fd, struct bytes *q, const char *data, size_t n
 /* What of data (at offset in the connection's output) the client has not
  * had goes to it: after a takeover the new primary repeats, byte for byte,
  * what the old one had sent. */
-static void reply(llft_dp_t *dp, struct conn *c, int slot, const char *data, size_t n, uint64_t offset)
+void dp_reply(llft_dp_t *dp, struct conn *c, int slot, const char *data, size_t n, uint64_t offset)
 {
     if (c->sent >= offset + n)
         return;
@@ -293,7 +293,7 @@ static void client_writable(llft_dp_t *dp, struct conn *c)
         bytes_drop(&c->out, (size_t)w);
     }
     if (dp_bytes_size(&c->out) <= CLIENT_OUT_LIMIT / 2)
-        resume_legs(dp, c);
+        dp_resume_legs(dp, c);
     client_release(dp, c);
     if (!dp_bytes_size(&c->out) && c->closing) {
         client_close(dp, c);
@@ -304,7 +304,7 @@ static void client_writable(llft_dp_t *dp, struct conn *c)
 
 /* -- the replica side --------------------------------------------------- */
 
-static void leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
+void dp_leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
 {
     struct leg *l = c->legs[slot];
     l->in_done = true;
@@ -316,7 +316,7 @@ static void leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
     size_t n = dp_bytes_size(&l->pending);
     dp_bytes_free(&l->pending);
     if (n)
-        queued_less(dp, slot, n);
+        dp_queued_less(dp, slot, n);
     dp_leg_events(dp, c, slot);
     client_release(dp, c);
 }
@@ -330,7 +330,7 @@ static void leg_send(llft_dp_t *dp, struct conn *c, int slot, const char *data, 
     ssize_t queued = send_or_queue(l->fd, &l->pending, data, n, l->fd >= 0 && !dp->reps[slot].held &&
                                    !l->replay_left && !dp_bytes_size(&l->pending));
     if (queued < 0) {
-        leg_input_failed(dp, c, slot);
+        dp_leg_input_failed(dp, c, slot);
         return;
     }
     if (queued == 0)
@@ -362,13 +362,13 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
         size_t want = l->replay_left < READ_CHUNK ? (size_t)l->replay_left : READ_CHUNK;
         ssize_t r = pread(l->replay_fd, dp->buf, want, (off_t)l->replay_off);
         if (r <= 0) {
-            leg_input_failed(dp, c, slot);   /* the input log is shorter than it counted */
+            dp_leg_input_failed(dp, c, slot);   /* the input log is shorter than it counted */
             return;
         }
         w = 0;
         int done = send_some(l->fd, dp->buf, (size_t)r, &w);
         if (done < 0) {
-            leg_input_failed(dp, c, slot);
+            dp_leg_input_failed(dp, c, slot);
             return;
         }
         l->replay_off += w;
@@ -384,11 +384,11 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
         w = 0;
         int done = send_some(l->fd, l->pending.p + l->pending.off, dp_bytes_size(&l->pending), &w);
         if (done < 0) {
-            leg_input_failed(dp, c, slot);
+            dp_leg_input_failed(dp, c, slot);
             return;
         }
         bytes_drop(&l->pending, w);
-        queued_less(dp, slot, w);
+        dp_queued_less(dp, slot, w);
         if (!done)
             break;
     }
@@ -453,10 +453,10 @@ static void leg_output_ended(llft_dp_t *dp, struct conn *c, int slot)
     l->registered = false;
     l->out_ended = true;
     if (!l->in_done)
-        leg_input_failed(dp, c, slot);
+        dp_leg_input_failed(dp, c, slot);
     dp->reps[slot].open_legs--;
     if (slot == dp->primary && !replica_dying(&dp->reps[slot]))
-        client_close_when_sent(dp, c);
+        dp_client_close_when_sent(dp, c);
 }
 
 /* A backup keeps what it sent beyond what the client has had. */
@@ -500,7 +500,7 @@ void dp_leg_readable(llft_dp_t *dp, struct conn *c, int slot)
         l->log_fd = -1;
     }
     if (slot == dp->primary)
-        reply(dp, c, slot, dp->buf, (size_t)n, offset);
+        dp_reply(dp, c, slot, dp->buf, (size_t)n, offset);
     else
         keep_unsent(c, l, dp->buf, (size_t)n, offset);
 }
@@ -639,7 +639,7 @@ static void leg_free(llft_dp_t *dp, struct leg *l)
  * summary and freed: what the plane holds follows the connections open,
  * not every connection the group has served.  With an input directory
  * its id and input length stay, for a replica that joins later. */
-static void conn_settle(llft_dp_t *dp, struct conn *c)
+void dp_conn_settle(llft_dp_t *dp, struct conn *c)
 {
     if (!conn_done(dp, c))
         return;
@@ -654,7 +654,7 @@ static void conn_settle(llft_dp_t *dp, struct conn *c)
         if (l->waiting)
             dp->reps[s].waiting--;
         if (dp_bytes_size(&l->pending))
-            queued_less(dp, s, dp_bytes_size(&l->pending));
+            dp_queued_less(dp, s, dp_bytes_size(&l->pending));
         leg_free(dp, l);
     }
     if (dp->input_dir != NULL && !c->replayed) {
@@ -702,7 +702,7 @@ static void dispatch(llft_dp_t *dp, uint64_t tag, uint32_t events)
     if (c == NULL)
         return;   /* settled earlier in this batch */
     dispatch_conn(dp, c, (int)(tag >> TAG_SLOT_SHIFT) - 1, events);
-    conn_settle(dp, c);
+    dp_conn_settle(dp, c);
 }
 
 static void *dp_main(void *arg)
@@ -850,127 +850,6 @@ void llft_dp_free(llft_dp_t *dp)
     free(dp);
 }
 
-/* A leg for a replica joining while connections exist: their logged input
- * first, then what their clients send from now on. */
-static int catch_up_leg(llft_dp_t *dp, struct conn *c, int slot)
-{
-    struct leg *l = dp_leg_new();
-    if (l == NULL || dp_conn_add_leg(c, slot, l) < 0) {
-        free(l);
-        return -1;
-    }
-    if (c->in_bytes) {
-        l->replay_fd = dp_open_conn_file(dp->input_dir, c->id, O_RDONLY);
-        if (l->replay_fd < 0) {
-            l->in_done = true;   /* its history is gone: it will diverge, and be told so */
-            return 0;
-        }
-        l->replay_left = c->in_bytes;
-    }
-    l->eof_wanted = c->in_ended;
-    return 0;
-}
-
-/* Legs for a joining replica: on each connection not done yet, and on
- * each one done, brought back with its input log and a leg for it alone. */
-static int catch_up(llft_dp_t *dp, int slot)
-{
-    for (uint64_t i = 0; i < dp->conns.cap; i++)
-        if (llft_idmap_at(&dp->conns, i) && catch_up_leg(dp, dp->conns.vals[i], slot) < 0)
-            return -1;
-    for (size_t k = 0; k < dp->ngone; k++) {
-        if (dp_conn_get(dp, dp->gone[k].id) != NULL)
-            continue;   /* brought back for an earlier joiner, and not done yet: it got a leg above */
-        struct conn *c = calloc(1, sizeof *c);
-        if (c == NULL)
-            return -1;
-        c->id = dp->gone[k].id;
-        c->cfd = c->in_fd = -1;
-        c->in_bytes = dp->gone[k].in_bytes;
-        c->in_ended = c->closing = c->replayed = true;
-        c->sent = UINT64_MAX;   /* its client had it all */
-        if (catch_up_leg(dp, c, slot) < 0 || llft_idmap_put(&dp->conns, c->id, c) < 0) {
-            free(c->legs ? c->legs[slot] : NULL);
-            free(c->legs);
-            free(c);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* A new slot, live, with nothing yet; -1 (ENOMEM). */
-int dp_new_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
-{
-    struct replica *reps = realloc(dp->reps, (size_t)(dp->nreps + 1) * sizeof *reps);
-    if (reps == NULL)
-        return -1;
-    dp->reps = reps;
-    struct replica *r = &reps[dp->nreps];
-    memset(r, 0, sizeof *r);
-    r->pid = pid;
-    r->pidfd = pidfd;
-    r->live = true;
-    r->log_dir = log_dir ? strdup(log_dir) : NULL;
-    return dp->nreps++;
-}
-
-int llft_dp_add_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir)
-{
-    pthread_mutex_lock(&dp->mu);
-    int slot = dp_new_replica(dp, pid, pidfd, log_dir);
-    if (slot >= 0 && dp->input_dir != NULL && catch_up(dp, slot) < 0) {
-        errno = ENOMEM;
-        slot = -1;   /* the replica stays without those connections; the caller fails it */
-    }
-    pthread_mutex_unlock(&dp->mu);
-    return slot;
-}
-
-void llft_dp_remove_replica(llft_dp_t *dp, int slot)
-{
-    pthread_mutex_lock(&dp->mu);
-    if (slot >= 0 && slot < dp->nreps && dp->reps[slot].live) {
-        dp->reps[slot].live = false;
-        for (uint64_t i = 0; i < dp->conns.cap; i++) {
-            if (!llft_idmap_at(&dp->conns, i))
-                continue;
-            struct conn *c = dp->conns.vals[i];
-            if (dp_leg_get(c, slot) != NULL && !c->legs[slot]->in_done)
-                leg_input_failed(dp, c, slot);
-            conn_settle(dp, c);   /* it may have waited for this replica alone */
-        }
-        dp->reps[slot].queued = 0;
-        queued_less(dp, slot, 0);   /* it no longer holds the clients back */
-    }
-    pthread_mutex_unlock(&dp->mu);
-}
-
-void llft_dp_set_primary(llft_dp_t *dp, int slot)
-{
-    pthread_mutex_lock(&dp->mu);
-    dp->primary = slot;
-    for (uint64_t i = 0; i < dp->conns.cap; i++) {
-        if (!llft_idmap_at(&dp->conns, i))
-            continue;
-        struct conn *c = dp->conns.vals[i];
-        resume_legs(dp, c);   /* an old primary's paused leg is only digested now */
-        struct leg *l = dp_leg_get(c, slot);
-        if (l == NULL || !l->attached)
-            continue;
-        if (dp_bytes_size(&l->unsent)) {
-            struct bytes kept = l->unsent;
-            memset(&l->unsent, 0, sizeof l->unsent);
-            reply(dp, c, slot, kept.p + kept.off, dp_bytes_size(&kept), l->unsent_from);
-            dp_bytes_free(&kept);
-        }
-        if (l->out_ended)
-            client_close_when_sent(dp, c);
-        conn_settle(dp, c);
-    }
-    pthread_mutex_unlock(&dp->mu);
-}
-
 int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
 {
     if (conn_id == 0 || conn_id > TAG_ID_MASK) {
@@ -1043,9 +922,9 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
     }
     if (fd < 0) {
         if (!l->in_done)
-            leg_input_failed(dp, c, slot);
+            dp_leg_input_failed(dp, c, slot);
         l->out_ended = true;   /* nothing will come: as closed */
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
         goto out;
     }
     l->sha = EVP_MD_CTX_new();
@@ -1054,9 +933,9 @@ int llft_dp_attach(llft_dp_t *dp, int slot, uint64_t conn_id, int fd)
         l->sha = NULL;
         close(fd);
         if (!l->in_done)
-            leg_input_failed(dp, c, slot);
+            dp_leg_input_failed(dp, c, slot);
         l->out_ended = true;
-        conn_settle(dp, c);
+        dp_conn_settle(dp, c);
         errno = ENOMEM;
         rc = -1;
         goto out;
@@ -1141,8 +1020,8 @@ void llft_dp_close_clients(llft_dp_t *dp)
             continue;
         struct conn *c = dp->conns.vals[i];
         if (c->cfd >= 0)
-            client_close_when_sent(dp, c);
-        conn_settle(dp, c);
+            dp_client_close_when_sent(dp, c);
+        dp_conn_settle(dp, c);
     }
     pthread_mutex_unlock(&dp->mu);
 }

@@ -103,7 +103,8 @@ struct llft_dp {
     char buf[READ_CHUNK];
 };
 
-/* Helpers of dataplane.c that dataplane_clone.c uses; called with dp->mu held. */
+/* Helpers of dataplane.c that dataplane_clone.c and dataplane_replicas.c
+ * use; called with dp->mu held. */
 int dp_bytes_put(struct bytes *b, const void *data, size_t n);
 size_t dp_bytes_size(const struct bytes *b);
 void dp_bytes_free(struct bytes *b);
@@ -116,5 +117,11 @@ void dp_leg_events(llft_dp_t *dp, struct conn *c, int slot);
 void dp_leg_readable(llft_dp_t *dp, struct conn *c, int slot);
 int dp_open_conn_file(const char *dir, uint64_t id, int flags);
 int dp_new_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir);
+void dp_leg_input_failed(llft_dp_t *dp, struct conn *c, int slot);
+void dp_conn_settle(llft_dp_t *dp, struct conn *c);
+void dp_queued_less(llft_dp_t *dp, int slot, uint64_t n);
+void dp_resume_legs(llft_dp_t *dp, struct conn *c);
+void dp_reply(llft_dp_t *dp, struct conn *c, int slot, const char *data, size_t n, uint64_t offset);
+void dp_client_close_when_sent(llft_dp_t *dp, struct conn *c);
 
 #endif
