@@ -268,6 +268,66 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
     assert len(clones_in_log(group)) == 4
 
 
+def _when_frozen_by_criu(pid: int, timeout: float = 20.0) -> bool:
+    """Waits until process pid is held by CRIU (ptrace's "tracing stop"):
+    True then, False if it dies or the time runs out first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if "(tracing stop)" in next(line for line in f if line.startswith("State:")):
+                    return True
+        except (OSError, StopIteration):
+            return False
+        time.sleep(0.0002)
+    return False
+
+
+@needs_criu
+@pytest.mark.parametrize("victim", ["source", "primary"])
+def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples, tmp_path):
+    """The moment inside a clone: a backup is killed, and while CRIU holds
+    the backup it clones from frozen, that source is killed too (the dump
+    fails, the clone gives up), or the primary is, so that the frozen
+    source is the one to take over.  Then the clone either gives up (the
+    failover began before the ring was copied) or goes on: its image is of
+    a backup, which replays the old primary's last records and then the
+    new primary's, as any backup does.  Either way the group gets back to
+    three replicas (clones where a backup lives, history replay where none
+    does), with every INCR applied exactly once and equal digests."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
+                         extra=["--keep", "3", "--log-output"])
+    wl = Workload(group, KvClient, 3)
+    try:
+        st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
+        hit = False
+        for attempt in range(5):   # the freeze lasts milliseconds: a try that misses it is made again
+            wl.progresses(f"attempt {attempt + 1}", replies=30)
+            backups = [r for r in live(st) if r["role"] == "backup"]
+            primary = next(r for r in live(st) if r["role"] == "primary")
+            source = backups[-1]   # the clone's source is the last-ranked live backup
+            os.kill(backups[0]["pid"], signal.SIGKILL)
+            if _when_frozen_by_criu(source["pid"]):
+                os.kill((source if victim == "source" else primary)["pid"], signal.SIGKILL)
+                hit = True
+            st = wait_for(lambda st: len(live(st)) == 3
+                          and all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st)),
+                          "back to three replicas, caught up", group, timeout=60)
+            if hit:
+                break
+        assert hit, "CRIU never held the source frozen long enough to be seen"
+        wl.progresses("after the fault")
+        check_digests(group, KvClient, st)
+        wl.finish_and_shut_down(group)
+    finally:
+        wl.stop.set()
+        group.stop()
+    text = (group.run_dir / "llft.log").read_text()
+    if victim == "source":
+        assert "could not be cloned" in text, text[-3000:]
+    assert "diverged" not in text
+
+
 @needs_criu
 def test_a_checkpoint_that_does_not_fit_is_refused_and_the_group_keeps_serving(examples, tmp_path):
     """--checkpoint-dir on a 256 KiB tmpfs (mounted in a mount namespace of
