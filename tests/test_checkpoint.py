@@ -14,6 +14,7 @@ replay of the history."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,10 @@ def test_kv_server_keeps_three_replicas_through_five_primary_kills(examples, tmp
     assert len(clones) == 5
     for r in clones:
         assert r["checkpoint"]["frozen_ms"] > 0 and r["checkpoint"]["image_bytes"] > 0
+    shown = subprocess.run([tool("llft-status"), "--run-dir", str(group.run_dir)], capture_output=True, text=True,
+                           timeout=30).stdout
+    assert len(re.findall(r"replaces replica \d+; cloned from replica \d+ at \d\d:\d\d:\d\d: the source was "
+                          r"frozen [\d.]+ ms, image \d+ KiB, restored in \d+ ms", shown)) == 5, shown
 
 
 @needs_criu

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from llft import rundir
 from llft.cli.common import Parser, UsageError, fail, reader_may_stop
@@ -139,7 +140,8 @@ def rejoin_note(m: dict) -> str:
         return ""
     ck = m.get("checkpoint")
     if ck:
-        return (f"replaces replica {m['replaces']}; cloned from replica {ck['source']}: the source was frozen "
+        when = time.strftime(" at %H:%M:%S", time.localtime(ck["at"])) if ck.get("at") else ""
+        return (f"replaces replica {m['replaces']}; cloned from replica {ck['source']}{when}: the source was frozen "
                 f"{ck['frozen_ms']:.1f} ms, image {ck['image_bytes'] // 1024} KiB, restored in "
                 f"{ck['restore_ms']:.0f} ms")
     c = m.get("catch_up") or {}
