@@ -50,6 +50,7 @@ class GroupOptions:
     respawn: bool = False         # a failed replica is replaced by a new backup that replays the history
     keep: int | None = None       # --keep N: replacements cloned from a live backup (CRIU), else replayed
     checkpoint_dir: str | None = None   # --checkpoint-dir: where a clone's image is written (None: memory)
+    checkpoint_every: float | None = None   # --checkpoint-every: seconds between stored checkpoints
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
     serialize: bool = False       # --serialize: threads take turns (native/serialize.c)
@@ -92,6 +93,10 @@ class LocalGroup:
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
         self.cloning: asyncio.Task | None = None   # --keep: the clone being made (one at a time)
         self.clone_refused: str | None = None      # --keep: why replacements cannot be cloned here
+        self.stored = None                # --checkpoint-every: the stored checkpoint (llft/checkpoint/stored.py)
+        self.stores = 0                   # checkpoints stored so far
+        self.next_store = 0.0             # time.monotonic() when the next one is due
+        self.history_from_start = True    # the saved stream and input logs go back to the group's start
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -165,6 +170,9 @@ class LocalGroup:
             "argv": self.argv,
             "respawn": self.opts.respawn,
             "keep": self.opts.keep,
+            "stored_checkpoint": dict(self.stored.state(), number=self.stores) if self.stored else None,
+            "history": ({"from_start": self.history_from_start, "bytes": self.forwarder.saver.position}
+                        if self.forwarder is not None and self.forwarder.saver is not None else None),
             "replicas": [dict(r.state(), precedence=r.index, rank=ranks.get(r.index),
                               replaces=r.replaces, catch_up=r.catch_up,
                               follow=self.follow.view(r.index) if r.role == "backup" else None,
@@ -214,6 +222,8 @@ class LocalGroup:
             if self.cloning is not None:
                 self.cloning.cancel()
                 await asyncio.gather(self.cloning, return_exceptions=True)
+            if self.stored is not None:
+                self.stored.drop()
             if self.gateway:
                 await self.gateway.close()
             self.plane.stop()
@@ -326,7 +336,72 @@ class LocalGroup:
                     self.cloning = asyncio.create_task(self._clone(source, failed))
                     return
             failed.replaced = True
+            if self._replace_without_clone(failed):
+                return
+
+    def _replace_without_clone(self, failed: Replica) -> bool:
+        """No backup to clone: the stored checkpoint, restored (True: under
+        way), or a replay of the history while it goes back to the start."""
+        if self.stored is not None:
+            self.cloning = asyncio.create_task(self._wake_stored(failed))
+            return True
+        if self.history_from_start:
             self._replay_replacement(failed)
+        else:
+            log.error("replica %d cannot be replaced: no backup lives to be cloned, no checkpoint is stored, and "
+                      "the history before the last one is dropped", failed.index)
+        return False
+
+    def _store_due(self):
+        """--checkpoint-every: a checkpoint of a live backup is stored when
+        one is due and nothing else is under way (a clone, a restore, a
+        replay of the history, which reads what storing drops)."""
+        every = self.opts.checkpoint_every
+        if (not every or self.cloning is not None or self.gateway is None or self.source.finished()
+                or self.interrupted is not None or time.monotonic() < self.next_store
+                or any(f.is_alive() for f in self.feeders.values())):
+            return
+        source = self._clone_source()
+        if source is not None:
+            self.next_store = time.monotonic() + every
+            self.cloning = asyncio.create_task(self._store(source))
+
+    async def _store(self, source: Replica):
+        from llft.checkpoint.stored import CloneFailed, StoredCheckpoint, trim_history
+        self.stores += 1
+        try:
+            stored = await StoredCheckpoint.take(self, source, self.stores)
+        except CloneFailed as e:
+            log.warning("no checkpoint stored of replica %d this time (%s)", source.index, e)
+            return
+        finally:
+            if self.cloning is asyncio.current_task():
+                self.cloning = None
+            self.exited.set()
+        old, self.stored = self.stored, stored
+        if old is not None:
+            old.drop()
+        trim_history(self, stored)
+        self.history_from_start = False
+        log.info("checkpoint %d stored, of replica %d: image %d KiB, the source frozen %.1f ms; the history "
+                 "before it is dropped", self.stores, source.index, stored.figures["image_bytes"] // 1024,
+                 stored.figures["frozen_ms"])
+        self.write_state("running")
+
+    async def _wake_stored(self, failed: Replica):
+        from llft.checkpoint.stored import CloneFailed
+        stored, self.stored = self.stored, None
+        k, self.next_index = self.next_index, self.next_index + 1
+        try:
+            r = await stored.wake(self, k)
+            r.replaces = failed.index
+        except CloneFailed as e:
+            log.error("replica %d cannot be replaced: the stored checkpoint could not be restored (%s)",
+                      failed.index, e)
+        finally:
+            if self.cloning is asyncio.current_task():
+                self.cloning = None
+            self.exited.set()
 
     def _clone_source(self) -> Replica | None:
         """The backup a replacement is cloned from: the last-ranked live one
@@ -351,12 +426,16 @@ class LocalGroup:
                         k, source.index, e, failed.index)
             failed.replaced = False   # the next look at the group starts it, from a backup as it is then
         except CloneFailed as e:
-            log.warning("replica %d could not be cloned from replica %d (%s); replica %d is replaced by one "
-                        "that replays the group's history", k, source.index, e, failed.index)
+            log.warning("replica %d could not be cloned from replica %d (%s); replica %d is replaced %s", k,
+                        source.index, e, failed.index, "from the stored checkpoint" if self.stored is not None
+                        else "by one that replays the group's history")
             if not self.source.finished() and self.interrupted is None:
-                self._replay_replacement(failed)
+                self.cloning = None
+                self._replace_without_clone(failed)
+                return
         finally:
-            self.cloning = None
+            if self.cloning is asyncio.current_task():
+                self.cloning = None
             self.exited.set()   # the wait loop looks again: more may be missing
 
     def adopt(self, r: Replica, relay: PlaneRelay):
@@ -460,6 +539,7 @@ class LocalGroup:
                 self._check_following()
             self._respawn()
             self._check_caught_up()
+            self._store_due()
             if deadline is None and self.source.finished():
                 deadline = time.monotonic() + self.opts.backup_exit_timeout
             if deadline is not None and time.monotonic() > deadline:

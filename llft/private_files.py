@@ -121,6 +121,11 @@ def prepare(files_dir: Path) -> bytes:
         if step[0] == "overlay":
             os.makedirs(step[2])
             os.makedirs(step[3])
+    return plan_text(steps)
+
+
+def plan_text(steps: list[tuple[str, ...]]) -> bytes:
+    """The plan as native/private_files.c reads it."""
     return "".join("\t".join(step) + "\n" for step in steps).encode()
 
 

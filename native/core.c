@@ -46,6 +46,15 @@ uint64_t llft_now_ms(void)
     return llft_now_ns() / 1000000u;
 }
 
+uint64_t llft_waited_ms(struct llft_waited *w)
+{
+    uint64_t now = llft_now_ms();
+    if (w->last_ms)
+        w->ms += now - w->last_ms < LLFT_LOOK_MAX_MS ? now - w->last_ms : LLFT_LOOK_MAX_MS;
+    w->last_ms = now;
+    return w->ms;
+}
+
 static void write_all(int fd, const char *s, size_t n)
 {
     while (n) {

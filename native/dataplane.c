@@ -112,7 +112,8 @@ void dp_leg_events(llft_dp_t *dp, struct conn *c, int slot)
     if (l->fd < 0)
         return;
     uint32_t want = l->rd_paused ? 0 : EPOLLIN;
-    if (!l->in_done && !dp->reps[slot].held && (l->replay_left || dp_bytes_size(&l->pending) || l->eof_wanted))
+    if (!l->in_done && !l->parked && !dp->reps[slot].held &&
+        (l->replay_left || dp_bytes_size(&l->pending) || l->eof_wanted))
         want |= EPOLLOUT;
     epoll_set(dp, l->fd, &l->registered, &l->events, want, leg_tag(c, slot));
 }
@@ -325,8 +326,8 @@ void dp_leg_input_failed(llft_dp_t *dp, struct conn *c, int slot)
 static void leg_send(llft_dp_t *dp, struct conn *c, int slot, const char *data, size_t n)
 {
     struct leg *l = c->legs[slot];
-    if (l->in_done)
-        return;
+    if (l->in_done || l->parked)
+        return;   /* (a parked leg takes it from the input log when it wakes) */
     ssize_t queued = send_or_queue(l->fd, &l->pending, data, n, l->fd >= 0 && !dp->reps[slot].held &&
                                    !l->replay_left && !dp_bytes_size(&l->pending));
     if (queued < 0) {
@@ -356,7 +357,7 @@ static void leg_writable(llft_dp_t *dp, struct conn *c, int slot)
 {
     struct leg *l = c->legs[slot];
     size_t w = 0;
-    if (dp->reps[slot].held)
+    if (dp->reps[slot].held || l->parked)
         return;   /* (an EPOLLERR: the write that fails comes once it is let go) */
     while (l->replay_left) {
         size_t want = l->replay_left < READ_CHUNK ? (size_t)l->replay_left : READ_CHUNK;
@@ -870,8 +871,8 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
     c->cfd = client_fd;
     c->in_fd = -1;
     for (int s = 0; s < dp->nreps; s++) {
-        if (!dp->reps[s].live)
-            continue;
+        if (!dp->reps[s].live || dp->reps[s].parked)
+            continue;   /* (a parked replica gets its legs when it wakes) */
         struct leg *l = dp_leg_new();
         if (l == NULL || dp_conn_add_leg(c, s, l) < 0) {
             free(l);
@@ -888,6 +889,8 @@ int llft_dp_open_conn(llft_dp_t *dp, uint64_t conn_id, int client_fd)
     if (llft_idmap_put(&dp->conns, conn_id, c) < 0)
         goto fail;
     set_nonblocking(client_fd);
+    if (conn_id > dp->last_id)
+        dp->last_id = conn_id;
     dp->st.connections++;
     dp->st.open_clients++;
     client_events(dp, c);
@@ -998,7 +1001,7 @@ int llft_dp_accepting(llft_dp_t *dp, uint64_t max_waiting)
     pthread_mutex_lock(&dp->mu);
     int ok = 1;
     for (int k = 0; k < dp->nreps; k++)
-        if (dp->reps[k].live && dp->reps[k].waiting >= max_waiting)
+        if (dp->reps[k].live && !dp->reps[k].parked && dp->reps[k].waiting >= max_waiting)
             ok = 0;
     pthread_mutex_unlock(&dp->mu);
     return ok;

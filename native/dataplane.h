@@ -80,6 +80,22 @@ void llft_dp_set_pid(llft_dp_t *dp, int slot, int pid, int pidfd);
 /* src takes its input again, what was queued meanwhile first. */
 void llft_dp_release(llft_dp_t *dp, int src);
 
+/* A stored checkpoint (llft/checkpoint/stored.py): a clone whose restore
+ * waits, kept without holding the clients back.  llft_dp_park stops
+ * slot's input (what it has queued is dropped: the input log has it),
+ * notes per leg how much of the client's input its socket was given, and
+ * gives it no legs for new connections; *after is the last connection id
+ * then.  Needs an input directory.  llft_dp_wake makes it a joiner: each
+ * parked leg is fed the logged input from where it stopped, each
+ * connection opened since (done ones brought back) gets a leg fed its
+ * whole log, and --log-output writes under log_dir.  0, or -1 (errno). */
+int llft_dp_park(llft_dp_t *dp, int slot, uint64_t *after);
+int llft_dp_wake(llft_dp_t *dp, int slot, const char *log_dir);
+/* The connections done and freed whose id is at most id are needed by no
+ * replica that may join later (the stored checkpoint is after them): their
+ * input logs are deleted and the plane forgets them.  Returns how many. */
+long llft_dp_forget_through(llft_dp_t *dp, uint64_t id);
+
 /* A client connection (conn_id: the gateway's number, increasing); the plane
  * owns client_fd from now on.  Every live replica gets a leg, which queues
  * input until llft_dp_attach.  0, or -1 (errno). */

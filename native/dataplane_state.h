@@ -41,6 +41,8 @@ struct leg {
     int log_fd;              /* --log-output */
     struct bytes unsent;     /* a backup's output the client has not had, for a takeover */
     uint64_t unsent_from;    /* stream offset of unsent's first byte */
+    bool parked;             /* its replica is a stored checkpoint: input from the log when it wakes */
+    uint64_t parked_at;      /* the client's input written to fd when it was parked */
 };
 
 struct conn {
@@ -65,6 +67,8 @@ struct replica {
     int pid, pidfd;
     bool live;
     bool held;               /* its legs take no input for now (queued): a checkpoint is being taken of it */
+    bool parked;             /* a stored checkpoint's: no new legs, no input until it wakes (llft_dp_park) */
+    uint64_t parked_after;   /* the last connection id when it was parked */
     char *log_dir;
     uint64_t queued;         /* input bytes queued in its legs */
     int open_legs;
@@ -89,6 +93,7 @@ struct llft_dp {
     bool started, stopped;
     int ep, wake;
     char *input_dir;
+    uint64_t last_id;        /* the newest connection's id */
     uint64_t queue_limit;
     bool paused;             /* clients are not read: a replica is too far behind */
     llft_idmap_t conns;      /* the connections not done yet, by id */

@@ -35,17 +35,14 @@ void llft_fd_set(int fd, int kind)
 
 void llft_wait_zero(const uint32_t *count, uint64_t max_ms)
 {
-    uint64_t since = 0;
+    struct llft_waited waited = {0, 0};
     for (unsigned spins = 0; __atomic_load_n(count, __ATOMIC_ACQUIRE); spins++) {
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 128) {
             llft_yield();
         } else {
-            uint64_t now = llft_now_ms();
-            if (!since)
-                since = now;
-            if (now - since > max_ms)
+            if (llft_waited_ms(&waited) > max_ms)
                 return;
             struct timespec us = {0, 20000};
             llft_nap(&us);
@@ -130,14 +127,14 @@ int llft_out_of_the_way(int fd, int cloexec)
  * opened there, between a check and the dup). */
 static void place_fd(struct llft_thread *t, uint16_t op, const llft_rec_t *e, int fd, int want, int cloexec)
 {
-    uint64_t since = llft_now_ms();
+    struct llft_waited waited = {0, 0};
     for (;;) {
         int got = REAL(fcntl)(fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, want);
         if (got == want)
             break;
         if (got >= 0)
             REAL(close)(got);
-        if (llft_now_ms() - since > llft_ctl->stall_timeout_ms) {
+        if (llft_waited_ms(&waited) > llft_ctl->stall_timeout_ms) {
             char link[32], what[96] = "?";
             snprintf(link, sizeof link, "/proc/self/fd/%d", want);
             ssize_t n = readlink(link, what, sizeof what - 1);

@@ -557,17 +557,14 @@ void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotge
 {
     const struct tqueue *q = &llft_queues[slotgen & QMASK];
     uint16_t gen = (uint16_t)(slotgen >> 16);
-    uint64_t since = 0;
+    struct llft_waited waited = {0, 0};
     for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < upto; spins++) {
         if (spins < 64) {
             __builtin_ia32_pause();
         } else if (spins < 80) {
             llft_yield();
         } else {
-            uint64_t now = llft_now_ms();
-            if (!since)
-                since = now;
-            if (now - since > llft_ctl->stall_timeout_ms)
+            if (llft_waited_ms(&waited) > llft_ctl->stall_timeout_ms)
                 llft_diverge(t, e->op, e, LLFT_EXIT_DIVERGED,
                              "stalled waiting for thread %u to reach its call before this one (it has taken %llu "
                              "of its records, %llu of them by then; it %s)", q->tid,

@@ -235,4 +235,15 @@ void llft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t llft_now_ms(void);
 uint64_t llft_now_ns(void);
 
+/* How long a wait has lasted, for its stall timeout: the time between two
+ * looks at it counts for at most LLFT_LOOK_MAX_MS, so that a process
+ * stopped meanwhile (CRIU's freeze of a backup, a stored checkpoint
+ * restored long after its dump, a debugger) is not taken for one stalled
+ * all the while.  Zeroed before the wait; each call is one look. */
+#define LLFT_LOOK_MAX_MS 1000
+struct llft_waited {
+    uint64_t last_ms, ms;
+};
+uint64_t llft_waited_ms(struct llft_waited *w);
+
 #endif

@@ -234,7 +234,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
         return ts;
     }
     t->depth++;
-    uint64_t since = 0;
+    struct llft_waited waited = {0, 0};
     for (unsigned spins = 0;; spins++) {
         if (d > want)
             llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
@@ -245,17 +245,15 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
         } else if (spins < 80) {
             llft_yield(); /* more threads than cores: let the turn's owner run */
         } else {
-            uint64_t now = llft_now_ms();
-            if (!since)
-                since = now;
+            uint64_t waited_ms = llft_waited_ms(&waited);
             uint32_t limit = LOAD(&llft_stream_ended, ACQ) ? llft_ctl->end_grace_ms : llft_ctl->stall_timeout_ms;
-            if (now - since > limit) {
+            if (waited_ms > limit) {
                 char who[160];
                 describe_turn_taker(obj, d + 1, who, sizeof who);
                 llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,
                              "stalled %llu ms waiting for turn %llu of object %#llx (%llu turns done): "
                              "the thread that should take the previous turn never did (%s)",
-                             (unsigned long long)(now - since), (unsigned long long)turn,
+                             (unsigned long long)waited_ms, (unsigned long long)turn,
                              (unsigned long long)obj, (unsigned long long)d, who);
             }
             park_until(ts, want);

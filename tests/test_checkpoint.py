@@ -42,8 +42,21 @@ def _criu_problem() -> str | None:
 needs_criu = pytest.mark.skipif(_criu_problem() is not None, reason=f"no working CRIU: {_criu_problem()}")
 
 
+def group_log(group) -> str:
+    return (group.run_dir / "llft.log").read_text()
+
+
+def back_to(n: int, without: dict, caught_up: bool = True):
+    """llft-status predicate: n live replicas, `without` not among them
+    (replaced), and (caught_up) none of them still catching up."""
+    def pred(st):
+        return (len(live(st)) == n and all(r["index"] != without["index"] for r in live(st))
+                and (not caught_up or all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st))))
+    return pred
+
+
 def clones_in_log(group) -> list[str]:
-    text = (group.run_dir / "llft.log").read_text()
+    text = group_log(group)
     assert "could not be cloned" not in text, text[-3000:]
     return [line for line in text.splitlines() if "cloned from replica" in line]
 
@@ -150,8 +163,7 @@ def test_a_backup_killed_while_idle_is_replaced_by_a_clone_with_shared_files(exa
         st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
         backup = next(r for r in live(st) if r["role"] == "backup")
         os.kill(backup["pid"], signal.SIGKILL)
-        st = wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != backup["index"] for r in live(st)),
-                      "a clone replaces the killed backup", group)
+        st = wait_for(back_to(3, backup, caught_up=False), "a clone replaces the killed backup", group)
         assert c.incr("k") == 2, "the idle connection carries on at every replica"
         check_digests(group, KvClient, st)
         c.shutdown()
@@ -197,8 +209,8 @@ def test_clones_of_clones_under_connection_churn(examples, tmp_path):
             st = wait_for(lambda st: len(live(st)) == 3, "three replicas", group)
             victim = [r for r in live(st) if r["role"] == "backup"][0]   # the other one is the source
             os.kill(victim["pid"], signal.SIGKILL)
-            wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != victim["index"] for r in live(st)),
-                     f"kill {n + 1}: a clone replaces backup {victim['index']}", group)
+            wait_for(back_to(3, victim, caught_up=False), f"kill {n + 1}: a clone replaces backup {victim['index']}",
+                     group)
         stop = True
         t.join(timeout=30)
         assert not errors, errors
@@ -258,8 +270,8 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
             st = wait_for(lambda st: len(live(st)) == 3, "three replicas", group)
             victim = [r for r in live(st) if r["role"] == "backup"][0]   # the other one is the source
             os.kill(victim["pid"], signal.SIGKILL)
-            wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != victim["index"] for r in live(st)),
-                     f"kill {n + 1}: a clone replaces backup {victim['index']}", group)
+            wait_for(back_to(3, victim, caught_up=False), f"kill {n + 1}: a clone replaces backup {victim['index']}",
+                     group)
         time.sleep(0.5)
         stop = True
         for t in threads:
@@ -268,9 +280,136 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
     finally:
         stop = True
         group.stop()
-    text = (group.run_dir / "llft.log").read_text()
+    text = group_log(group)
     assert "diverged" not in text, [line for line in text.splitlines() if "diverged" in line][:3]
     assert len(clones_in_log(group)) == 4
+
+
+@needs_criu
+def test_a_group_of_two_is_restored_from_its_stored_checkpoint(examples, tmp_path):
+    """--checkpoint-every: a group of two has no backup to clone once one of
+    its replicas fails.  Its backup, then its primary, is killed under load;
+    each replacement is the stored checkpoint, restored, which catches up
+    from the records since and the clients' input since: on the connections
+    it had (their input from where it stopped), on one opened after it and
+    kept open, and on ones opened and closed meanwhile.  Every INCR once,
+    digests equal; the history from before the checkpoint is gone."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
+                         extra=["--keep", "2", "--checkpoint-every", "0.3", "--log-output"])
+    wl = Workload(group, KvClient, 3)
+    late, late_sock = None, None
+    try:
+        wait_for(lambda st: len(live(st)) == 2, "the group starts", group)
+        used = 0
+        for victim_role in ("backup", "primary"):
+            st = wait_for(lambda st: (st.get("stored_checkpoint") or {}).get("number", 0) > used,
+                          "a checkpoint stored after the last one used", group)
+            used = st["stored_checkpoint"]["number"]
+            assert st["history"]["from_start"] is False
+            if late is None:
+                late_sock = group.connect()
+                late = KvClient(late_sock)
+            assert late.incr("late") == (1 if victim_role == "backup" else 2)
+            for _ in range(5):   # opened and closed after the checkpoint
+                with group.connect() as s:
+                    KvClient(s).incr("churn")
+            wl.progresses(f"before the {victim_role} is killed", replies=60)
+            victim = next(r for r in live(state(group)) if r["role"] == victim_role)
+            os.kill(victim["pid"], signal.SIGKILL)
+            st = wait_for(back_to(2, victim), f"the {victim_role} replaced from the stored checkpoint, caught up",
+                          group, timeout=60)
+            newest = max(live(st), key=lambda r: r["index"])
+            assert (newest.get("checkpoint") or {}).get("stored"), newest
+            wl.progresses(f"after the {victim_role} was replaced")
+            check_digests(group, KvClient, st)
+        assert late.incr("late") == 3
+        late_sock.close()
+        with group.connect() as s:
+            assert KvClient(s).get("churn") == 10
+        wl.finish_and_shut_down(group)
+    finally:
+        wl.stop.set()
+        group.stop()
+    text = group_log(group)
+    assert text.count("restored from the checkpoint of replica") == 2, text[-3000:]
+    assert "diverged" not in text and "cannot be replaced" not in text
+
+
+@needs_criu
+def test_a_checkpoint_stored_long_before_it_is_restored_catches_up(examples, tmp_path):
+    """The stored checkpoint is restored three seconds after its dump, with
+    the shim's stall timeout shorter than that (--divergence-timeout 2; the
+    shim counts at most a second between two looks at a wait, so that the
+    time an image waited is no stall), and three seconds of records and
+    input to replay from the saved stream and the input logs."""
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
+                         extra=["--keep", "2", "--checkpoint-every", "600", "--divergence-timeout", "2",
+                                "--log-output"])
+    wl = Workload(group, KvClient, 4)
+    try:
+        st = wait_for(lambda st: st.get("stored_checkpoint"), "a checkpoint is stored", group)
+        stored_at = st["stored_checkpoint"]["at"]
+        while time.time() < stored_at + 3:
+            wl.progresses("after the checkpoint", replies=100)
+        backup = next(r for r in live(state(group)) if r["role"] == "backup")
+        os.kill(backup["pid"], signal.SIGKILL)
+        st = wait_for(back_to(2, backup), "the backup replaced from the stored checkpoint, caught up", group,
+                      timeout=60)
+        wl.progresses("after the backup was replaced")
+        check_digests(group, KvClient, st)
+        wl.finish_and_shut_down(group)
+    finally:
+        wl.stop.set()
+        group.stop()
+    text = group_log(group)
+    restored = [line for line in text.splitlines() if "restored from the checkpoint" in line]
+    assert len(restored) == 1 and float(restored[0].split(" taken ")[1].split(" s ago")[0]) >= 3, restored
+    assert "diverged" not in text
+
+
+@needs_criu
+def test_what_the_controller_keeps_stays_flat_with_periodic_checkpoints(examples, tmp_path):
+    """A long run in small (a churn of short connections beside steady
+    clients, checkpoints every 0.2 s): the saved stream, the input logs and
+    the controller's memory stay flat while the records and connections
+    served keep growing."""
+    import psutil
+    import threading
+    group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
+                         extra=["--keep", "2", "--checkpoint-every", "0.2"])
+    wl = Workload(group, KvClient, 2)
+    stop, churned = threading.Event(), [0]
+
+    def churn():
+        while not stop.is_set():
+            with group.connect() as s:
+                KvClient(s).incr("churn")
+            churned[0] += 1
+    churner = threading.Thread(target=churn)
+    churner.start()
+    samples = []
+    try:
+        wait_for(lambda st: st.get("stored_checkpoint"), "a checkpoint is stored", group)
+        controller = psutil.Process(state(group)["controller_pid"])
+        for _ in range(8):
+            wl.progresses("the steady clients", replies=300)
+            st = state(group)
+            replayed = max(r["records"] or 0 for r in live(st))   # (a backup's count: records replayed)
+            samples.append({"records": replayed, "history": st["history"]["bytes"],
+                            "inputs": len(os.listdir(group.run_dir / "input")), "conns": churned[0],
+                            "rss": controller.memory_info().rss})
+        stop.set()
+        churner.join(30)
+        wl.finish_and_shut_down(group)
+    finally:
+        stop.set()
+        wl.stop.set()
+        group.stop()
+    first, last = samples[1], samples[-1]
+    assert last["records"] > 3 * first["records"] and last["conns"] > 3 * first["conns"], samples
+    assert max(s["history"] for s in samples) < last["records"] * 64 / 3, "the saved stream is not cut"
+    assert max(s["inputs"] for s in samples) < last["conns"] / 3, "the input logs are not deleted"
+    assert last["rss"] - first["rss"] < 16 << 20, samples
 
 
 def _when_frozen_by_criu(pid: int, timeout: float = 20.0) -> bool:
@@ -327,7 +466,7 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
     finally:
         wl.stop.set()
         group.stop()
-    text = (group.run_dir / "llft.log").read_text()
+    text = group_log(group)
     if victim == "source":
         assert "could not be cloned" in text, text[-3000:]
     assert "diverged" not in text
@@ -352,9 +491,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_group_keeps_serving(e
             st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
             backup = next(r for r in live(st) if r["role"] == "backup")
             os.kill(backup["pid"], signal.SIGKILL)
-            st = wait_for(lambda st: len(live(st)) == 3 and all(r["index"] != backup["index"] for r in live(st))
-                          and all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st)),
-                          "a replacement that replays the history", group)
+            st = wait_for(back_to(3, backup), "a replacement that replays the history", group)
             assert c.incr("k") == 2
             check_digests(group, KvClient, st)
             c.shutdown()
@@ -362,7 +499,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_group_keeps_serving(e
     finally:
         group.stop()
     assert group.proc.returncode == 0, group.stderr
-    text = (group.run_dir / "llft.log").read_text()
+    text = group_log(group)
     refused = [line for line in text.splitlines() if "could not be cloned" in line]
     assert len(refused) == 1 and "No space left on device" in refused[0], refused or text[-2000:]
     assert "replays the group's history" in refused[0]
@@ -431,7 +568,7 @@ def test_keep_without_criu_says_so_and_replays_the_history(examples, tmp_path):
         group.finish()
     finally:
         group.stop()
-    text = (group.run_dir / "llft.log").read_text()
+    text = group_log(group)
     assert "--keep: CRIU is not installed" in text and "replays the group's history" in text
 
 

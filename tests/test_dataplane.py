@@ -217,6 +217,65 @@ def test_a_clone_continues_its_sources_connections(group):
     clone_prog.close()
 
 
+def test_a_parked_clone_holds_nobody_back_and_wakes_to_the_logged_input(group, tmp_path):
+    """A stored checkpoint's slot (llft/checkpoint/stored.py): parked, it
+    holds no client back (a flood the running replicas read goes through)
+    and gets no leg for a new connection; woken, it is given from the input
+    log what its connection's client sent since it was parked, and the
+    connection opened and closed meanwhile whole.  Then the connections
+    done up to that one are forgotten, their logs deleted."""
+    import threading
+    plane, client, programs = group
+    client.sendall(b"first ")
+    for prog in programs:
+        assert recv_exactly(prog, 6) == b"first "
+    slot, legs = plane.clone_replica(2, None)
+    clone_prog, clone_leg = socket.socketpair()
+    plane.clone_attach(slot, 1, clone_leg, b"")   # 2 had read all
+    plane.set_pid(slot, os.getpid())
+    plane.release(2)
+    assert plane.park(slot) == 1
+    flood = os.urandom(3 << 20)                   # more than the plane queues before it stops reading
+    got = [None] * len(programs)
+
+    def read(i):
+        got[i] = recv_exactly(programs[i], len(flood))
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(programs))]
+    for t in readers:
+        t.start()
+    client.sendall(flood)
+    for t in readers:
+        t.join(30)
+    assert got == [flood] * len(programs)
+    client2, gw2 = socket.socketpair()
+    assert plane.open_conn(2, gw2)
+    progs2 = []
+    for s in range(3):
+        prog, leg = socket.socketpair()
+        plane.attach(s, 2, leg)
+        progs2.append(prog)
+    client2.sendall(b"second")
+    client2.shutdown(socket.SHUT_WR)
+    for prog in progs2:
+        assert recv_exactly(prog, 6) == b"second" and at_eof(prog)
+        prog.close()
+    assert at_eof(client2)
+    assert eventually(lambda: "2" not in plane.summary(0)), "connection 2 is done at the running replicas"
+    clone_prog.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        clone_prog.recv(1)
+    plane.wake(slot, None)
+    assert recv_exactly(clone_prog, len(flood)) == flood
+    prog2, leg2 = socket.socketpair()
+    plane.attach(slot, 2, leg2)                   # its relay hands it over, as to any joiner
+    assert recv_exactly(prog2, 6) == b"second" and at_eof(prog2)
+    prog2.close()
+    assert (tmp_path / "input" / "conn-2").exists()
+    assert plane.forget_through(1) == 0, "connection 1 is open"
+    assert plane.forget_through(2) == 1 and not (tmp_path / "input" / "conn-2").exists()
+    clone_prog.close()
+
+
 def test_a_clone_of_a_replica_still_replaying_logged_input_is_refused(tmp_path):
     (tmp_path / "input").mkdir()
     plane = DataPlane(tmp_path / "input")

@@ -64,20 +64,31 @@ def _ino(sock_or_fd) -> int:
     return os.fstat(fd).st_ino
 
 
-class BackupClone:
-    """One clone of backup src into a new replica with index k."""
+CLONE_ERRORS = (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError)
 
-    def __init__(self, group, src, k: int):
+
+class BackupClone:
+    """One clone of backup src into a new replica with index k.  With
+    store, the clone's restore waits (llft/checkpoint/stored.py): k then
+    numbers the stored checkpoint, its ring does not join the backend
+    (the saved stream keeps what follows, from history_at), and no relay
+    hands it connections."""
+
+    def __init__(self, group, src, k: int, store: bool = False):
         self.g = group
         self.src = src
         self.k = k
+        self.store = store
         self.loop = asyncio.get_running_loop()
-        # The images live in memory unless --checkpoint-dir says where (they
-        # are read back at once, then dropped); CRIU's logs are kept in the
-        # run dir.
+        # The images live in memory unless --checkpoint-dir says where (a
+        # clone's are read back at once, then dropped); CRIU's logs are
+        # kept in the run dir.
         self.images = Path(image_dir(group.run_id, k, group.opts.checkpoint_dir))
         self.listed: dict[str, tuple[int, int]] = {}   # the image's files as the dump wrote them
-        self.logs = group.run_dir / CHECKPOINT_DIR / f"replica-{k}"
+        self.logs = group.run_dir / CHECKPOINT_DIR / (f"stored-{k}" if store else f"replica-{k}")
+        self.unhanded: list[tuple] = []    # the connections not handed to src when it froze: open() args
+        self.frozen_last_id = 0            # the newest connection then
+        self.history_at: int | None = None   # store: the saved stream's length when the ring was copied
         self.inherit: list[tuple[socket.socket, str]] = []   # (the clone's socket, CRIU's key for the one it replaces)
         self.clone: RestoredReplica | None = None
         self.sink: BackupSink | None = None
@@ -94,46 +105,62 @@ class BackupClone:
         behind) if it cannot be made."""
         started = time.monotonic()
         try:
-            self._prepare()
-            self.src.checkpointing = True   # frozen by CRIU: not a timing fault
-            try:
-                dump_stats = await asyncio.to_thread(
-                    criu.dump, self.src.pid, self.images, externals=self._externals(),
-                    on_frozen=self._frozen)
-            finally:
-                self.src.checkpointing = False
-                await asyncio.to_thread(self._give_back)
-            self.listed = await asyncio.to_thread(images.manifest, self.images)
+            await self.take()
             dumped = time.monotonic()
-            pid, proc = await asyncio.to_thread(self._restore)
-        except (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError) as e:
-            self._undo()
-            # A source that died or left the group meanwhile says nothing of
-            # the other backups: the next one to hand is cloned instead.
-            again = (isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
-                     or self.src.role != "backup")
-            raise (CloneAgain if again else CloneFailed)(str(e).replace(str(self.images), str(self.logs))) from None
+            pid, proc = await asyncio.to_thread(self.restore)
+        except CLONE_ERRORS as e:
+            self.give_up(e)
         finally:
-            self._close_inherited()
-            self._keep_logs()
-        self._adopt(pid, proc, {
-            "source": self.src.index, "frozen_ms": round(dump_stats.get("frozen_time", 0) / 1000, 1),
-            "frozen_work_ms": round(self.frozen_work_ms, 1),
-            "dump_ms": round((dumped - started) * 1000, 1),
-            "restore_ms": round((time.monotonic() - dumped) * 1000, 1),
-            "image_bytes": self.image_bytes, "at": time.time()})
+            self.close_inherited()
+            self.keep_logs()
+        checkpoint = self.figures(dumped - started, time.monotonic() - dumped)
+        self.adopt(pid, proc, checkpoint)
+        log.warning("replica %d (backup) cloned from replica %d: pid %d; the source was frozen %.1f ms (%.1f ms "
+                    "of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", self.k,
+                    self.src.index, pid, checkpoint["frozen_ms"], checkpoint["frozen_work_ms"],
+                    checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
         return self.clone
 
-    def _keep_logs(self):
-        """CRIU's logs and figures into the run dir; the images are dropped."""
+    async def take(self):
+        """The checkpoint of src, its image listed; CLONE_ERRORS if not."""
+        self._prepare()
+        self.src.checkpointing = True   # frozen by CRIU: not a timing fault
+        try:
+            self.dump_stats = await asyncio.to_thread(
+                criu.dump, self.src.pid, self.images, externals=self._externals(), on_frozen=self._frozen)
+        finally:
+            self.src.checkpointing = False
+            await asyncio.to_thread(self._give_back)
+        self.listed = await asyncio.to_thread(images.manifest, self.images)
+        self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
+        self.taken_at = time.time()
+
+    def give_up(self, e: Exception):
+        """Undoes what was made and raises CloneAgain or CloneFailed for e."""
+        self.undo()
+        # A source that died or left the group meanwhile says nothing of
+        # the other backups: the next one to hand is cloned instead.
+        again = (isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
+                 or self.src.role != "backup")
+        raise (CloneAgain if again else CloneFailed)(str(e).replace(str(self.images), str(self.logs))) from None
+
+    def figures(self, dump_s: float, restore_s: float) -> dict:
+        """What the checkpoint cost, for llft-status."""
+        return {"source": self.src.index, "frozen_ms": round(self.dump_stats.get("frozen_time", 0) / 1000, 1),
+                "frozen_work_ms": round(self.frozen_work_ms, 1), "dump_ms": round(dump_s * 1000, 1),
+                "restore_ms": round(restore_s * 1000, 1), "image_bytes": self.image_bytes, "at": self.taken_at}
+
+    def keep_logs(self, drop_images: bool = True):
+        """CRIU's logs and figures into the run dir; the images are dropped
+        (a stored checkpoint's once it is restored or dropped)."""
         if not self.images.exists():
             return
-        self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
         self.logs.mkdir(parents=True, exist_ok=True)
         for f in self.images.iterdir():
             if f.suffix in (".log", ".plan") or f.name.startswith("stats-"):
                 shutil.copyfile(f, self.logs / f.name)
-        shutil.rmtree(self.images, ignore_errors=True)
+        if drop_images:
+            shutil.rmtree(self.images, ignore_errors=True)
 
     # -- before the dump -----------------------------------------------------------
     def _prepare(self):
@@ -147,10 +174,10 @@ class BackupClone:
         if os.path.exists(path):
             os.unlink(path)
         stream = StreamFile(path, create=True, slots=self.src.stream.capacity, role=ROLE_BACKUP, replica=k)
-        out_dir = g.run_dir / f"replica-{k}"
+        out_dir = self.logs / "replica" if self.store else g.run_dir / f"replica-{k}"
         if out_dir.exists():
             shutil.rmtree(out_dir)
-        out_dir.mkdir()
+        out_dir.mkdir(parents=True)
         self.clone = RestoredReplica(k, stream, out_dir, private_files=self.src.private_files,
                                      serialize=self.src.serialize, source=self.src.index)
         if self.src.private_files:
@@ -273,7 +300,10 @@ class BackupClone:
         if missing:
             raise CloneFailed(f"connection {min(missing)} is neither open in it nor waiting to be accepted")
         self.relay = PlaneRelay(self.clone, g.plane, log_dir=log_dir, slot=self.slot)
-        g.gateway.add_clone_relay(self.relay, list(g._relay_of(src).unhanded.values()))
+        self.unhanded = list(g._relay_of(src).unhanded.values())
+        self.frozen_last_id = g.inputs.newest() if g.inputs is not None else 0
+        if not self.store:
+            g.gateway.add_clone_relay(self.relay, self.unhanded)
         return {"live": live, "externals": externals}
 
     def _requeue(self, fd: int, src_ours: socket.socket, clone_ours: socket.socket, by_leg: dict, seen: set):
@@ -328,10 +358,13 @@ class BackupClone:
             self.clone.stream.copy_from(self.src.stream, self.k)
             self.sink = BackupSink(self.k, self.clone.stream, self.clone.alive)
             self.sink.delivered = src_sink.delivered
-            g.ordering.add(self.sink)
+            if self.store:
+                self.history_at = fwd.saver.position   # what follows waits in the saved stream
+            else:
+                g.ordering.add(self.sink)
 
     # -- the restore -----------------------------------------------------------------
-    def _restore(self) -> tuple[int, subprocess.Popen]:
+    def restore(self) -> tuple[int, subprocess.Popen]:
         c = criu.find()
         images.check(self.images, self.listed)
         self._no_parent_death_signal(c)
@@ -395,14 +428,14 @@ class BackupClone:
                 with open(path, "wb") as f:
                     c.images.dump(image, f)
 
-    def _close_inherited(self):
+    def close_inherited(self):
         for obj in [sock for sock, _key in self.inherit] + list(self.stdio.values()):
             obj.close()
         self.inherit.clear()
         self.stdio.clear()
 
     # -- afterwards -------------------------------------------------------------------
-    def _adopt(self, pid: int, proc: subprocess.Popen, checkpoint: dict):
+    def adopt(self, pid: int, proc: subprocess.Popen, checkpoint: dict):
         g, r = self.g, self.clone
         r.proc, r.program_pid, r.checkpoint = proc, pid, checkpoint
         r.started = start_time(pid)
@@ -410,12 +443,8 @@ class BackupClone:
         g.plane.set_pid(self.slot, pid)
         g.sinks[self.k] = self.sink
         g.adopt(r, self.relay)
-        log.warning("replica %d (backup) cloned from replica %d: pid %d; the source was frozen %.1f ms (%.1f ms "
-                    "of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", r.index,
-                    self.src.index, pid, checkpoint["frozen_ms"], checkpoint["frozen_work_ms"],
-                    checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
 
-    def _undo(self):
+    def undo(self):
         g = self.g
         if self.held:
             g.plane.release(self.src_slot)
@@ -425,7 +454,8 @@ class BackupClone:
             g.plane.remove_replica(self.slot)
         if self.sink is not None:
             self.sink.dead = True
-            g.ordering.remove(self.sink, crashed=True)
+            if self.sink in g.ordering.members():   # (a stored checkpoint's never joined it)
+                g.ordering.remove(self.sink, crashed=True)
         if self.clone is not None:
             self.clone.channel.close()
             self.clone.stream.close()

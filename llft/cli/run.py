@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "stream, however long the group has run (docs/checkpoints.md).  When no backup lives "
                         "or CRIU is missing, the replacement replays the group's history as with --respawn, "
                         "which --keep implies")
+    p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                   help="with --keep: every SECONDS a checkpoint of a live backup is stored (its restore waits), "
+                        "and the history before it is dropped, so that what llft-run keeps stays flat however "
+                        "long the group runs; a replacement needed when no backup lives to be cloned (a group "
+                        "of two) is restored from it and catches up (docs/checkpoints.md).  Default: off (the "
+                        "whole history is kept for such a replacement to replay)")
     p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
                    help="with --keep: write each clone's image (about the program's memory in size) under DIR, "
                         "for the moment it takes to restore it, instead of in memory (/dev/shm); a dump that "
@@ -223,6 +229,14 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         if not 1 <= args.keep <= args.replicas:
             raise UsageError(f"--keep must be between 1 and --replicas ({args.replicas}), got {args.keep}")
         args.respawn = True
+    if args.checkpoint_every is not None:
+        if args.keep is None:
+            raise UsageError("--checkpoint-every stores checkpoints for --keep's replacements: give --keep too")
+        if args.checkpoint_every <= 0:
+            raise UsageError("--checkpoint-every must be positive")
+        if args.save_stream is not None:
+            raise UsageError("--save-stream keeps the whole record stream; --checkpoint-every drops what precedes "
+                             "each checkpoint: not both")
     if args.checkpoint_dir is not None:
         if args.keep is None:
             raise UsageError("--checkpoint-dir is where --keep writes its clones' images: give --keep too")
@@ -322,6 +336,7 @@ def main(argv=None) -> int:
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn, keep=args.keep,
                            checkpoint_dir=args.checkpoint_dir and str(args.checkpoint_dir.resolve()),
+                           checkpoint_every=args.checkpoint_every,
                            stall_alarm=args.stall_alarm, private_files=private_files(args),
                            serialize=args.serialize, order=args.order,
                            mailbox_copies=args.mailbox_copies, mailbox_protocol=args.mailbox_protocol)

@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     report = {"group": state.get("group"), "run_dir": str(where), "phase": state.get("phase"),
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
               "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing"),
-              "order": state.get("order") or {"backend": "llft"}}
+              "order": state.get("order") or {"backend": "llft"}, "stored_checkpoint": state.get("stored_checkpoint"),
+              "history": state.get("history")}
     messaging = state.get("messaging")
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
@@ -65,6 +66,12 @@ def main(argv=None) -> int:
               f"{sent_text:>26}  "
               f"{m['divergence'] or follow_problem(m) or output_problem(m) or rejoin_note(m)}")
     print_files(replicas)
+    stored = report.get("stored_checkpoint")
+    if stored:
+        print(f"stored checkpoint {stored['number']}: of replica {stored['source']} at "
+              f"{time.strftime('%H:%M:%S', time.localtime(stored['at']))}, image {stored['image_bytes'] // 1024} KiB, "
+              f"the source frozen {stored['frozen_ms']:.1f} ms; history since: "
+              f"{(report.get('history') or {}).get('bytes', 0) // 1024} KiB")
     gw = report["gateway"]
     if gw:
         print(f"clients: {gw['connections']} connections, {gw['bytes_in']} bytes in, {gw['bytes_out']} bytes out, "
@@ -139,6 +146,11 @@ def rejoin_note(m: dict) -> str:
     if m.get("replaces") is None:
         return ""
     ck = m.get("checkpoint")
+    if ck and ck.get("stored"):
+        c = m.get("catch_up") or {}
+        return (f"replaces replica {m['replaces']}; restored from the checkpoint of replica {ck['source']} taken "
+                f"at {time.strftime('%H:%M:%S', time.localtime(ck['at']))}, "
+                + (f"caught up after {c['records']} records in {c['ms']:.0f} ms" if c.get("done") else "catching up"))
     if ck:
         when = time.strftime(" at %H:%M:%S", time.localtime(ck["at"])) if ck.get("at") else ""
         return (f"replaces replica {m['replaces']}; cloned from replica {ck['source']}{when}: the source was frozen "

@@ -1,7 +1,8 @@
 """Catching up a replica that joins a running group (log-based rejoin).
 
 The forwarder keeps every chunk of OrderInfo it forwards in a saved stream
-(the group's whole history, across failovers).  A new backup's ring is fed
+(the group's whole history, across failovers, or what followed the stored
+checkpoint: llft/checkpoint/stored.py).  A new backup's ring is fed
 from that file first, by a thread of its own, so the other backups never
 wait for it; once it has been given everything written so far, it joins
 the ordering backend under the forwarder's lock, and every later chunk
@@ -20,12 +21,17 @@ log = logging.getLogger("llft.catchup")
 
 
 class CatchUpFeeder(threading.Thread):
-    def __init__(self, forwarder, sink):
+    """start: where in the saved stream the joiner's history begins (a
+    stored checkpoint's ring holds what precedes it, and records: as many
+    record groups as it was given before)."""
+
+    def __init__(self, forwarder, sink, start: int = SavedStreamWriter.HEADER, records: int = 0):
         super().__init__(name=f"llft-catchup-{sink.replica}", daemon=True)
         self.forwarder = forwarder
         self.sink = sink
         sink.joined.clear()
-        self.records = 0          # record groups given from the history
+        self.start_at = start
+        self.records = records    # record groups given, from the history and before it
         self.started_at = time.monotonic()
         self.joined_at: float | None = None
         self.error: str | None = None
@@ -34,7 +40,7 @@ class CatchUpFeeder(threading.Thread):
         fwd = self.forwarder
         try:
             with open(fwd.saver.path, "rb") as f:
-                f.seek(SavedStreamWriter.HEADER)
+                f.seek(self.start_at)
                 while not self.sink.dead:
                     with fwd.lock:
                         end = fwd.saver.flush()

@@ -79,6 +79,20 @@ class SavedStreamWriter:
             self.f.flush()
         return self.position
 
+    def keep_from(self, at: int):
+        """Drops the frames before byte at (a frame boundary this writer
+        reached): the file holds what follows it only, as if this writer
+        had started there."""
+        self.f.flush()
+        with open(self.path, "rb") as f:
+            f.seek(at)
+            rest = f.read(self.position - at)
+        self.f.close()
+        self.f = open(self.path, "wb")
+        self.f.write(SAVED_MAGIC + _FRAME.pack(SAVED_VERSION))
+        self.f.write(rest)
+        self.position = self.HEADER + len(rest)
+
     def close(self):
         self.closed = True
         self.f.close()

@@ -75,6 +75,26 @@ class DataPlane:
         """src takes its input again (after llft_dp_clone_replica)."""
         lib.llft_dp_release(self._dp, src)
 
+    def park(self, slot: int) -> int:
+        """slot becomes a stored checkpoint's: no input until wake (see
+        native/dataplane.h); returns the last connection id now."""
+        after = ffi.new("uint64_t *", 0)
+        if lib.llft_dp_park(self._dp, slot, after) != 0:
+            raise OSError(ffi.errno, f"cannot park the data plane's replica {slot}")
+        return after[0]
+
+    def wake(self, slot: int, log_dir: Path | None):
+        """The parked slot joins: its legs resume from the input log, and
+        the connections since get legs fed from theirs."""
+        d = ffi.new("char[]", os.fsencode(log_dir)) if log_dir is not None else ffi.NULL
+        if lib.llft_dp_wake(self._dp, slot, d) != 0:
+            raise OSError(ffi.errno, f"cannot wake the data plane's replica {slot}")
+
+    def forget_through(self, conn_id: int) -> int:
+        """Connections done up to conn_id: no replica joining later needs
+        their input (deleted); returns how many."""
+        return lib.llft_dp_forget_through(self._dp, conn_id)
+
     def remove_replica(self, slot: int):
         lib.llft_dp_remove_replica(self._dp, slot)
 

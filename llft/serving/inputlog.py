@@ -26,5 +26,15 @@ class InputLog:
     def open(self, conn_id: int, port: int, host: str, client_port: int):
         self.conns[conn_id] = LoggedConnection(conn_id, port, host, client_port)
 
-    def connections(self) -> list[LoggedConnection]:
-        return list(self.conns.values())
+    def connections(self, after: int = 0) -> list[LoggedConnection]:
+        """The connections numbered after `after`, in order."""
+        return [c for c in self.conns.values() if c.conn_id > after]
+
+    def newest(self) -> int:
+        return next(reversed(self.conns), 0)
+
+    def forget_through(self, conn_id: int):
+        """The connections up to conn_id are in a stored checkpoint (or done
+        before it): no replica joining later is handed them."""
+        for k in [k for k in self.conns if k <= conn_id]:
+            del self.conns[k]
