@@ -340,8 +340,9 @@ class LocalGroup:
                 return
 
     def _replace_without_clone(self, failed: Replica) -> bool:
-        """No backup to clone: the stored checkpoint, restored (True: under
-        way), or a replay of the history while it goes back to the start."""
+        """No backup to clone: a copy of the stored checkpoint, restored
+        (True: under way), or a replay of the history while it goes back to
+        the start."""
         if self.stored is not None:
             self.cloning = asyncio.create_task(self._wake_stored(failed))
             return True
@@ -390,10 +391,9 @@ class LocalGroup:
 
     async def _wake_stored(self, failed: Replica):
         from llft.checkpoint.stored import CloneFailed
-        stored, self.stored = self.stored, None
         k, self.next_index = self.next_index, self.next_index + 1
         try:
-            r = await stored.wake(self, k)
+            r = await self.stored.restore(self, k)
             r.replaces = failed.index
         except CloneFailed as e:
             log.error("replica %d cannot be replaced: the stored checkpoint could not be restored (%s)",

@@ -90,6 +90,8 @@ void llft_dp_release(llft_dp_t *dp, int src);
  * connection opened since (done ones brought back) gets a leg fed its
  * whole log, and --log-output writes under log_dir.  0, or -1 (errno). */
 int llft_dp_park(llft_dp_t *dp, int slot, uint64_t *after);
+/* (llft_dp_clone_replica of a parked slot makes a parked copy of it: a
+ * stored checkpoint is restored through a copy, and stays as it is.) */
 int llft_dp_wake(llft_dp_t *dp, int slot, const char *log_dir);
 /* The connections done and freed whose id is at most id are needed by no
  * replica that may join later (the stored checkpoint is after them): their

@@ -53,6 +53,8 @@ static struct leg *clone_leg(llft_dp_t *dp, struct conn *c, int src, int slot, i
     n->unsent_from = l->unsent_from;
     n->out_bytes = l->out_bytes;
     n->eof_wanted = l->eof_wanted;
+    n->parked = l->parked;   /* (a copy of a stored checkpoint's slot: parked as it is) */
+    n->parked_at = l->parked_at;
     if (!l->attached) {
         *state = LLFT_DP_LEG_WAITING;
         n->waiting = true;
@@ -116,6 +118,8 @@ int llft_dp_clone_replica(llft_dp_t *dp, int src, const char *log_dir, llft_dp_l
     }
     *slot = k;
     struct replica *from = &dp->reps[src], *to = &dp->reps[k];
+    to->parked = from->parked;
+    to->parked_after = from->parked_after;
     to->closed_conns = from->closed_conns;
     to->closed_bytes = from->closed_bytes;
     memcpy(to->closed_xor, from->closed_xor, sizeof to->closed_xor);

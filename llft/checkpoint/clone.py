@@ -59,11 +59,6 @@ class CloneAgain(CloneFailed):
     stopped being a backup): another clone may well succeed."""
 
 
-def _ino(sock_or_fd) -> int:
-    fd = sock_or_fd if isinstance(sock_or_fd, int) else sock_or_fd.fileno()
-    return os.fstat(fd).st_ino
-
-
 CLONE_ERRORS = (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError)
 
 
@@ -131,6 +126,7 @@ class BackupClone:
         finally:
             self.src.checkpointing = False
             await asyncio.to_thread(self._give_back)
+        await asyncio.to_thread(self._no_parent_death_signal, criu.find())
         self.listed = await asyncio.to_thread(images.manifest, self.images)
         self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
         self.taken_at = time.time()
@@ -164,16 +160,21 @@ class BackupClone:
 
     # -- before the dump -----------------------------------------------------------
     def _prepare(self):
-        g, k = self.g, self.k
         for d in (self.images, self.logs):
             if d.exists():
                 shutil.rmtree(d)
         self.images.mkdir(parents=True)
         self.image_bytes = 0
+        self.prepare_replica(self.src.stream.capacity)
+
+    def prepare_replica(self, slots: int):
+        """The replica the restore makes: its ring (slots long), its
+        directory, its view of the files."""
+        g, k = self.g, self.k
         path = stream_path(g.run_id, k)
         if os.path.exists(path):
             os.unlink(path)
-        stream = StreamFile(path, create=True, slots=self.src.stream.capacity, role=ROLE_BACKUP, replica=k)
+        stream = StreamFile(path, create=True, slots=slots, role=ROLE_BACKUP, replica=k)
         out_dir = self.logs / "replica" if self.store else g.run_dir / f"replica-{k}"
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -228,7 +229,7 @@ class BackupClone:
                 with sockets.take_fd(self.src.pid, fd) as theirs_now:
                     theirs = self._give_conn(conn_id, sockets.unread(theirs_now))
                     sockets.same_settings(theirs_now, theirs)
-                    self.inherit.append((theirs, f"socket:[{_ino(theirs_now)}]"))
+                    self.inherit.append((theirs, f"socket:[{sockets.inode(theirs_now)}]"))
             self._copy_ring()
         finally:
             self.g.plane.release(self.src_slot)
@@ -278,11 +279,14 @@ class BackupClone:
         self.slot, legs = g.plane.clone_replica(self.src_slot, log_dir)
         self.held = True
         by_leg = {ino: conn_id for conn_id, ino, state in legs if state == LEG_LIVE and ino}
-        listeners = {_ino(s): key for key, s in src.channel.listeners.items()}
-        live, seen, externals = [], set(), []
+        listeners = {sockets.inode(s): key for key, s in src.channel.listeners.items()}
+        live, seen, externals, socks = [], set(), [], set()
         for fd, ino, peer in sockets.foreign_peers(src.pid):
+            if ino in socks:
+                continue   # a second fd of one socket (frozen between a dup and a close: an fd being placed)
+            socks.add(ino)
             externals.append(f"unix[{ino}]")
-            if peer == _ino(src.channel.ours):
+            if peer == sockets.inode(src.channel.ours):
                 self._inherit(fd, self.clone.channel.theirs, ino)
             elif peer in listeners:
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -315,9 +319,9 @@ class BackupClone:
         with sockets.take_fd(self.src.pid, fd) as lsock:
             waiting = sockets.take_handed(lsock)
         self.taken.append((src_ours, waiting))
-        peers = sockets.unix_peers({_ino(s) for s in waiting})
+        peers = sockets.unix_peers({sockets.inode(s) for s in waiting})
         for s in waiting:
-            conn_id = by_leg.get(peers.get(_ino(s)))
+            conn_id = by_leg.get(peers.get(sockets.inode(s)))
             if conn_id is None:
                 raise CloneFailed("a connection waiting in its listener is not one the data plane knows")
             seen.add(conn_id)
@@ -367,7 +371,6 @@ class BackupClone:
     def restore(self) -> tuple[int, subprocess.Popen]:
         c = criu.find()
         images.check(self.images, self.listed)
-        self._no_parent_death_signal(c)
         files = {which: (fd, key) for fd, key, which in self.files_at_dump}
         opened = {"ring": lambda: os.open(self.clone.stream.path, os.O_RDWR),
                   "library": lambda: os.open(PRELOAD_LIBRARY, os.O_RDONLY),

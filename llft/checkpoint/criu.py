@@ -153,17 +153,19 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict
 
 
 def failure_said(errno: int, images_dir: Path, log_name: str = "dump.log") -> str:
-    """Why CRIU failed, in its own words where its log has them: the last
-    error it logged before its closing "Dumping FAILED" (a log that could
-    not be written, as in a full directory, has none), else the error
-    number it returned."""
+    """Why CRIU failed, in its own words where its log has them: the first
+    error it logged (what follows is its consequences, down to the closing
+    "Dumping FAILED"; it also logs, and survives, that it may not raise
+    its own RLIMIT_NOFILE), else the error number it returned (a log that
+    could not be written, as in a full directory, has none)."""
     try:
         with open(images_dir / log_name, errors="replace") as f:
-            errors = [line.strip() for line in f if "Error (" in line and "FAILED" not in line]
+            errors = [line.strip() for line in f
+                      if "Error (" in line and "FAILED" not in line and "RLIMIT_NOFILE" not in line]
     except OSError:
         errors = []
     if errors:
-        return re.sub(r"^\(?[\d.]+\)?\s*(\d+\s*)?Error \([^)]*\):\s*", "", errors[-1])
+        return re.sub(r"^\(?[\d.]+\)?\s*(\d+\s*)?Error \([^)]*\):\s*", "", errors[0])
     return os.strerror(errno) if errno else "no reason given"
 
 

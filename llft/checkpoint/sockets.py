@@ -39,6 +39,11 @@ def _align4(n: int) -> int:
     return (n + 3) & ~3
 
 
+def inode(sock_or_fd) -> int:
+    fd = sock_or_fd if isinstance(sock_or_fd, int) else sock_or_fd.fileno()
+    return os.fstat(fd).st_ino
+
+
 def unix_peers(inodes: set[int]) -> dict[int, int]:
     """inode -> its peer's inode (0: none) for each AF_UNIX socket of
     inodes, in this network namespace; others are left out."""

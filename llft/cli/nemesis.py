@@ -58,6 +58,9 @@ def build_parser():
     p.add_argument("--clone", action="store_true",
                    help="replacements are CRIU clones of a live backup (llft-run --keep N, docs/checkpoints.md) "
                         "rather than replays of the group's history (--respawn)")
+    p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                   help="with --clone: checkpoints stored every SECONDS too (llft-run --checkpoint-every), so "
+                        "that a group with no backup left to clone (--replicas 2) is restored from the latest")
     p.add_argument("--fuzz", type=int, metavar="N",
                    help="instead of faults: N bad datagrams (garbage, truncated, mutated, forged with a wrong key, "
                         "the group's own replayed) against a live group across hosts (root) while checked clients "
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
             else:
                 run = ShapeRun(shape, shape_seed, share, args.work_dir, args.examples, replicas=args.replicas,
                                clients=args.clients, progress=args.progress, pace_ms=args.pace, keep=args.keep,
-                               clone=args.clone, log=log)
+                               clone=args.clone, checkpoint_every=args.checkpoint_every, log=log)
             r = run.run()
             results.append(r)
             summary = {"shape": r.shape, "seed": r.seed, "summary": True, "injected": r.injected,

@@ -86,9 +86,11 @@ def run_in_groups(result: ShapeResult, faults: int, per_group: int, keep: bool, 
 class ShapeRun:
     def __init__(self, shape: Shape, seed: int, faults: int, work_dir: Path, examples: Path, *, replicas: int = 3,
                  clients: int = 4, progress: int = 150, pace_ms: float = 1.0, fault_timeout_ms: float = 30.0,
-                 keep: bool = False, clone: bool = False, log=None):
+                 keep: bool = False, clone: bool = False, checkpoint_every: float | None = None, log=None):
         self.shape, self.seed, self.faults = shape, seed, faults
-        self.replace = ["--keep", str(replicas)] if clone else ["--respawn"]
+        self.replace = ["--keep", str(replicas)] if clone or checkpoint_every else ["--respawn"]
+        if checkpoint_every:
+            self.replace += ["--checkpoint-every", f"{checkpoint_every:g}"]
         self.replicas, self.clients, self.progress, self.pace_s = replicas, clients, progress, pace_ms / 1000
         self.fault_timeout_s = fault_timeout_ms / 1000
         self.examples, self.work_dir, self.keep = examples, work_dir, keep
