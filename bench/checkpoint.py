@@ -1,7 +1,9 @@
 """Checkpoints (issue 20, llft-run --keep): redis holding about 10 MiB,
 100 MiB and 1 GiB (DEBUG POPULATE, 1 KiB values) under `--replicas 3
 --keep 3`; a backup is killed and replaced by a CRIU clone of another
-backup.  Per clone: how long the source backup was frozen and llft's part
+backup.  And (checkpoint/restore) under `--replicas 2 --keep 2
+--checkpoint-every 2`: once a checkpoint of the populated backup is
+stored, the backup is killed and replaced by a copy of it, restored.  Per clone: how long the source backup was frozen and llft's part
 of that, the dump, the restore, the image's size, the join end to end
 (from the kill to the clone adopted, as the state file says), the backup's
 resident memory; and, for a client of the primary sending PINGs
@@ -22,6 +24,8 @@ from bench.memory import anon_kib
 from bench.serving import end, free_port, wait_port
 
 SCENARIO = "checkpoint/clone"
+STORED_SCENARIO = "checkpoint/restore"
+STORE_EVERY_S = 2
 VALUE_BYTES = 1024
 
 
@@ -58,14 +62,17 @@ def _live(st: dict) -> list[dict]:
     return [r for r in st["replicas"] if r["role"] in ("primary", "backup")]
 
 
-def one_clone(ctx, size_mib: int, trial: int):
+def one_clone(ctx, size_mib: int, trial: int, stored: bool = False):
     port = free_port()
     run_dir = ctx.tmp / f"checkpoint-{size_mib}-{trial}"
-    argv = [str(Path(sys.executable).with_name("llft-run")), "--replicas", "3", "--keep", "3",
+    n = 2 if stored else 3
+    scenario = STORED_SCENARIO if stored else SCENARIO
+    argv = [str(Path(sys.executable).with_name("llft-run")), "--replicas", str(n), "--keep", str(n),
+            *(["--checkpoint-every", str(STORE_EVERY_S)] if stored else []),
             "--run-dir", str(run_dir), "--port", str(port), "--", shutil.which("redis-server"), "--port", "6379",
             "--save", "", "--appendonly", "no", "--enable-debug-command", "yes"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    fields = dict(backend="llft", replicas=3, clients=1, net="loopback", variant=f"{size_mib} MiB", size=size_mib)
+    fields = dict(backend="llft", replicas=n, clients=1, net="loopback", variant=f"{size_mib} MiB", size=size_mib)
     pinger = None
     try:
         wait_port(port, proc)
@@ -79,11 +86,16 @@ def one_clone(ctx, size_mib: int, trial: int):
             st = state(run_dir)
             live = _live(st)
             primary = next(r for r in live if r["role"] == "primary")
-            if len(live) == 3 and all(r["records"] >= primary["records"] for r in live):
+            if len(live) == n and all(r["records"] >= primary["records"] for r in live):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("the backups did not catch up")
             time.sleep(0.2)
+        populated = time.time()
+        while stored and (state(run_dir).get("stored_checkpoint") or {}).get("at", 0) < populated:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no checkpoint stored after the population")
+            time.sleep(0.1)
         victim = [r for r in live if r["role"] == "backup"][-1]
         backup_kib = anon_kib(victim["pid"])
         pinger = Pinger(port)
@@ -102,14 +114,14 @@ def one_clone(ctx, size_mib: int, trial: int):
             time.sleep(0.005)
         time.sleep(0.2)
         ck = clone["checkpoint"]
-        ctx.rec.event(SCENARIO, {
+        ctx.rec.event(scenario, {
             "source_frozen_ms": ck["frozen_ms"], "llft_frozen_work_ms": ck["frozen_work_ms"],
             "dump_ms": ck["dump_ms"], "restore_ms": ck["restore_ms"], "image_mib": round(ck["image_bytes"] / 2**20, 1),
             "join_ms": round((joined - killed) * 1000, 1), "backup_rss_mib": round(backup_kib / 1024, 1),
             "primary_worst_rtt_before_ms": pinger.worst_ms(killed - 1.0, killed),
             "primary_worst_rtt_during_ms": pinger.worst_ms(killed, joined)}, round=trial, **fields)
     except (RuntimeError, OSError, subprocess.SubprocessError, StopIteration) as e:
-        ctx.rec.failed(SCENARIO, "event", repr(e), round=trial, **fields)
+        ctx.rec.failed(scenario, "event", repr(e), round=trial, **fields)
     finally:
         if pinger is not None:
             pinger.stop.set()
@@ -127,8 +139,9 @@ def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
     if not shutil.which("redis-server"):
         ctx.skip("redis-server is not installed")
         return
-    ctx.plan(len(sizes_mib) * trials)
-    for size in sizes_mib:
-        for trial in range(trials):
-            one_clone(ctx, size, trial)
-            ctx.step()
+    ctx.plan(2 * len(sizes_mib) * trials)
+    for stored in (False, True):
+        for size in sizes_mib:
+            for trial in range(trials):
+                one_clone(ctx, size, trial, stored)
+                ctx.step()

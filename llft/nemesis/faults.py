@@ -30,6 +30,8 @@ KINDS = {
     "kill-while-connecting": "SIGKILL of the primary while every client opens a new connection",
     "cascade": "SIGKILL of the primary, then of its successor the moment it has taken over",
 }
+# A cascade kills two replicas: a group of two has none left to serve.
+REPLICAS_NEEDED = {"cascade": 3}
 IDLE_KINDS = {"kill-primary-idle", "kill-after-close"}
 RECONNECT_KINDS = {"kill-after-close", "kill-while-connecting"}   # the clients close their connections first
 

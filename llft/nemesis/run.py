@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llft.nemesis.faults import IDLE_KINDS, KINDS, RECONNECT_KINDS, Group, GroupLost, inject
+from llft.nemesis.faults import IDLE_KINDS, KINDS, RECONNECT_KINDS, REPLICAS_NEEDED, Group, GroupLost, inject
 from llft.nemesis.history import Verdict, check
 from llft.nemesis.protocols import Connection
 from llft.nemesis.shapes import Shape
@@ -143,7 +143,7 @@ class ShapeRun:
 
     def _one_fault(self, n: int, group: Group, workload: Workload, proc: subprocess.Popen):
         r = self.result
-        kind = self.rng.choice(sorted(KINDS))
+        kind = self.rng.choice(sorted(k for k in KINDS if self.replicas >= REPLICAS_NEEDED.get(k, 2)))
         if not workload.wait_replies(self.progress, PROGRESS_TIMEOUT_S):
             raise GroupLost(f"the clients made no progress before fault {n + 1} ({kind})"
                             if not workload.failed() else "a client failed")
