@@ -405,13 +405,14 @@ class LocalGroup:
 
     def _clone_source(self) -> Replica | None:
         """The backup a replacement is cloned from: the last-ranked live one
-        that follows the live stream (not one still catching up)."""
+        that follows the live stream (not one still catching up, nor one
+        stopped, whose image would be restored stopped)."""
         if self.clone_refused is not None:
             return None
         for r in reversed(self.replicas):
             sink = self.sinks.get(r.index)
-            if (r.role == "backup" and r.alive() and sink is not None and not sink.dead and sink.joined.is_set()
-                    and (r.catch_up is None or r.catch_up["done"])):
+            if (r.role == "backup" and r.alive() and not r.frozen() and sink is not None and not sink.dead
+                    and sink.joined.is_set() and (r.catch_up is None or r.catch_up["done"])):
                 return r
         return None
 

@@ -421,23 +421,35 @@ def test_what_the_controller_keeps_stays_flat_with_periodic_checkpoints(examples
     assert last["rss"] - first["rss"] < 16 << 20, samples
 
 
+def _state(pid: int) -> str | None:
+    """The process's state as /proc says it ("S (sleeping)", "t (tracing stop)"), None once gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(line for line in f if line.startswith("State:")).split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        return None
+
+
 def _when_frozen_by_criu(pid: int, timeout: float = 20.0) -> bool:
     """Waits until process pid is held by CRIU (ptrace's "tracing stop"):
     True then, False if it dies or the time runs out first."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                if "(tracing stop)" in next(line for line in f if line.startswith("State:")):
-                    return True
-        except (OSError, StopIteration):
+        state = _state(pid)
+        if state is None:
             return False
+        if "(tracing stop)" in state:
+            return True
         time.sleep(0.0002)
     return False
 
 
+def _stopped(pid: int) -> bool:
+    return (_state(pid) or "?")[0] in "Tt"
+
+
 @needs_criu
-@pytest.mark.parametrize("victim", ["source", "primary"])
+@pytest.mark.parametrize("victim", ["source", "primary", "stop the source"])
 def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples, tmp_path):
     """The moment inside a clone: a backup is killed, and while CRIU holds
     the backup it clones from frozen, that source is killed too (the dump
@@ -445,7 +457,12 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
     source is the one to take over.  Then the clone either gives up (the
     failover began before the ring was copied) or goes on: its image is of
     a backup, which replays the old primary's last records and then the
-    new primary's, as any backup does.  Either way the group gets back to
+    new primary's, as any backup does.  Or the source is stopped (SIGSTOP):
+    CRIU sees its task interrupted, or some of its threads stopped, and
+    gives the dump up (a stop that came before CRIU seized it would be in
+    the image, and its copy is continued: clone.py's _let_run); the source
+    stays stopped, and is fenced, or CRIU lets it go on.  Either way the group
+    gets back to
     three replicas (clones where a backup lives, history replay where none
     does), with every INCR applied exactly once and equal digests."""
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=3,
@@ -461,7 +478,12 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
             source = backups[-1]   # the clone's source is the last-ranked live backup
             os.kill(backups[0]["pid"], signal.SIGKILL)
             if _when_frozen_by_criu(source["pid"]):
-                os.kill((source if victim == "source" else primary)["pid"], signal.SIGKILL)
+                if victim == "stop the source":
+                    os.kill(source["pid"], signal.SIGSTOP)
+                    wait_for(lambda st: all(r["index"] != source["index"] for r in live(st))
+                             or not _stopped(source["pid"]), "the stopped source fenced, or let go", group)
+                else:
+                    os.kill((source if victim == "source" else primary)["pid"], signal.SIGKILL)
                 hit = True
             st = wait_for(lambda st: len(live(st)) == 3
                           and all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st)),
@@ -478,6 +500,8 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
     text = group_log(group)
     if victim == "source":
         assert "could not be cloned" in text, text[-3000:]
+    if victim == "stop the source":
+        assert "could not be cloned" in text or "was restored stopped" in text, text[-3000:]
     assert "diverged" not in text
 
 

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +61,25 @@ class CloneAgain(CloneFailed):
 
 
 CLONE_ERRORS = (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError)
+
+
+def _let_run(pid: int):
+    """CRIU restores a task stopped, or with a stop pending, as it dumped
+    it: a source that someone stopped (SIGSTOP) while it was dumped, a
+    timing fault of the source's, not the program's.  Its copy must run
+    (the controller would fence it at once): SIGCONT ends the stop and
+    discards a pending one."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return
+    stop_bits = (1 << (signal.SIGSTOP - 1)) | (1 << (signal.SIGTSTP - 1))
+    pending = int(fields.get("SigPnd", "0").strip(), 16) | int(fields.get("ShdPnd", "0").strip(), 16)
+    if fields.get("State", "").strip().startswith(("T", "t")) or pending & stop_bits:
+        log.info("process %d was restored stopped, as its source was being stopped when it was dumped: continued",
+                 pid)
+        os.kill(pid, signal.SIGCONT)
 
 
 class BackupClone:
@@ -414,6 +434,7 @@ class BackupClone:
             proc.kill()
             proc.wait()
             raise CloneFailed("the restored program is not running")
+        _let_run(pid)
         return pid, proc
 
     def _no_parent_death_signal(self, c):
