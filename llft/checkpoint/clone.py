@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -143,6 +144,9 @@ class BackupClone:
         try:
             self.dump_stats = await asyncio.to_thread(
                 criu.dump, self.src.pid, self.images, externals=self._externals(), on_frozen=self._frozen)
+        except criu.CheckpointFailed:
+            self._stop_again()
+            raise
         finally:
             self.src.checkpointing = False
             await asyncio.to_thread(self._give_back)
@@ -150,6 +154,20 @@ class BackupClone:
         self.listed = await asyncio.to_thread(images.manifest, self.images)
         self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
         self.taken_at = time.time()
+
+    def _stop_again(self):
+        """A stop sent to the source while CRIU held it makes CRIU give the
+        dump up and let the task go on, the stop lost: it is sent again (a
+        timing fault, or someone's SIGSTOP, stays what it was)."""
+        try:
+            said = (self.images / "dump.log").read_text(errors="replace")
+        except OSError:
+            return
+        m = re.search(r"was stopped by (\d+) unexpectedly", said)
+        if m and self.src.alive():
+            log.info("replica %d was stopped (signal %s) while it was checkpointed: stopped again", self.src.index,
+                     m.group(1))
+            self.src.signal(int(m.group(1)))
 
     def give_up(self, e: Exception):
         """Undoes what was made and raises CloneAgain or CloneFailed for e."""

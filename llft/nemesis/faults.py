@@ -131,16 +131,29 @@ def inject(group: Group, kind: str, fault_timeout_s: float, rng) -> tuple[str, s
     raise ValueError(f"unknown fault {kind}")
 
 
+def stopped(pid: int) -> bool:
+    """pid is stopped (by a signal, or held by a tracer)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def freeze(group: Group, r: Replica, role: str, fault_timeout_s: float) -> str:
     """A timing fault: stopped past the fault timeout, and kept stopped
     until llft-run fences it (a loaded host may take it a while to look;
-    resumed sooner, the replica would only have been slow)."""
+    resumed sooner, the replica would only have been slow).  Stopped again
+    if it runs meanwhile: a checkpoint that CRIU was taking of it gives up
+    when the stop comes, and lets the task go on (--keep)."""
     group.signal(r, signal.SIGSTOP)
     start = time.monotonic()
     end = start + max(fault_timeout_s * 3, RECOVERY_TIMEOUT_S)
     time.sleep(fault_timeout_s)
     while time.monotonic() < end and any(x.index == r.index and x.role == role and owns(x.pid, x.started)
                                          for x in group.replicas()):
+        if not stopped(r.pid):
+            group.signal(r, signal.SIGSTOP)
         time.sleep(0.005)
     group.signal(r, signal.SIGCONT)
     return f"SIGSTOP replica {r.index} ({role}) until fenced, {(time.monotonic() - start) * 1000:.0f} ms"
