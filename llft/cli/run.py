@@ -95,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, metavar="N",
                    help="keep the group at N replicas (N <= --replicas): a replica that fails is replaced by a "
                         "new backup cloned with CRIU from a live backup, at an exact point of the record "
-                        "stream, however long the group has run (docs/checkpoints.md).  When no backup lives "
-                        "or CRIU is missing, the replacement replays the group's history as with --respawn, "
-                        "which --keep implies")
+                        "stream, however long the group has run (docs/checkpoints.md).  When no backup lives, "
+                        "the replacement is restored from the stored checkpoint (--checkpoint-every) or replays "
+                        "the group's history as with --respawn (which --keep implies), as it does without CRIU")
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help="with --keep: every SECONDS a checkpoint of a live backup is stored (its restore waits), "
                         "and the history before it is dropped, so that what llft-run keeps stays flat however "
@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "whole history is kept for such a replacement to replay)")
     p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
                    help="with --keep: write each clone's image (about the program's memory in size) under DIR, "
-                        "for the moment it takes to restore it, instead of in memory (/dev/shm); a dump that "
-                        "does not fit fails, and the replacement replays the history")
+                        "for the moment it takes to restore it, and the stored checkpoint's (--checkpoint-every) "
+                        "for as long as it is kept, instead of in memory (/dev/shm); a dump that does not fit "
+                        "fails, and the replacement replays the history")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
