@@ -29,6 +29,7 @@ from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
 from llft.serving.plane_relay import PlaneRelay
 from llft.serving.outgoing import OutgoingService
+from llft.replacements import Replacements
 from llft.stdout_check import stdout_problem
 
 log = logging.getLogger("llft.group")
@@ -91,12 +92,7 @@ class LocalGroup:
         self.failovers: list[dict] = []   # each view change: who failed, who took over, when (time.monotonic)
         self.follow = FollowWatch(options.stall_alarm)
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
-        self.cloning: asyncio.Task | None = None   # --keep: the clone being made (one at a time)
-        self.clone_refused: str | None = None      # --keep: why replacements cannot be cloned here
-        self.stored = None                # --checkpoint-every: the stored checkpoint (llft/checkpoint/stored.py)
-        self.stores = 0                   # checkpoints stored so far
-        self.next_store = 0.0             # time.monotonic() when the next one is due
-        self.history_from_start = True    # the saved stream and input logs go back to the group's start
+        self.replacements = Replacements(self)   # --respawn, --keep, --checkpoint-every
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -138,7 +134,7 @@ class LocalGroup:
             try:
                 find()
             except CriuUnavailable as e:
-                self.clone_refused = str(e)
+                self.replacements.clone_refused = str(e)
                 log.warning("--keep: %s; a failed replica is replaced by one that replays the group's history",
                             e)
         self.ordering = ordering_for(self.opts.order, self.run_id, self.opts)
@@ -170,9 +166,7 @@ class LocalGroup:
             "argv": self.argv,
             "respawn": self.opts.respawn,
             "keep": self.opts.keep,
-            "stored_checkpoint": dict(self.stored.state(), number=self.stores) if self.stored else None,
-            "history": ({"from_start": self.history_from_start, "bytes": self.forwarder.saver.position}
-                        if self.forwarder is not None and self.forwarder.saver is not None else None),
+            **self.replacements.state(),
             "replicas": [dict(r.state(), precedence=r.index, rank=ranks.get(r.index),
                               replaces=r.replaces, catch_up=r.catch_up,
                               follow=self.follow.view(r.index) if r.role == "backup" else None,
@@ -219,11 +213,7 @@ class LocalGroup:
             for rl in self.relays:
                 await rl.drained(timeout=2.0)
         finally:
-            if self.cloning is not None:
-                self.cloning.cancel()
-                await asyncio.gather(self.cloning, return_exceptions=True)
-            if self.stored is not None:
-                self.stored.drop()
+            await self.replacements.stop()
             if self.gateway:
                 await self.gateway.close()
             self.plane.stop()
@@ -312,133 +302,7 @@ class LocalGroup:
             f"replica {r.index} (backup)": r.pid,
             f"replica {primary.index} (primary)" if primary else "primary": primary and primary.pid})
 
-    # -- re-adding replicas (--respawn, --keep) ----------------------------
-    def _respawn(self):
-        """Starts a new backup in place of each failed replica not yet
-        replaced: a new index (precedence), never reused, ranked last.
-        With --keep it is cloned from a live backup (llft/checkpoint/),
-        one at a time; otherwise, or when that cannot be done, it replays
-        the group's history, OrderInfo and client input alike, from the
-        start, then follows the live stream like any backup."""
-        if not self.opts.respawn or self.gateway is None or self.source.finished() or self.interrupted is not None:
-            return
-        if self.cloning is not None:
-            return
-        for failed in [r for r in self.replicas if r.role == "failed" and not r.replaced]:
-            if self.opts.keep is not None:
-                live = sum(1 for r in self.replicas if r.role in ("primary", "backup") and r.alive())
-                if live >= self.opts.keep:
-                    failed.replaced = True   # the group has its N
-                    continue
-                source = self._clone_source()
-                if source is not None:
-                    failed.replaced = True
-                    self.cloning = asyncio.create_task(self._clone(source, failed))
-                    return
-            failed.replaced = True
-            if self._replace_without_clone(failed):
-                return
-
-    def _replace_without_clone(self, failed: Replica) -> bool:
-        """No backup to clone: a copy of the stored checkpoint, restored
-        (True: under way), or a replay of the history while it goes back to
-        the start."""
-        if self.stored is not None:
-            self.cloning = asyncio.create_task(self._wake_stored(failed))
-            return True
-        if self.history_from_start:
-            self._replay_replacement(failed)
-        else:
-            log.error("replica %d cannot be replaced: no backup lives to be cloned, no checkpoint is stored, and "
-                      "the history before the last one is dropped", failed.index)
-        return False
-
-    def _store_due(self):
-        """--checkpoint-every: a checkpoint of a live backup is stored when
-        one is due and nothing else is under way (a clone, a restore, a
-        replay of the history, which reads what storing drops)."""
-        every = self.opts.checkpoint_every
-        if (not every or self.cloning is not None or self.gateway is None or self.source.finished()
-                or self.interrupted is not None or time.monotonic() < self.next_store
-                or any(f.is_alive() for f in self.feeders.values())):
-            return
-        source = self._clone_source()
-        if source is not None:
-            self.next_store = time.monotonic() + every
-            self.cloning = asyncio.create_task(self._store(source))
-
-    async def _store(self, source: Replica):
-        from llft.checkpoint.stored import CloneFailed, StoredCheckpoint, trim_history
-        self.stores += 1
-        try:
-            stored = await StoredCheckpoint.take(self, source, self.stores)
-        except CloneFailed as e:
-            log.warning("no checkpoint stored of replica %d this time (%s)", source.index, e)
-            return
-        finally:
-            if self.cloning is asyncio.current_task():
-                self.cloning = None
-            self.exited.set()
-        old, self.stored = self.stored, stored
-        if old is not None:
-            old.drop()
-        trim_history(self, stored)
-        self.history_from_start = False
-        log.info("checkpoint %d stored, of replica %d: image %d KiB, the source frozen %.1f ms; the history "
-                 "before it is dropped", self.stores, source.index, stored.figures["image_bytes"] // 1024,
-                 stored.figures["frozen_ms"])
-        self.write_state("running")
-
-    async def _wake_stored(self, failed: Replica):
-        from llft.checkpoint.stored import CloneFailed
-        k, self.next_index = self.next_index, self.next_index + 1
-        try:
-            r = await self.stored.restore(self, k)
-            r.replaces = failed.index
-        except CloneFailed as e:
-            log.error("replica %d cannot be replaced: the stored checkpoint could not be restored (%s)",
-                      failed.index, e)
-        finally:
-            if self.cloning is asyncio.current_task():
-                self.cloning = None
-            self.exited.set()
-
-    def _clone_source(self) -> Replica | None:
-        """The backup a replacement is cloned from: the last-ranked live one
-        that follows the live stream (not one still catching up, nor one
-        stopped, whose image would be restored stopped)."""
-        if self.clone_refused is not None:
-            return None
-        for r in reversed(self.replicas):
-            sink = self.sinks.get(r.index)
-            if (r.role == "backup" and r.alive() and not r.frozen() and sink is not None and not sink.dead
-                    and sink.joined.is_set() and (r.catch_up is None or r.catch_up["done"])):
-                return r
-        return None
-
-    async def _clone(self, source: Replica, failed: Replica):
-        from llft.checkpoint.clone import BackupClone, CloneAgain, CloneFailed
-        k, self.next_index = self.next_index, self.next_index + 1
-        try:
-            r = await BackupClone(self, source, k).run()
-            r.replaces = failed.index
-        except CloneAgain as e:
-            log.warning("replica %d could not be cloned from replica %d (%s); another clone replaces replica %d",
-                        k, source.index, e, failed.index)
-            failed.replaced = False   # the next look at the group starts it, from a backup as it is then
-        except CloneFailed as e:
-            log.warning("replica %d could not be cloned from replica %d (%s); replica %d is replaced %s", k,
-                        source.index, e, failed.index, "from the stored checkpoint" if self.stored is not None
-                        else "by one that replays the group's history")
-            if not self.source.finished() and self.interrupted is None:
-                self.cloning = None
-                self._replace_without_clone(failed)
-                return
-        finally:
-            if self.cloning is asyncio.current_task():
-                self.cloning = None
-            self.exited.set()   # the wait loop looks again: more may be missing
-
+    # -- re-adding replicas (llft/replacements.py) ------------------------
     def adopt(self, r: Replica, relay: PlaneRelay):
         """A replica made outside _new_replica (a clone) joins the group."""
         self.replicas.append(r)
@@ -448,33 +312,6 @@ class LocalGroup:
         self.tasks.append(asyncio.create_task(self.outgoing.serve()))
         self.tasks.append(asyncio.create_task(relay.run()))
         self.write_state("running")
-
-    def _replay_replacement(self, failed: Replica):
-        k, self.next_index = self.next_index, self.next_index + 1
-        r = self._new_replica(k, ROLE_BACKUP)
-        r.replaces = failed.index
-        r.catch_up = {"records": None, "ms": None, "done": False}
-        r.start(self.argv, self.env)
-        watch_exit(r, self.exited.set)
-        self.tasks.append(asyncio.create_task(self.outgoing.serve()))
-        self.gateway.add_relay(self._relay(r))
-        feeder = self.feeders[k] = CatchUpFeeder(self.forwarder, self.sinks[k])
-        feeder.start()
-        log.warning("replica %d started to replace replica %d: pid %d, catching up", k, failed.index, r.pid)
-        self.write_state("running")
-
-    def _check_caught_up(self):
-        """A replacement has caught up once it has replayed every record the
-        history held when it joined the live stream."""
-        for r in self.replicas:
-            feeder = self.feeders.get(r.index)
-            if feeder is None or r.catch_up["done"] or feeder.joined_at is None or r.stream.records < feeder.records:
-                continue
-            ms = (time.monotonic() - feeder.started_at) * 1000
-            r.catch_up.update(records=feeder.records, ms=round(ms, 1), done=True)
-            log.warning("replica %d started to replace replica %d; caught up after %d records in %.0f ms",
-                        r.index, r.replaces, feeder.records, ms)
-            self.write_state("running")
 
     def _check_frozen(self, frozen_since: dict):
         """Timing faults: a replica stopped longer than the fault timeout is
@@ -523,7 +360,7 @@ class LocalGroup:
                 if successor is not None:
                     self._fail_over(primary, successor)
                     primary = successor
-                    self._respawn()
+                    self.replacements.respawn()
                     continue
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish(primary.status)
@@ -538,9 +375,9 @@ class LocalGroup:
                     self._backup_lost(r)
             if primary is not None and not self.source.finished():
                 self._check_following()
-            self._respawn()
-            self._check_caught_up()
-            self._store_due()
+            self.replacements.respawn()
+            self.replacements.check_caught_up()
+            self.replacements.store_due()
             if deadline is None and self.source.finished():
                 deadline = time.monotonic() + self.opts.backup_exit_timeout
             if deadline is not None and time.monotonic() > deadline:
