@@ -38,6 +38,7 @@ class Replacements:
         if self.cloning is not None:
             return
         for failed in [r for r in g.replicas if r.role == "failed" and not r.replaced]:
+            self._drop_if_it_diverged(failed)
             if g.opts.keep is not None:
                 live = sum(1 for r in g.replicas if r.role in ("primary", "backup") and r.alive())
                 if live >= g.opts.keep:
@@ -51,6 +52,19 @@ class Replacements:
             failed.replaced = True
             if self._replace_without_clone(failed):
                 return
+
+    def _drop_if_it_diverged(self, failed: Replica):
+        """A copy of the stored checkpoint that diverged says the checkpoint
+        is bad (every copy of it would): it is dropped, not restored again
+        and again, and the next one is stored as soon as a backup lives."""
+        ck = getattr(failed, "checkpoint", None) or {}
+        if (self.stored is not None and ck.get("stored") and ck.get("at") == self.stored.figures["at"]
+                and failed.stream.diverged):
+            log.error("replica %d, restored from the stored checkpoint, diverged: the checkpoint is dropped",
+                      failed.index)
+            self.stored.drop()
+            self.stored = None
+            self.next_store = 0.0
 
     def _replace_without_clone(self, failed: Replica) -> bool:
         """No backup to clone: a copy of the stored checkpoint, restored

@@ -77,15 +77,21 @@ def test_kv_server_keeps_three_replicas_through_five_primary_kills(examples, tmp
                           r"frozen [\d.]+ ms, image \d+ KiB, restored in \d+ ms", shown)) == 5, shown
 
 
+def redis_with_aof() -> list:
+    return [shutil.which("redis-server"), "--port", "6379", "--save", "", "--appendonly", "yes",
+            "--appendfsync", "everysec", "--enable-debug-command", "yes"]
+
+
+needs_redis = pytest.mark.skipif(not shutil.which("redis-server"),
+                                 reason="redis-server not installed (scripts/setup.sh installs it)")
+
+
 @needs_criu
-@pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")
+@needs_redis
 def test_redis_with_an_append_only_file_keeps_three_replicas(tmp_path):
     """Each clone gets its own copy of what its source wrote (the AOF, in
     its private files) and appends to it, as the others do to theirs."""
-    group = ServingGroup(tmp_path / "rd", [shutil.which("redis-server"), "--port", "6379", "--save", "",
-                                           "--appendonly", "yes", "--appendfsync", "everysec",
-                                           "--enable-debug-command", "yes"],
-                         replicas=3, extra=["--keep", "3", "--log-output"])
+    group = ServingGroup(tmp_path / "rd", redis_with_aof(), replicas=3, extra=["--keep", "3", "--log-output"])
     final = survive_kills(group, RedisClient, replicas=3, nclients=3, kills=3)
     assert len(clones_in_log(group)) == 3
     aofs = {r["index"]: sorted(p.name for p in (group.run_dir / f"replica-{r['index']}" / "files").rglob("*.aof*"))
@@ -294,9 +300,10 @@ def test_a_group_of_two_is_restored_from_its_stored_checkpoint(examples, tmp_pat
     it had (their input from where it stopped), on one opened after it and
     kept open, and on ones opened and closed meanwhile.  Every INCR once,
     digests equal; the history from before the checkpoint is gone."""
+    client = KvClient
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], replicas=2,
                          extra=["--keep", "2", "--checkpoint-every", "0.3", "--log-output"])
-    wl = Workload(group, KvClient, 3)
+    wl = Workload(group, client, 3)
     late, late_sock = None, None
     try:
         wait_for(lambda st: len(live(st)) == 2, "the group starts", group)
@@ -308,11 +315,11 @@ def test_a_group_of_two_is_restored_from_its_stored_checkpoint(examples, tmp_pat
             assert st["history"]["from_start"] is False
             if late is None:
                 late_sock = group.connect()
-                late = KvClient(late_sock)
+                late = client(late_sock)
             assert late.incr("late") == (1 if victim_role == "backup" else 2)
             for _ in range(5):   # opened and closed after the checkpoint
                 with group.connect() as s:
-                    KvClient(s).incr("churn")
+                    client(s).incr("churn")
             wl.progresses(f"before the {victim_role} is killed", replies=60)
             victim = next(r for r in live(state(group)) if r["role"] == victim_role)
             os.kill(victim["pid"], signal.SIGKILL)
@@ -321,11 +328,11 @@ def test_a_group_of_two_is_restored_from_its_stored_checkpoint(examples, tmp_pat
             newest = max(live(st), key=lambda r: r["index"])
             assert (newest.get("checkpoint") or {}).get("stored"), newest
             wl.progresses(f"after the {victim_role} was replaced")
-            check_digests(group, KvClient, st)
+            check_digests(group, client, st)
         assert late.incr("late") == 3
         late_sock.close()
         with group.connect() as s:
-            assert KvClient(s).get("churn") == 10
+            assert client(s).get("churn") == 10
         wl.finish_and_shut_down(group)
     finally:
         wl.stop.set()
