@@ -44,7 +44,7 @@ def _status(code: int) -> int:
 def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int:
     """pid 1 of the new namespace: restores, then reaps until the program ends."""
     from llft import private_files
-    from llft.native import die_with_parent
+    from llft.native import die_with_parent, disable_aslr
     die_with_parent(os.getppid())
     if files_plan is not None:
         private_files.enter(files_plan)   # a mount namespace of its own, with the clone's upper layers
@@ -53,8 +53,14 @@ def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int
     # A proc of this PID namespace: CRIU reads the restored tasks there.
     _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
     inherited = _inherited(criu_argv)
+    # The restored program is CRIU's own process, remapped: where the kernel
+    # places its later mmap()s (its mmap base) was fixed when CRIU was
+    # exec'd.  Exec'd without address randomisation, as every replica is,
+    # the copy's new mappings land where its primary's do (jemalloc's next
+    # extent, and whether it adjoins the last: a redis copy took one lock
+    # more than its primary in a calloc, and diverged).
     criu = subprocess.run(criu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          pass_fds=inherited)
+                          pass_fds=inherited, preexec_fn=disable_aslr)
     _close(inherited)   # the program has them now: a socket it closes must close
     if criu.returncode != 0:
         why = criu.stderr.decode(errors="replace").strip().splitlines()
