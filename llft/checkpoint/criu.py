@@ -21,6 +21,7 @@ from pathlib import Path
 CRIU_PREFIX = Path(os.environ.get("LLFT_CRIU_PREFIX", "/opt/criu"))
 MIN_VERSION = (4, 2)
 RPC_MAX = 1 << 20
+FULL_BELOW = 1 << 20     # free bytes under which an images directory counts as full
 
 
 class CriuUnavailable(Exception):
@@ -166,7 +167,15 @@ def failure_said(errno: int, images_dir: Path, log_name: str = "dump.log") -> st
         errors = []
     if errors:
         return re.sub(r"^\(?[\d.]+\)?\s*(\d+\s*)?Error \([^)]*\):\s*", "", errors[0])
-    return os.strerror(errno) if errno else "no reason given"
+    if errno:
+        return os.strerror(errno)
+    try:   # a directory too full to hold the image holds no log of it either
+        fs = os.statvfs(images_dir)
+    except OSError:
+        return "no reason given"
+    if fs.f_bavail * fs.f_frsize < FULL_BELOW:
+        return f"No space left on device in {images_dir.parent} ({fs.f_bavail * fs.f_frsize // 1024} KiB free)"
+    return "no reason given"
 
 
 def stats(images_dir: Path, kind: str) -> dict:
