@@ -16,6 +16,16 @@ def start_time(pid: int) -> float | None:
         return None
 
 
+def stopped(pid: int | None) -> bool:
+    """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (OSError, TypeError):
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"
+
+
 def owns(pid: int | None, started: float | None) -> bool:
     """True if pid is still the replica llft-run started (not a recycled pid):
     same start time.  (Not its environment: redis, for one, overwrites it

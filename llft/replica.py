@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
-from llft.members import start_time
+from llft.members import start_time, stopped
 from llft.native import EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
 from llft.native_sockets import bypass_message, bypassing_ports
 from llft.process_tree import end_orphans, end_process_group
@@ -120,11 +120,7 @@ class Replica:
 
     def frozen(self) -> bool:
         """Stopped (SIGSTOP, or stopped by a debugger): a timing fault once it lasts."""
-        try:
-            stat = open(f"/proc/{self.pid}/stat").read()
-        except (OSError, AttributeError):
-            return False
-        return stat[stat.rindex(")") + 2] in "Tt"
+        return stopped(self.pid)
 
     def dying(self) -> bool:
         """True once the process has begun to exit (PF_EXITING), even before it

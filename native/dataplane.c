@@ -87,11 +87,23 @@ static int write_file(int fd, const char *p, size_t n)
     return 0;
 }
 
+static void conn_file_path(char path[PATH_MAX], const char *dir, uint64_t id)
+{
+    snprintf(path, PATH_MAX, "%s/conn-%llu", dir, (unsigned long long)id);
+}
+
 int dp_open_conn_file(const char *dir, uint64_t id, int flags)
 {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/conn-%llu", dir, (unsigned long long)id);
+    conn_file_path(path, dir, id);
     return open(path, flags | O_CLOEXEC, 0644);
+}
+
+void dp_unlink_conn_file(const char *dir, uint64_t id)
+{
+    char path[PATH_MAX];
+    conn_file_path(path, dir, id);
+    unlink(path);
 }
 
 static void epoll_set(llft_dp_t *dp, int fd, bool *registered, uint32_t *events, uint32_t want, uint64_t tag)

@@ -184,16 +184,13 @@ long llft_dp_forget_through(llft_dp_t *dp, uint64_t id)
     pthread_mutex_lock(&dp->mu);
     size_t kept = 0;
     long forgotten = 0;
-    char path[4096];
     for (size_t k = 0; k < dp->ngone; k++) {
         if (dp->gone[k].id > id) {
             dp->gone[kept++] = dp->gone[k];
             continue;
         }
-        if (dp->input_dir != NULL) {
-            snprintf(path, sizeof path, "%s/conn-%llu", dp->input_dir, (unsigned long long)dp->gone[k].id);
-            unlink(path);
-        }
+        if (dp->input_dir != NULL)
+            dp_unlink_conn_file(dp->input_dir, dp->gone[k].id);
         forgotten++;
     }
     dp->ngone = kept;

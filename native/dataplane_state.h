@@ -121,6 +121,7 @@ void dp_leg_connect(llft_dp_t *dp, struct conn *c, int slot, int fd);
 void dp_leg_events(llft_dp_t *dp, struct conn *c, int slot);
 void dp_leg_readable(llft_dp_t *dp, struct conn *c, int slot);
 int dp_open_conn_file(const char *dir, uint64_t id, int flags);
+void dp_unlink_conn_file(const char *dir, uint64_t id);
 int dp_new_replica(llft_dp_t *dp, int pid, int pidfd, const char *log_dir);
 void dp_leg_input_failed(llft_dp_t *dp, struct conn *c, int slot);
 void dp_conn_settle(llft_dp_t *dp, struct conn *c);

@@ -29,6 +29,7 @@ from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, st
 
 from llft.checkpoint import criu, images
 from llft.checkpoint.criu import CriuUnavailable, find
+from llft.members import stopped
 
 
 def _criu_problem() -> str | None:
@@ -46,11 +47,11 @@ def group_log(group) -> str:
     return (group.run_dir / "llft.log").read_text()
 
 
-def back_to(n: int, without: dict, caught_up: bool = True):
+def back_to(n: int, without: dict | None = None, caught_up: bool = True):
     """llft-status predicate: n live replicas, `without` not among them
     (replaced), and (caught_up) none of them still catching up."""
     def pred(st):
-        return (len(live(st)) == n and all(r["index"] != without["index"] for r in live(st))
+        return (len(live(st)) == n and all(without is None or r["index"] != without["index"] for r in live(st))
                 and (not caught_up or all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st))))
     return pred
 
@@ -458,10 +459,6 @@ def _when_frozen_by_criu(pid: int, timeout: float = 20.0) -> bool:
     return False
 
 
-def _stopped(pid: int) -> bool:
-    return (_state(pid) or "?")[0] in "Tt"
-
-
 @needs_criu
 @pytest.mark.parametrize("victim", ["source", "primary", "stop the source"])
 def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples, tmp_path):
@@ -495,13 +492,11 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
                 if victim == "stop the source":
                     os.kill(source["pid"], signal.SIGSTOP)
                     wait_for(lambda st: all(r["index"] != source["index"] for r in live(st))
-                             or not _stopped(source["pid"]), "the stopped source fenced, or let go", group)
+                             or not stopped(source["pid"]), "the stopped source fenced, or let go", group)
                 else:
                     os.kill((source if victim == "source" else primary)["pid"], signal.SIGKILL)
                 hit = True
-            st = wait_for(lambda st: len(live(st)) == 3
-                          and all(r["catch_up"] is None or r["catch_up"]["done"] for r in live(st)),
-                          "back to three replicas, caught up", group, timeout=60)
+            st = wait_for(back_to(3), "back to three replicas, caught up", group, timeout=60)
             if hit:
                 break
         assert hit, "CRIU never held the source frozen long enough to be seen"

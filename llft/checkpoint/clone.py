@@ -38,7 +38,7 @@ from pathlib import Path
 from llft import PRELOAD_LIBRARY, private_files
 from llft.checkpoint import criu, images, sockets
 from llft.determinizer.streams import BackupSink, image_dir, stream_path
-from llft.members import start_time
+from llft.members import start_time, stopped
 from llft.native import ROLE_BACKUP, StreamFile
 from llft.replica import RestoredReplica
 from llft.serving.dataplane import LEG_LIVE
@@ -77,10 +77,23 @@ def _let_run(pid: int):
         return
     stop_bits = (1 << (signal.SIGSTOP - 1)) | (1 << (signal.SIGTSTP - 1))
     pending = int(fields.get("SigPnd", "0").strip(), 16) | int(fields.get("ShdPnd", "0").strip(), 16)
-    if fields.get("State", "").strip().startswith(("T", "t")) or pending & stop_bits:
+    if stopped(pid) or pending & stop_bits:
         log.info("process %d was restored stopped, as its source was being stopped when it was dumped: continued",
                  pid)
         os.kill(pid, signal.SIGCONT)
+
+
+def waiting_conns(waiting: list[socket.socket], by_leg: dict[int, int]) -> list[tuple[socket.socket, int]]:
+    """Each connection waiting in a listener's queue, with its id: the
+    data plane's end of it is a leg (by_leg: the leg's inode -> id)."""
+    peers = sockets.unix_peers({sockets.inode(s) for s in waiting})
+    out = []
+    for s in waiting:
+        conn_id = by_leg.get(peers.get(sockets.inode(s)))
+        if conn_id is None:
+            raise CloneFailed("a connection waiting in a listener is not one the data plane knows")
+        out.append((s, conn_id))
+    return out
 
 
 class BackupClone:
@@ -357,11 +370,7 @@ class BackupClone:
         with sockets.take_fd(self.src.pid, fd) as lsock:
             waiting = sockets.take_handed(lsock)
         self.taken.append((src_ours, waiting))
-        peers = sockets.unix_peers({sockets.inode(s) for s in waiting})
-        for s in waiting:
-            conn_id = by_leg.get(peers.get(sockets.inode(s)))
-            if conn_id is None:
-                raise CloneFailed("a connection waiting in its listener is not one the data plane knows")
+        for s, conn_id in waiting_conns(waiting, by_leg):
             seen.add(conn_id)
             theirs = self._give_conn(conn_id, sockets.unread(s))
             sockets.send_handed(clone_ours, theirs, 0.0)   # (a new queue: it holds what the source's held)

@@ -46,7 +46,7 @@ import time
 
 from llft import private_files
 from llft.checkpoint import sockets
-from llft.checkpoint.clone import CLONE_ERRORS, GIVE_BACK_S, BackupClone, CloneFailed
+from llft.checkpoint.clone import CLONE_ERRORS, GIVE_BACK_S, BackupClone, CloneFailed, waiting_conns
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.streams import BackupSink, SavedStreamWriter
 from llft.replica import RestoredReplica
@@ -99,7 +99,6 @@ class StoredCheckpoint:
         try:
             pid, proc = await asyncio.to_thread(n.restore)
         except CLONE_ERRORS as e:
-            n.close_inherited()
             n.give_up(e)
         finally:
             n.close_inherited()
@@ -128,20 +127,20 @@ class StoredCheckpoint:
         n.images, n.listed, n.files_at_dump = c.images, c.listed, c.files_at_dump
         n.dump_stats, n.image_bytes, n.taken_at = c.dump_stats, c.image_bytes, c.taken_at
         old = c.clone
-        n.prepare_replica(old.stream.capacity)
-        new = n.clone
-        new.stream.copy_from(old.stream, k)
-        for name in ("stdout", "stderr"):
-            shutil.copyfile(old.out_dir / name, new.out_dir / name)
-            n.stdio[name] = open(new.out_dir / name, "ab")
-        if old.private_files:
-            private_files.copy_uppers(old.files_dir, new.files_dir)
-        log_dir = new.out_dir / "output" if g.opts.log_output else None
-        if log_dir is not None:
-            log_dir.mkdir(exist_ok=True)
-        n.slot, legs = g.plane.clone_replica(c.slot, log_dir)
-        g.plane.release(c.slot)
         try:
+            n.prepare_replica(old.stream.capacity)
+            new = n.clone
+            new.stream.copy_from(old.stream, k)
+            for name in ("stdout", "stderr"):
+                shutil.copyfile(old.out_dir / name, new.out_dir / name)
+                n.stdio[name] = open(new.out_dir / name, "ab")
+            if old.private_files:
+                private_files.copy_uppers(old.files_dir, new.files_dir)
+            log_dir = new.out_dir / "output" if g.opts.log_output else None
+            if log_dir is not None:
+                log_dir.mkdir(exist_ok=True)
+            n.slot, legs = g.plane.clone_replica(c.slot, log_dir)
+            g.plane.release(c.slot)
             by_leg = {ino: conn_id for conn_id, ino, state in legs if state == LEG_LIVE and ino}
             channel = sockets.inode(old.channel.ours)
             listeners = {sockets.inode(ours): (key, ours) for key, ours in old.channel.listeners.items()}
@@ -194,11 +193,7 @@ class StoredCheckpoint:
         back as they were."""
         waiting = sockets.take_handed(theirs)
         try:
-            peers = sockets.unix_peers({sockets.inode(s) for s in waiting})
-            for s in waiting:
-                conn_id = by_leg.get(peers.get(sockets.inode(s)))
-                if conn_id is None:
-                    raise CloneFailed("a connection waiting in a stored listener is not one the data plane knows")
+            for s, conn_id in waiting_conns(waiting, by_leg):
                 mine = self._copy_conn(n, conn_id, s)
                 sockets.send_handed(ours, mine, 0.0)
                 mine.close()

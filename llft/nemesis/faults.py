@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llft import rundir
-from llft.members import owns
+from llft.members import owns, stopped
 
 RECOVERY_TIMEOUT_S = 60.0
 
@@ -129,15 +129,6 @@ def inject(group: Group, kind: str, fault_timeout_s: float, rng) -> tuple[str, s
     if kind == "freeze-backup":
         return freeze(group, b, "backup", fault_timeout_s), {b.index}
     raise ValueError(f"unknown fault {kind}")
-
-
-def stopped(pid: int) -> bool:
-    """pid is stopped (by a signal, or held by a tracer)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
 
 
 def freeze(group: Group, r: Replica, role: str, fault_timeout_s: float) -> str:
