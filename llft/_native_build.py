@@ -49,6 +49,7 @@ ffibuilder.cdef("""
     enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, ... };
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
+        uint32_t quiesce; uint32_t q_counted;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;
         int64_t clock_offset_ns[16]; int64_t clock_last_ns[16];
         uint32_t diverged; uint32_t div_tid; uint32_t div_tn; uint16_t div_want_op; uint16_t div_got_op;
@@ -97,12 +98,19 @@ ffibuilder.cdef("""
     int llft_die_with_parent(int parent);
     int llft_private_files(const char *plan);
     int llft_become_subreaper(void);
+    int llft_ignore_census_signals(void);
+    int llft_quiesce_hold(llft_ctl_t *c, int pid, int timeout_ms, int *threads);
+    void llft_quiesce_release(llft_ctl_t *c);
 """)
 ffibuilder.set_source(
     "llft._native",
     '#include "ring.h"\n#include "listeners.h"\nint llft_disable_aslr(void);\nint llft_die_with_parent(int parent);\n'
-    'int llft_private_files(const char *plan);\nint llft_become_subreaper(void);\n',
-    sources=["native/ring.c", "native/spawn.c", "native/listeners.c", "native/private_files.c"],
+    'int llft_private_files(const char *plan);\nint llft_become_subreaper(void);\n'
+    'int llft_ignore_census_signals(void);\n'
+    'int llft_quiesce_hold(llft_ctl_t *c, int pid, int timeout_ms, int *threads);\n'
+    'void llft_quiesce_release(llft_ctl_t *c);\n',
+    sources=["native/ring.c", "native/spawn.c", "native/listeners.c", "native/private_files.c",
+             "native/quiesce_hold.c"],
     include_dirs=["native"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],
 )

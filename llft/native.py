@@ -472,6 +472,12 @@ def disable_aslr():
     lib.llft_disable_aslr()
 
 
+def ignore_census_signals():
+    """Called between fork and exec of a replica (preexec_fn): the signals of
+    a checkpoint's quiesce are ignored until the preload library takes them."""
+    lib.llft_ignore_census_signals()
+
+
 def die_with_parent(parent: int):
     """Called between fork and exec of a replica (preexec_fn): SIGKILL when
     the controller (parent, whose thread forked it) ends."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
 from llft.members import start_time, stopped
-from llft.native import EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr
+from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr,
+                         ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
 from llft.process_tree import end_orphans, end_process_group
 from llft.serving.channel import ProgramChannel
@@ -26,6 +27,7 @@ def _child_setup(parent: int, files_plan: bytes | None):
     own view of the files.  (PDEATHSIG follows the forking thread: replicas
     are started from the event loop, which lives as long as the controller.)"""
     disable_aslr()
+    ignore_census_signals()
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     die_with_parent(parent)
     if files_plan is not None:

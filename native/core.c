@@ -130,6 +130,7 @@ static void attach(const char *spec)
     if (ctl->role == LLFT_ROLE_BACKUP)
         llft_replay_setup();
     llft_serial_init();
+    llft_quiesce_init();
     llft_self.tid = 0;
     llft_self.state = TS_TRACKED;
     __atomic_store_n(&llft_ctl, ctl, __ATOMIC_RELEASE);

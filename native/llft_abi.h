@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 5u
+#define LLFT_ABI_VERSION 6u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -15,7 +15,7 @@
 #define LLFT_DATA_BYTES 48u   /* payload bytes in one continuation slot */
 #define LLFT_MAX_GROUP  4097u /* slots in one record group: header + 4096 data slots */
 #define LLFT_NCLOCKS    16    /* clock ids that carry a group-clock offset */
-#define LLFT_CTL_BYTES  4096u
+#define LLFT_CTL_BYTES  8192u
 #define LLFT_RING_HDR   512u
 
 enum llft_role { LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2 };
@@ -148,6 +148,11 @@ typedef struct llft_connect_reply {
 } llft_connect_reply_t;
 
 #define LLFT_MAX_LISTENERS 16
+#define LLFT_QUIESCE_KICKS 1024
+/* The signals of a quiesce's census (native/quiesce.c): SIGRTMAX and the
+ * one below it, which programs seldom use. */
+#define LLFT_CENSUS_SIGNAL 64
+#define LLFT_KICK_SIGNAL 63
 
 /* A TCP or UDP port the program listens on, for llft-status and for the
  * gateway's choice of public ports (the sockets themselves come through
@@ -225,7 +230,9 @@ typedef struct llft_ctl {
     uint32_t stall_timeout_ms;    /* backup: a turn not reached by then is a divergence */
     uint32_t end_grace_ms;        /* backup: how long a call may wait past end of stream */
     uint64_t promoted_ns;         /* CLOCK_MONOTONIC when this replica took over as primary; 0: never */
-    uint64_t _pad0;
+    uint32_t quiesce;             /* the controller holds the primary's calls for a checkpoint (quiesce.c):
+                                   * read by every call, so on the line role is on */
+    uint32_t q_counted;           /* threads that have answered the quiesce's census */
     int64_t  clock_offset_ns[LLFT_NCLOCKS]; /* group clock minus local clock */
     int64_t  clock_last_ns[LLFT_NCLOCKS];   /* last group-clock value handed out */
     uint32_t diverged;            /* set once by a backup that stopped */
@@ -248,6 +255,10 @@ typedef struct llft_ctl {
                                    * its turn up (serialize.c) */
     char     div_before[768];     /* the diverged thread's calls just before, as the primary recorded
                                    * them, newest first, a call per line (divergence.txt) */
+    uint32_t q_gen;               /* census number: a late answer to an earlier census is not counted */
+    uint32_t _pad3;
+    int32_t  q_blocked[LLFT_QUIESCE_KICKS]; /* kernel tids of threads held in a blocking call the
+                                   * census must interrupt (0: free slot) */
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

@@ -33,7 +33,16 @@ struct llft_thread {
     struct tqueue *q;        /* backup: this thread's replay queue */
     uint64_t stamp;          /* backup: when its last record was replayed (the replica's record count) */
     uint32_t serial_turn;    /* --serialize: 1 while this thread holds the replica's turn (serialize.c) */
+    /* A quiesce's census (quiesce.c) reads these from a signal handler on
+     * this same thread: plain stores, ordered by signal fences. */
+    uint8_t in_call;         /* CALL_*: where this thread is in a call that may block */
+    uint8_t q_pending;       /* the census asked while in such a call: answer on leaving it */
+    uint8_t blocking;        /* inside the real blocking system call of a primary branch */
+    uint8_t kicked;          /* ...which the census interrupted: the call is started again */
+    uint32_t q_gen;          /* the census it answers */
+    uint32_t q_slot;         /* 1 + its slot in the control block's list of threads to interrupt; 0: none */
 };
+enum { CALL_OUT = 0, CALL_IN = 1, CALL_PARKED = 2 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
 extern int llft_state;            /* 0 not started, 1 initialising, 2 ready, or: */
@@ -71,6 +80,65 @@ static inline int llft_mode(struct llft_thread **tp)
         return LLFT_ROLE_OFF;
     *tp = t;
     return (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
+}
+
+/* ---- a quiesce of the primary for its checkpoint (quiesce.c) ----
+ * A call that may block in the kernel (a read, an accept, a poll) is
+ * entered through llft_call_mode with its thread declared by LLFT_CALL:
+ * while the controller holds the primary, such calls wait at their entry,
+ * and one already blocked is interrupted and started again, so that no
+ * thread is inside the real call of a primary branch when the image is
+ * taken.  Calls that do not block need no gate: a thread frozen in one
+ * finishes it in every copy as the primary does. */
+void llft_quiesce_init(void);
+void llft_quiesce_exec(void);
+int  llft_quiesce_enter(struct llft_thread *t);
+void llft_quiesce_answer(struct llft_thread *t);
+/* The mask a wait call sets while it waits (ppoll, pselect, epoll_pwait),
+ * with the quiesce's signals left open: mask itself, or a copy in buf. */
+#include <signal.h>
+const sigset_t *llft_mask_without_ours(const sigset_t *mask, sigset_t *buf);
+static inline int llft_call_mode(struct llft_thread **tp)
+{
+    int role = llft_mode(tp);
+    if (role == LLFT_ROLE_OFF)
+        return role;
+    struct llft_thread *t = *tp;
+    __atomic_store_n(&t->in_call, CALL_IN, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (UNLIKELY(__atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) && role == LLFT_ROLE_PRIMARY)
+        role = llft_quiesce_enter(t);
+    return role;
+}
+static inline void llft_call_end(struct llft_thread **tp)
+{
+    struct llft_thread *t = *tp;
+    if (!t)
+        return;
+    __atomic_store_n(&t->in_call, CALL_OUT, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (UNLIKELY(__atomic_load_n(&t->q_pending, __ATOMIC_RELAXED)))
+        llft_quiesce_answer(t);
+}
+#define LLFT_CALL(t) struct llft_thread *t __attribute__((cleanup(llft_call_end))) = NULL
+/* The real blocking call of a primary branch, marked so that a census
+ * interrupts it (then llft_kicked says so). */
+#define LLFT_BLOCKING(t, call)                                                      \
+    ({                                                                              \
+        __atomic_store_n(&(t)->kicked, 0, __ATOMIC_RELAXED);                        \
+        __atomic_store_n(&(t)->blocking, 1, __ATOMIC_RELAXED);                      \
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
+        __typeof__(call) blocking_ret_ = (call);                                    \
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
+        __atomic_store_n(&(t)->blocking, 0, __ATOMIC_RELAXED);                      \
+        blocking_ret_;                                                              \
+    })
+/* The blocking call just made returned r because a census interrupted it:
+ * the caller starts the call again (from its wrapper's entry, where it
+ * waits for the quiesce to end). */
+static inline int llft_kicked(struct llft_thread *t, long r)
+{
+    return UNLIKELY(r < 0 && errno == EINTR && __atomic_load_n(&t->kicked, __ATOMIC_RELAXED));
 }
 
 #define LLFT_NS 1000000000LL

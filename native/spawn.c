@@ -1,4 +1,6 @@
 /* Helpers the controller calls in a replica between fork and exec. */
+#include "llft_abi.h"
+
 #include <signal.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
@@ -11,6 +13,17 @@ int llft_disable_aslr(void)
 {
     int cur = personality(0xffffffff);
     return cur < 0 ? cur : personality((unsigned long)cur | ADDR_NO_RANDOMIZE);
+}
+
+/* The quiesce's signals (native/quiesce.c) are ignored until the preload
+ * library installs its handlers: their default action ends a process, and
+ * the controller may send them while the program is still starting.  An
+ * ignored signal stays ignored through exec. */
+int llft_ignore_census_signals(void)
+{
+    if (signal(LLFT_CENSUS_SIGNAL, SIG_IGN) == SIG_ERR || signal(LLFT_KICK_SIGNAL, SIG_IGN) == SIG_ERR)
+        return -1;
+    return 0;
 }
 
 /* Orphans of the replicas (a daemon's forked self) are re-parented to the

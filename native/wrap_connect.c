@@ -168,8 +168,9 @@ int llft_connect(int fd, const struct sockaddr *addr, socklen_t len)
         errno = err;
         return -1;
     }
-    struct llft_thread *t = NULL;
-    int role = llft_mode(&t);
+    /* A connect waits for the controller's answer: a census waits for it. */
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         int res;
         if (!connect_replay(t, fd, &rq, &res))

@@ -115,8 +115,10 @@ static int replicated_exec(exec_fn fn, const void *target, enum exec_target how,
     }
     if (role == LLFT_ROLE_PRIMARY) {
         llft_record(t, LLFT_OP_EXEC, 0, 0, 0, 0, 0);
+        llft_quiesce_exec();
         int r = fn(target, argv, envp);
         int err = errno;
+        llft_quiesce_init();
         llft_record(t, LLFT_OP_EXEC_FAILED, 0, 0, r, err, 0);
         errno = err;
         return r;

@@ -86,6 +86,15 @@ static ssize_t record_transfer(struct llft_thread *t, uint16_t op, int fd, ssize
     return r;
 }
 
+/* A transfer a census interrupted (nothing moved): it starts again. */
+static void transfer_cancel(uint16_t op, int fd)
+{
+    uint32_t *w = writes_on(fd);
+    llft_transfer_end(fd);
+    if (w && op == LLFT_OP_WRITE)
+        __atomic_sub_fetch(w, 1, __ATOMIC_SEQ_CST);
+}
+
 /* ---- backup --------------------------------------------------------- */
 
 static size_t iov_total(const struct iovec *iov, int n)
@@ -167,7 +176,7 @@ static inline int transfer_mode(int fd, struct llft_thread **t)
     int kind = llft_fd_kind(fd);
     if (!recorded_kind(kind))
         return LLFT_ROLE_OFF;
-    int role = llft_mode(t);
+    int role = llft_call_mode(t);
     if (UNLIKELY(role == LLFT_ROLE_OFF && kind == FD_CONN && llft_forked_from))
         llft_forked_use(fd, "used a client connection");
     return role;
@@ -196,13 +205,17 @@ SWITCHING(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n))
         return llft_recorded_read(fd, buf, n);
     if (UNLIKELY(kind == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, 0, NULL, NULL);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
-        ssize_t r = REAL(read)(fd, buf, n);
+        ssize_t r = LLFT_BLOCKING(t, REAL(read)(fd, buf, n));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_READ, fd);
+            return read_call(fd, buf, n);
+        }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     return REAL(read)(fd, buf, n);
@@ -223,12 +236,16 @@ SWITCHING(ssize_t, readv, (int fd, const struct iovec *iov, int niov), (fd, iov,
         return llft_dgram_readv(fd, iov, niov);
     if (UNLIKELY(llft_fd_kind(fd) == FD_CHILD_IPC))
         return recorded_readv(fd, iov, niov);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
-        ssize_t r = REAL(readv)(fd, iov, niov);
+        ssize_t r = LLFT_BLOCKING(t, REAL(readv)(fd, iov, niov));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_READ, fd);
+            return readv_call(fd, iov, niov);
+        }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
     }
     return REAL(readv)(fd, iov, niov);
@@ -240,13 +257,17 @@ SWITCHING(ssize_t, recv, (int fd, void *buf, size_t n, int flags), (fd, buf, n, 
         return llft_dgram_recv(fd, buf, n, flags, NULL, NULL);
     if (UNLIKELY(llft_fd_kind(fd) == FD_CHILD_IPC && !(flags & MSG_PEEK)))
         return llft_recorded_read(fd, buf, n);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
-        ssize_t r = REAL(recv)(fd, buf, n, flags);
+        ssize_t r = LLFT_BLOCKING(t, REAL(recv)(fd, buf, n, flags));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_READ, fd);
+            return recv_call(fd, buf, n, flags);
+        }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     return REAL(recv)(fd, buf, n, flags);
@@ -258,7 +279,7 @@ SWITCHING(ssize_t, recvfrom,
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recv(fd, buf, n, flags, addr, len);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     if (role == LLFT_ROLE_OFF)
         return REAL(recvfrom)(fd, buf, n, flags, addr, len);
@@ -266,7 +287,11 @@ SWITCHING(ssize_t, recvfrom,
     struct iovec v = {buf, n};
     if (role == LLFT_ROLE_PRIMARY || replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &r)) {
         llft_transfer_begin(fd);
-        r = REAL(recvfrom)(fd, buf, n, flags, NULL, NULL);
+        r = LLFT_BLOCKING(t, REAL(recvfrom)(fd, buf, n, flags, NULL, NULL));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_READ, fd);
+            return recvfrom_call(fd, buf, n, flags, addr, len);
+        }
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     if (r >= 0)
@@ -278,7 +303,7 @@ SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, f
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_recvmsg(fd, msg, flags);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     if (role == LLFT_ROLE_OFF)
         return REAL(recvmsg)(fd, msg, flags);
@@ -289,7 +314,11 @@ SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, f
         msg->msg_flags = 0;
     } else {
         llft_transfer_begin(fd);
-        r = REAL(recvmsg)(fd, msg, flags);
+        r = LLFT_BLOCKING(t, REAL(recvmsg)(fd, msg, flags));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_READ, fd);
+            return recvmsg_call(fd, msg, flags);
+        }
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
     }
     if (r >= 0)
@@ -306,13 +335,17 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
         return REAL(write)(fd, buf, n);
     if (UNLIKELY(kind == FD_DGRAM))
         return llft_dgram_send(fd, buf, n, 0, NULL, 0);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         write_begin(fd);
-        ssize_t r = REAL(write)(fd, buf, n);
+        ssize_t r = LLFT_BLOCKING(t, REAL(write)(fd, buf, n));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_WRITE, fd);
+            return write(fd, buf, n);
+        }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
     return REAL(write)(fd, buf, n);
@@ -322,12 +355,16 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_writev(fd, iov, niov);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         write_begin(fd);
-        ssize_t r = REAL(writev)(fd, iov, niov);
+        ssize_t r = LLFT_BLOCKING(t, REAL(writev)(fd, iov, niov));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_WRITE, fd);
+            return writev(fd, iov, niov);
+        }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
     return REAL(writev)(fd, iov, niov);
@@ -337,13 +374,17 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_send(fd, buf, n, flags, NULL, 0);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         write_begin(fd);
-        ssize_t r = REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL);
+        ssize_t r = LLFT_BLOCKING(t, REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_WRITE, fd);
+            return send(fd, buf, n, flags);
+        }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
     return REAL(send)(fd, buf, n, flags);
@@ -362,12 +403,16 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     if (UNLIKELY(llft_fd_kind(fd) == FD_DGRAM))
         return llft_dgram_sendmsg(fd, msg, flags);
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         write_begin(fd);
-        ssize_t r = REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL);
+        ssize_t r = LLFT_BLOCKING(t, REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_WRITE, fd);
+            return sendmsg(fd, msg, flags);
+        }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
     return REAL(sendmsg)(fd, msg, flags);
@@ -403,12 +448,16 @@ static int replay_sendfile(struct llft_thread *t, int out, int in, off_t *off, s
 
 EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
 {
-    struct llft_thread *t;
+    LLFT_CALL(t);
     int role = transfer_mode(out, &t);
     REPLAY_OR_PROMOTE(role, replay_sendfile(t, out, in, off, count, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(out);
-        ssize_t r = REAL(sendfile)(out, in, off, count);
+        ssize_t r = LLFT_BLOCKING(t, REAL(sendfile)(out, in, off, count));
+        if (llft_kicked(t, r)) {
+            transfer_cancel(LLFT_OP_SENDFILE, out);
+            return sendfile(out, in, off, count);
+        }
         return record_transfer(t, LLFT_OP_SENDFILE, out, r, errno, NULL);
     }
     return REAL(sendfile)(out, in, off, count);

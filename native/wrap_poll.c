@@ -113,13 +113,15 @@ static void forked_poll_check(const struct pollfd *fds, nfds_t n)
 
 SWITCHING(int, poll, (struct pollfd *fds, nfds_t n, int timeout), (fds, n, timeout))
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     int res;
     if (role == LLFT_ROLE_BACKUP && !poll_backup(t, fds, n, &res))
         return res;
     if (role != LLFT_ROLE_OFF) {
-        int r = REAL(poll)(fds, n, timeout);
+        int r = LLFT_BLOCKING(t, REAL(poll)(fds, n, timeout));
+        if (llft_kicked(t, r))
+            return poll_call(fds, n, timeout);
         return poll_primary(t, fds, n, r, errno);
     }
     if (UNLIKELY(llft_forked_from))
@@ -129,13 +131,16 @@ SWITCHING(int, poll, (struct pollfd *fds, nfds_t n, int timeout), (fds, n, timeo
 
 SWITCHING(int, ppoll, (struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask), (fds, n, ts, mask))
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     int res;
     if (role == LLFT_ROLE_BACKUP && !poll_backup(t, fds, n, &res))
         return res;
     if (role != LLFT_ROLE_OFF) {
-        int r = REAL(ppoll)(fds, n, ts, mask);
+        sigset_t buf;
+        int r = LLFT_BLOCKING(t, REAL(ppoll)(fds, n, ts, llft_mask_without_ours(mask, &buf)));
+        if (llft_kicked(t, r))
+            return ppoll_call(fds, n, ts, mask);
         return poll_primary(t, fds, n, r, errno);
     }
     if (UNLIKELY(llft_forked_from))
@@ -194,14 +199,16 @@ static int select_backup(struct llft_thread *t, int n, fd_set *sets[3], int *res
 SWITCHING(int, select, (int n, fd_set *restrict rd, fd_set *restrict wr, fd_set *restrict ex, struct timeval *restrict tv),
           (n, rd, wr, ex, tv))
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     fd_set *sets[3] = {rd, wr, ex};
     int res;
     if (role == LLFT_ROLE_BACKUP && !select_backup(t, n, sets, &res))
         return res;
     if (role != LLFT_ROLE_OFF) {
-        int r = REAL(select)(n, rd, wr, ex, tv);
+        int r = LLFT_BLOCKING(t, REAL(select)(n, rd, wr, ex, tv));
+        if (llft_kicked(t, r)) /* the sets are as given; tv holds the time left */
+            return select_call(n, rd, wr, ex, tv);
         return select_primary(t, n, sets, r, errno);
     }
     return REAL(select)(n, rd, wr, ex, tv);
@@ -212,14 +219,17 @@ SWITCHING(int, pselect,
            const sigset_t *restrict mask),
           (n, rd, wr, ex, ts, mask))
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     fd_set *sets[3] = {rd, wr, ex};
     int res;
     if (role == LLFT_ROLE_BACKUP && !select_backup(t, n, sets, &res))
         return res;
     if (role != LLFT_ROLE_OFF) {
-        int r = REAL(pselect)(n, rd, wr, ex, ts, mask);
+        sigset_t buf;
+        int r = LLFT_BLOCKING(t, REAL(pselect)(n, rd, wr, ex, ts, llft_mask_without_ours(mask, &buf)));
+        if (llft_kicked(t, r))
+            return pselect_call(n, rd, wr, ex, ts, mask);
         return select_primary(t, n, sets, r, errno);
     }
     return REAL(pselect)(n, rd, wr, ex, ts, mask);
@@ -316,15 +326,24 @@ static int epoll_backup(struct llft_thread *t, int epfd, struct epoll_event *evs
 /* epoll_wait and epoll_pwait (mask == NULL and pwait == 0: plain wait). */
 static int epoll_common(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask, int pwait)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     int res;
     if (role == LLFT_ROLE_BACKUP) {
         if (!epoll_backup(t, epfd, evs, max, &res))
             return res;
         role = LLFT_ROLE_PRIMARY;
     }
-    int r = pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, mask) : REAL(epoll_wait)(epfd, evs, max, timeout);
+    sigset_t buf;
+    int r;
+    if (role == LLFT_ROLE_PRIMARY) {
+        r = LLFT_BLOCKING(t, pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, llft_mask_without_ours(mask, &buf))
+                                   : REAL(epoll_wait)(epfd, evs, max, timeout));
+        if (llft_kicked(t, r))
+            return epoll_common(epfd, evs, max, timeout, mask, pwait);
+    } else {
+        r = pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, mask) : REAL(epoll_wait)(epfd, evs, max, timeout);
+    }
     return epoll_primary(role == LLFT_ROLE_PRIMARY ? t : NULL, epfd, evs, r, errno);
 }
 

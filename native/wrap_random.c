@@ -71,8 +71,9 @@ static int replay_bytes(struct llft_thread *t, uint16_t op, uint64_t obj, void *
 
 int64_t llft_recorded_call(uint16_t op, uint64_t obj, void *buf, uint64_t n, fill_fn fill)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    /* A read of a child's pipe may block: a census waits for it to end. */
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         int64_t res;
         if (!replay_bytes(t, op, obj, buf, n, &res))

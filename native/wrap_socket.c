@@ -361,6 +361,8 @@ static int accept_blocking(int lfd, int flags)
 
 static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags,
                          int *res);
+#define ACCEPT_AGAIN (-2)   /* a census interrupted the wait: nothing taken, the accept starts again */
+
 static int accept_primary(struct llft_thread *t, int lfd, struct sockaddr *addr, socklen_t *len, int flags);
 
 /* Backup: connections that reached a listener here before the one the
@@ -417,8 +419,8 @@ static void accept_mode(int fd, int flags)
 
 static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         int res;
         if (!accept_replay(t, lfd, addr, len, flags, &res))
@@ -429,6 +431,8 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         llft_transfer_begin(lfd);
         int fd = accept_primary(t, lfd, addr, len, flags);
         llft_transfer_end(lfd);
+        if (fd == ACCEPT_AGAIN)
+            return accept_common(lfd, addr, len, flags);
         return fd;
     }
     if (UNLIKELY(llft_forked_from))
@@ -450,7 +454,9 @@ static int accept_primary(struct llft_thread *t, int lfd, struct sockaddr *addr,
             fd = moved;
         }
     } else {
-        fd = take_conn(lfd, flags);
+        fd = LLFT_BLOCKING(t, take_conn(lfd, flags));
+        if (llft_kicked(t, fd))
+            return ACCEPT_AGAIN;
     }
     if (fd >= 0 && !h.conn_id && llft_read_exact(fd, &h, sizeof h, 0) != 0) {
         REAL(close)(fd); /* the controller gave up on it before saying who it is */

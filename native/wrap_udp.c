@@ -128,8 +128,8 @@ static int recv_replay(struct llft_thread *t, int fd, struct msghdr *m, int flag
 
 ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (UNLIKELY(role == LLFT_ROLE_OFF && llft_forked_from))
         llft_forked_use(fd, "received on the program's UDP socket");
     if (role == LLFT_ROLE_BACKUP) {
@@ -140,9 +140,17 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
     }
     llft_conn_header_t h;
     int mflags = 0;
-    if (role == LLFT_ROLE_PRIMARY)
+    ssize_t r;
+    if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
-    ssize_t r = recv_real(fd, m, flags, &h, &mflags);
+        r = LLFT_BLOCKING(t, recv_real(fd, m, flags, &h, &mflags));
+        if (llft_kicked(t, r)) {
+            llft_transfer_end(fd);
+            return llft_dgram_recvmsg(fd, m, flags);
+        }
+    } else {
+        r = recv_real(fd, m, flags, &h, &mflags);
+    }
     int err = errno;
     if (r >= 0)
         give_source(m, &h, mflags);
@@ -281,8 +289,8 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
         errno = bad;
         return -1;
     }
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (UNLIKELY(role == LLFT_ROLE_OFF && llft_forked_from))
         llft_forked_use(fd, "sent on the program's UDP socket");
     if (role == LLFT_ROLE_BACKUP) {
@@ -291,9 +299,17 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
             return res;
         role = LLFT_ROLE_PRIMARY;
     }
-    if (role == LLFT_ROLE_PRIMARY)
+    ssize_t r;
+    if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
-    ssize_t r = send_real(fd, m, flags, &h);
+        r = LLFT_BLOCKING(t, send_real(fd, m, flags, &h));
+        if (llft_kicked(t, r)) {
+            llft_transfer_end(fd);
+            return llft_dgram_sendmsg(fd, m, flags);
+        }
+    } else {
+        r = send_real(fd, m, flags, &h);
+    }
     int err = errno;
     if (role == LLFT_ROLE_PRIMARY) {
         if (r >= 0) {

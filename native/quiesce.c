@@ -1,0 +1,181 @@
+/* The primary held still for a checkpoint of itself (docs/checkpoints.md).
+ *
+ * CRIU freezes every thread wherever it is.  A thread in the program's own
+ * code, or in a call that does not block, is no trouble: whatever copy is
+ * made of the image goes on from there as the primary did.  A thread
+ * blocked inside the real system call of a primary branch is: restored,
+ * that call would start again in the copy and take input no record
+ * accounts for.  So before the image is taken the controller holds the
+ * primary (quiesce_hold.c): it raises the control block's quiesce flag and
+ * sends every thread CENSUS_SIGNAL.  A thread outside such a call answers
+ * at once from the handler, and from then on waits at the entry of any
+ * blocking call until the flag is lowered; a thread inside one answers on
+ * leaving it, and one blocked in the kernel lists itself, so that the
+ * controller interrupts it with KICK_SIGNAL (installed without SA_RESTART:
+ * the call fails with EINTR and the wrapper starts it again, from its
+ * entry, where it waits).  The census is complete when every thread has
+ * answered.
+ *
+ * CENSUS_SIGNAL restarts what it interrupts (SA_RESTART), so the program's
+ * own blocking calls never see it.  Both signals stay unblocked whatever
+ * masks the program sets (sigprocmask, pthread_sigmask and the masks of
+ * the wait calls go through llft_mask_without_ours). */
+#include "shim.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/syscall.h>
+
+#include "atomics.h"
+
+static int census_signal, kick_signal;
+
+/* Records an answer to census gen, if it is still the one under way. */
+static void count_answer(uint32_t gen)
+{
+    if (gen == __atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE))
+        __atomic_fetch_add(&llft_ctl->q_counted, 1, __ATOMIC_SEQ_CST);
+}
+
+static void unlist(struct llft_thread *t)
+{
+    if (t->q_slot) {
+        /* The slot may hold another thread by now: the controller empties
+         * the list at each census. */
+        int32_t me = (int32_t)syscall(SYS_gettid);
+        __atomic_compare_exchange_n(&llft_ctl->q_blocked[t->q_slot - 1], &me, 0, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_RELAXED);
+        t->q_slot = 0;
+    }
+}
+
+/* Lists this thread among those the controller interrupts. */
+static void list_blocked(struct llft_thread *t)
+{
+    int32_t me = (int32_t)syscall(SYS_gettid);
+    for (uint32_t i = 0; i < LLFT_QUIESCE_KICKS; i++) {
+        int32_t free_slot = 0;
+        if (__atomic_compare_exchange_n(&llft_ctl->q_blocked[i], &free_slot, me, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED)) {
+            t->q_slot = i + 1;
+            return;
+        }
+    }
+    /* No slot: a thread blocked here is not interrupted, and the census
+     * ends without it (the controller gives the checkpoint up). */
+}
+
+static void on_census(int sig, siginfo_t *info, void *ctx)
+{
+    int saved = errno;
+    struct llft_thread *t = &llft_self;
+    if (llft_ctl && __atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) {
+        if (t->state == TS_TRACKED && __atomic_load_n(&t->in_call, __ATOMIC_RELAXED) == CALL_IN) {
+            uint32_t gen = __atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE);
+            if (!t->q_pending || t->q_gen != gen) {
+                t->q_gen = gen;
+                t->q_pending = 1;
+                unlist(t);
+                list_blocked(t);
+            }
+        } else {
+            count_answer(__atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE));
+        }
+    }
+    errno = saved;
+}
+
+static void on_kick(int sig, siginfo_t *info, void *ctx)
+{
+    struct llft_thread *t = &llft_self;
+    if (__atomic_load_n(&t->blocking, __ATOMIC_RELAXED))
+        __atomic_store_n(&t->kicked, 1, __ATOMIC_RELAXED);
+}
+
+void llft_quiesce_answer(struct llft_thread *t)
+{
+    t->q_pending = 0;
+    unlist(t);
+    count_answer(t->q_gen);
+}
+
+int llft_quiesce_enter(struct llft_thread *t)
+{
+    int saved = errno;
+    llft_ctl_t *c = llft_ctl;
+    do {
+        __atomic_store_n(&t->in_call, CALL_PARKED, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        if (t->q_pending)
+            llft_quiesce_answer(t);
+        /* A futex shared with the controller, which lowers the flag and
+         * wakes it; a bounded wait all the same, should a wake be missed. */
+        while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE)) {
+            struct timespec slice = {0, 50 * 1000000L};
+            syscall(SYS_futex, &c->quiesce, FUTEX_WAIT, 1, &slice, NULL, 0);
+        }
+        __atomic_store_n(&t->in_call, CALL_IN, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    } while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE));
+    errno = saved;
+    return (int)__atomic_load_n(&c->role, __ATOMIC_RELAXED);
+}
+
+static void install(int sig, void (*handler)(int, siginfo_t *, void *), int flags)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO | flags;
+    sigfillset(&sa.sa_mask);
+    sigaction(sig, &sa, NULL);
+}
+
+void llft_quiesce_init(void)
+{
+    census_signal = LLFT_CENSUS_SIGNAL;
+    kick_signal = LLFT_KICK_SIGNAL;
+    install(census_signal, on_census, SA_RESTART);
+    install(kick_signal, on_kick, 0);
+}
+
+/* Before an exec: the next image takes the signals once its library is
+ * attached; until then they are ignored (their default ends a process). */
+void llft_quiesce_exec(void)
+{
+    signal(census_signal, SIG_IGN);
+    signal(kick_signal, SIG_IGN);
+}
+
+/* ---- the program's signal masks ------------------------------------- */
+
+const sigset_t *llft_mask_without_ours(const sigset_t *mask, sigset_t *buf)
+{
+    if (!mask || !census_signal || (!sigismember(mask, census_signal) && !sigismember(mask, kick_signal)))
+        return mask;
+    *buf = *mask;
+    sigdelset(buf, census_signal);
+    sigdelset(buf, kick_signal);
+    return buf;
+}
+
+DEFINE_REAL(sigprocmask)
+DEFINE_REAL(pthread_sigmask)
+
+static const sigset_t *without_ours(int how, const sigset_t *set, sigset_t *buf)
+{
+    return how == SIG_UNBLOCK ? set : llft_mask_without_ours(set, buf);
+}
+
+EXPORT int sigprocmask(int how, const sigset_t *restrict set, sigset_t *restrict old)
+{
+    sigset_t buf;
+    return REAL(sigprocmask)(how, without_ours(how, set, &buf), old);
+}
+
+EXPORT int pthread_sigmask(int how, const sigset_t *restrict set, sigset_t *restrict old)
+{
+    sigset_t buf;
+    return REAL(pthread_sigmask)(how, without_ours(how, set, &buf), old);
+}

@@ -1,0 +1,87 @@
+/* The controller's side of a quiesce (the shim's is quiesce.c): holds a
+ * primary so that no thread is inside the real blocking call of a
+ * primary branch, for as long as a checkpoint of it takes. */
+#include "llft_abi.h"
+#include "ring.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KICK_EVERY_US 500
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Sends the census signal to every thread of pid; how many got it. */
+static int census(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -errno;
+    int sent = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int tid = atoi(e->d_name);
+        if (tid > 0 && syscall(SYS_tgkill, pid, tid, LLFT_CENSUS_SIGNAL) == 0)
+            sent++;
+    }
+    closedir(d);
+    return sent;
+}
+
+static void kick_listed(llft_ctl_t *c, int pid)
+{
+    for (int i = 0; i < LLFT_QUIESCE_KICKS; i++) {
+        int32_t tid = __atomic_load_n(&c->q_blocked[i], __ATOMIC_ACQUIRE);
+        if (tid > 0)
+            syscall(SYS_tgkill, pid, tid, LLFT_KICK_SIGNAL);
+    }
+}
+
+void llft_quiesce_release(llft_ctl_t *c)
+{
+    __atomic_store_n(&c->quiesce, 0, __ATOMIC_SEQ_CST);
+    llft_futex_wake(&c->quiesce);
+}
+
+/* 0 once every thread of pid has answered (the primary is held until
+ * llft_quiesce_release); -ETIMEDOUT after timeout_ms (released again), or
+ * another -errno.  *threads: how many threads answered. */
+int llft_quiesce_hold(llft_ctl_t *c, int pid, int timeout_ms, int *threads)
+{
+    __atomic_fetch_add(&c->q_gen, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&c->q_counted, 0, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < LLFT_QUIESCE_KICKS; i++)
+        __atomic_store_n(&c->q_blocked[i], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->quiesce, 1, __ATOMIC_SEQ_CST);
+    int sent = census(pid);
+    *threads = sent;
+    if (sent <= 0) {
+        llft_quiesce_release(c);
+        return sent < 0 ? sent : -ESRCH;
+    }
+    uint64_t until = now_us() + (uint64_t)timeout_ms * 1000u;
+    for (;;) {
+        if ((int)__atomic_load_n(&c->q_counted, __ATOMIC_ACQUIRE) >= sent)
+            return 0;
+        if (now_us() >= until) {
+            llft_quiesce_release(c);
+            return -ETIMEDOUT;
+        }
+        kick_listed(c, pid);
+        struct timespec nap = {0, KICK_EVERY_US * 1000L};
+        nanosleep(&nap, NULL);
+    }
+}

@@ -1,0 +1,73 @@
+"""A primary held still for a checkpoint of itself (llft/checkpoint/quiesce.py,
+native/quiesce.c): every thread answers the census (those blocked in a
+read, an accept or a poll are interrupted and start the call again once
+released), and the program never sees it: the clients get every answer
+once, the backups replay in step, and every replica ends with the same
+output.  Held under load, driven by the clients' progress, many times."""
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from serving import ServingGroup
+from test_checkpoint import MemcachedClient
+from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, wait_for
+
+from llft.checkpoint import quiesce
+from llft.native import StreamFile
+
+HOLDS = 25
+
+
+def primary_of(group) -> dict:
+    return next(r for r in state(group)["replicas"] if r["role"] == "primary")
+
+
+SERVERS = {
+    # a thread per connection, blocked in read(); the main thread in accept()
+    "kv_server": (lambda examples: [examples / "kv_server", 7000], KvClient, 6),
+    # one thread in epoll_wait, background threads in condition waits
+    "redis": (lambda examples: [shutil.which("redis-server"), "--port", "6379", "--save", "", "--appendonly",
+                                "no", "--enable-debug-command", "yes"], RedisClient, 3),
+    # libevent's epoll_wait in four workers and the dispatcher, memcached's
+    # own threads in condition waits and sleeps
+    "memcached": (lambda examples: [shutil.which("memcached"), "-A", "-t", "4", "-p", "11211", "-U", "0", "-l",
+                                    "127.0.0.1", "-u", "root", "-o", "no_lru_crawler,no_lru_maintainer"],
+                  MemcachedClient, 3),
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_primary_held_for_its_checkpoint_goes_on_as_if_never_held(server, examples, tmp_path):
+    argv, client_cls, nclients = SERVERS[server]
+    if argv(examples)[0] is None:
+        pytest.skip(f"{server} not installed (scripts/setup.sh installs it)")
+    group = ServingGroup(tmp_path / "rd", argv(examples), replicas=3, extra=["--log-output"])
+    wl = Workload(group, client_cls, nclients)
+    try:
+        wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
+        primary = primary_of(group)
+        stream = StreamFile(primary["stream"])
+        answered = []
+        for n in range(HOLDS):
+            wl.progresses(f"before hold {n + 1}", replies=30)
+            with quiesce.held(stream, primary["pid"], timeout_ms=3000) as threads:
+                answered.append(threads)
+                # Held as long as a dump takes; meanwhile the primary's
+                # threads stay out of the kernel's blocking calls, except
+                # in their waits at a call's entry and in lock waits.
+                time.sleep(0.03)
+        wl.progresses("after the last hold", replies=60)
+        assert primary_of(group)["index"] == primary["index"], "the primary was held, never replaced"
+        check_digests(group, client_cls, state(group))
+        final = wl.finish_and_shut_down(group)
+    finally:
+        wl.stop.set()
+    # Every thread answered, the clients' connection threads among them.
+    assert min(answered) >= nclients + 1, answered
+    survivors = live(final)
+    assert len(survivors) == 3 and all(r["status"] == 0 for r in survivors), final["replicas"]
+    for r in survivors[1:]:
+        assert r["outputs"] == survivors[0]["outputs"], f"replica {r['index']} sent something else"
