@@ -40,6 +40,7 @@ PRELOAD_SOURCES = [
     "native/wrap_syscall.c",
     "native/daemon_fork.c",
     "native/quiesce.c",
+    "native/demote.c",
 ]
 # -Dsyscall=llft_raw_syscall: the library exports syscall() to see the
 # program's own raw calls (wrap_syscall.c); its own go straight to the kernel.

@@ -3,12 +3,16 @@
 --keep 3`; a backup is killed and replaced by a CRIU clone of another
 backup.  And (checkpoint/restore) under `--replicas 2 --keep 2
 --checkpoint-every 2`: once a checkpoint of the populated backup is
-stored, the backup is killed and replaced by a copy of it, restored.  Per clone: how long the source backup was frozen and llft's part
+stored, the backup is killed and replaced by a copy of it, restored.  And
+(checkpoint/primary) under `--replicas 2 --keep 2`: the backup is killed
+and, with no backup to clone and no checkpoint stored, replaced by a clone
+of the primary, held still for it (how long, and how long holding it
+took, are recorded too).  Per clone: how long the source was frozen and llft's part
 of that, the dump, the restore, the image's size, the join end to end
 (from the kill to the clone adopted, as the state file says), the backup's
 resident memory; and, for a client of the primary sending PINGs
 throughout, its slowest round trip in the second before the kill and
-during the clone: the primary is not paused."""
+during the clone: the primary is not paused (but for checkpoint/primary)."""
 from __future__ import annotations
 
 import shutil
@@ -23,8 +27,7 @@ from bench.failover import state
 from bench.memory import anon_kib
 from bench.serving import end, free_port, wait_port
 
-SCENARIO = "checkpoint/clone"
-STORED_SCENARIO = "checkpoint/restore"
+SCENARIOS = {"clone": "checkpoint/clone", "restore": "checkpoint/restore", "primary": "checkpoint/primary"}
 STORE_EVERY_S = 2
 VALUE_BYTES = 1024
 
@@ -62,11 +65,12 @@ def _live(st: dict) -> list[dict]:
     return [r for r in st["replicas"] if r["role"] in ("primary", "backup")]
 
 
-def one_clone(ctx, size_mib: int, trial: int, stored: bool = False):
+def one_clone(ctx, size_mib: int, trial: int, mode: str):
     port = free_port()
     run_dir = ctx.tmp / f"checkpoint-{size_mib}-{trial}"
-    n = 2 if stored else 3
-    scenario = STORED_SCENARIO if stored else SCENARIO
+    stored = mode == "restore"
+    n = 3 if mode == "clone" else 2
+    scenario = SCENARIOS[mode]
     argv = [str(Path(sys.executable).with_name("llft-run")), "--replicas", str(n), "--keep", str(n),
             *(["--checkpoint-every", str(STORE_EVERY_S)] if stored else []),
             "--run-dir", str(run_dir), "--port", str(port), "--", shutil.which("redis-server"), "--port", "6379",
@@ -114,8 +118,9 @@ def one_clone(ctx, size_mib: int, trial: int, stored: bool = False):
             time.sleep(0.005)
         time.sleep(0.2)
         ck = clone["checkpoint"]
+        held = {"primary_held_ms": ck["held_ms"], "census_ms": ck["census_ms"]} if mode == "primary" else {}
         ctx.rec.event(scenario, {
-            "source_frozen_ms": ck["frozen_ms"], "llft_frozen_work_ms": ck["frozen_work_ms"],
+            **held, "source_frozen_ms": ck["frozen_ms"], "llft_frozen_work_ms": ck["frozen_work_ms"],
             "dump_ms": ck["dump_ms"], "restore_ms": ck["restore_ms"], "image_mib": round(ck["image_bytes"] / 2**20, 1),
             "join_ms": round((joined - killed) * 1000, 1), "backup_rss_mib": round(backup_kib / 1024, 1),
             "primary_worst_rtt_before_ms": pinger.worst_ms(killed - 1.0, killed),
@@ -139,9 +144,9 @@ def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
     if not shutil.which("redis-server"):
         ctx.skip("redis-server is not installed")
         return
-    ctx.plan(2 * len(sizes_mib) * trials)
-    for stored in (False, True):
+    ctx.plan(len(SCENARIOS) * len(sizes_mib) * trials)
+    for mode in SCENARIOS:
         for size in sizes_mib:
             for trial in range(trials):
-                one_clone(ctx, size, trial, stored)
+                one_clone(ctx, size, trial, mode)
                 ctx.step()

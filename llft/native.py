@@ -18,7 +18,9 @@ EXIT_DIVERGED = lib.LLFT_EXIT_DIVERGED
 EXIT_NOSTREAM = lib.LLFT_EXIT_NOSTREAM
 EXIT_UNREACHABLE = lib.LLFT_EXIT_UNREACHABLE
 ROLE_OFF, ROLE_PRIMARY, ROLE_BACKUP = lib.LLFT_ROLE_OFF, lib.LLFT_ROLE_PRIMARY, lib.LLFT_ROLE_BACKUP
-ROLE_NAMES = {ROLE_OFF: "off", ROLE_PRIMARY: "primary", ROLE_BACKUP: "backup"}
+ROLE_COPY = lib.LLFT_ROLE_COPY   # a copy of the primary's checkpoint: a backup from its first call (demote.c)
+ROLE_NAMES = {ROLE_OFF: "off", ROLE_PRIMARY: "primary", ROLE_BACKUP: "backup", ROLE_COPY: "backup",
+              lib.LLFT_ROLE_DEMOTING: "backup"}
 DEFAULT_SLOTS = 1 << 18
 CLOCK_IDS = {"realtime": 0, "monotonic": 1, "monotonic_raw": 4, "boottime": 7}
 

@@ -3,9 +3,11 @@
 backup with a new index (its precedence), never reused, ranked last.
 With --keep it is cloned from a live backup (llft/checkpoint/clone.py),
 one at a time; with no backup to clone, a copy of the stored checkpoint
-is restored (llft/checkpoint/stored.py); otherwise, or when neither can be
-done, it replays the group's history, OrderInfo and client input alike,
-from the start, then follows the live stream like any backup."""
+is restored (llft/checkpoint/stored.py), or, with none stored, it is
+cloned from the primary, held still for it; otherwise, or when none of
+these can be done, it replays the group's history, OrderInfo and client
+input alike, from the start, then follows the live stream like any
+backup."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +15,7 @@ import logging
 import time
 
 from llft.determinizer.catchup import CatchUpFeeder
-from llft.native import ROLE_BACKUP
+from llft.native import ROLE_BACKUP, ROLE_PRIMARY
 from llft.replica import Replica, watch_exit
 
 log = logging.getLogger("llft.group")
@@ -49,6 +51,8 @@ class Replacements:
                     failed.replaced = True
                     self.cloning = asyncio.create_task(self._clone(source, failed))
                     return
+                if self.stored is None and self._primary_settling():
+                    return   # the next look clones the new primary, once it has taken over
             failed.replaced = True
             if self._replace_without_clone(failed):
                 return
@@ -66,12 +70,16 @@ class Replacements:
             self.stored = None
             self.next_store = 0.0
 
-    def _replace_without_clone(self, failed: Replica) -> bool:
+    def _replace_without_clone(self, failed: Replica, primary_too: bool = True) -> bool:
         """No backup to clone: a copy of the stored checkpoint, restored
-        (True: under way), or a replay of the history while it goes back to
-        the start."""
+        (True: under way), or a clone of the primary (with --keep), or a
+        replay of the history while it goes back to the start."""
         if self.stored is not None:
             self.cloning = asyncio.create_task(self._wake_stored(failed))
+            return True
+        primary = self.primary_source() if primary_too and self.g.opts.keep is not None else None
+        if primary is not None:
+            self.cloning = asyncio.create_task(self._clone(primary, failed))
             return True
         if self.history_from_start:
             self._replay_replacement(failed)
@@ -147,6 +155,29 @@ class Replacements:
                 return r
         return None
 
+    def primary_source(self) -> Replica | None:
+        """The primary, when a clone may be made of it: alive, running, the
+        record pump's source with no failover under way, and not under
+        --serialize (whose turns it records outside the calls a hold
+        stops)."""
+        g = self.g
+        if self.clone_refused is not None or g.opts.serialize or g.forwarder is None or g.forwarder.promoting:
+            return None
+        primary = next((r for r in g.replicas if r.role == "primary"), None)
+        if (primary is None or not primary.alive() or primary.frozen() or primary.stream.role != ROLE_PRIMARY
+                or primary.stream is not getattr(g.source, "stream", None)):
+            return None
+        return primary
+
+    def _primary_settling(self) -> bool:
+        """A backup is taking over: it replays the failed primary's last
+        records before it records as the primary does."""
+        g = self.g
+        if g.forwarder is not None and g.forwarder.promoting:
+            return True
+        primary = next((r for r in g.replicas if r.role == "primary"), None)
+        return primary is not None and primary.alive() and primary.stream.role != ROLE_PRIMARY
+
     async def _clone(self, source: Replica, failed: Replica):
         g = self.g
         from llft.checkpoint.clone import BackupClone, CloneAgain, CloneFailed
@@ -164,7 +195,7 @@ class Replacements:
                         else "by one that replays the group's history")
             if not g.source.finished() and g.interrupted is None:
                 self.cloning = None
-                self._replace_without_clone(failed)
+                self._replace_without_clone(failed, primary_too=False)   # (what failed would fail it too)
                 return
         finally:
             if self.cloning is asyncio.current_task():

@@ -193,8 +193,8 @@ static void new_fds_replay(struct llft_thread *t, const llft_rec_t *e, int n, in
 
 int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec, int *fds)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     llft_rec_t e;
     if (role == LLFT_ROLE_BACKUP && !llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {
         if (e.ret < 0) {
@@ -256,8 +256,8 @@ int llft_place_numbered(struct llft_thread *t, int fd, int cloexec)
  * open("/dev/null") returns). */
 int llft_open_numbered(int (*make)(void *ctx), void *ctx, int cloexec)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_NEW_FD, &e)) {

@@ -18,7 +18,12 @@
 #define LLFT_CTL_BYTES  8192u
 #define LLFT_RING_HDR   512u
 
-enum llft_role { LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2 };
+/* LLFT_ROLE_COPY: a copy of the primary's checkpoint, restored to be a
+ * backup; its first call makes it one (LLFT_ROLE_DEMOTING meanwhile:
+ * native/demote.c). */
+enum llft_role {
+    LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2, LLFT_ROLE_COPY = 3, LLFT_ROLE_DEMOTING = 4
+};
 
 /* Exit codes of a replica stopped by the shim itself. */
 #define LLFT_EXIT_DIVERGED 86

@@ -85,3 +85,13 @@ struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id)
     llft_log("llft: more than %u distinct locks; cannot order more", OBJ_SLOTS);
     llft_exit_now(LLFT_EXIT_NOSTREAM);
 }
+
+/* Each object in the table (a copy of the primary becoming a backup:
+ * demote.c). */
+void llft_obj_each(void (*visit)(const struct llft_obj *o))
+{
+    struct llft_obj *tab = table_get();
+    for (uint32_t i = 0; i < OBJ_SLOTS; i++)
+        if (__atomic_load_n(&tab[i].addr, __ATOMIC_ACQUIRE) && __atomic_load_n(&tab[i].id, __ATOMIC_ACQUIRE))
+            visit(&tab[i]);
+}

@@ -1,20 +1,22 @@
 /* The primary held still for a checkpoint of itself (docs/checkpoints.md).
  *
  * CRIU freezes every thread wherever it is.  A thread in the program's own
- * code, or in a call that does not block, is no trouble: whatever copy is
- * made of the image goes on from there as the primary did.  A thread
- * blocked inside the real system call of a primary branch is: restored,
- * that call would start again in the copy and take input no record
- * accounts for.  So before the image is taken the controller holds the
- * primary (quiesce_hold.c): it raises the control block's quiesce flag and
- * sends every thread CENSUS_SIGNAL.  A thread outside such a call answers
- * at once from the handler, and from then on waits at the entry of any
- * blocking call until the flag is lowered; a thread inside one answers on
- * leaving it, and one blocked in the kernel lists itself, so that the
- * controller interrupts it with KICK_SIGNAL (installed without SA_RESTART:
- * the call fails with EINTR and the wrapper starts it again, from its
- * entry, where it waits).  The census is complete when every thread has
- * answered.
+ * code is no trouble: a copy made of the image goes on from there as the
+ * primary does.  A thread inside a recorded call is: between the real
+ * call and its record the image and the stream disagree, and one blocked
+ * in a real read would, in a copy, start that read again and take input
+ * no record accounts for.  So before the image is taken the controller
+ * holds the primary (quiesce_hold.c): it raises the control block's
+ * quiesce flag and sends every thread CENSUS_SIGNAL.  A thread outside any
+ * recorded call answers at once from the handler, and from then on waits
+ * at the entry of any recorded call until the flag is lowered; a thread
+ * inside one answers on leaving it, and one blocked in the kernel lists
+ * itself, so that the controller interrupts it with KICK_SIGNAL (installed
+ * without SA_RESTART: the call fails with EINTR and the wrapper starts it
+ * again, from its entry, where it waits).  A thread in a lock or condition
+ * wait answers as one outside any call (wrap_lock.c).  The census is
+ * complete when every thread has answered; from then on no thread records
+ * until the primary is let go.
  *
  * CENSUS_SIGNAL restarts what it interrupts (SA_RESTART), so the program's
  * own blocking calls never see it.  Both signals stay unblocked whatever
@@ -71,7 +73,8 @@ static void on_census(int sig, siginfo_t *info, void *ctx)
     int saved = errno;
     struct llft_thread *t = &llft_self;
     if (llft_ctl && __atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) {
-        if (t->state == TS_TRACKED && __atomic_load_n(&t->in_call, __ATOMIC_RELAXED) == CALL_IN) {
+        if (t->state == TS_TRACKED && __atomic_load_n(&t->calls, __ATOMIC_RELAXED) &&
+            !__atomic_load_n(&t->parked, __ATOMIC_RELAXED)) {
             uint32_t gen = __atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE);
             if (!t->q_pending || t->q_gen != gen) {
                 t->q_gen = gen;
@@ -105,7 +108,7 @@ int llft_quiesce_enter(struct llft_thread *t)
     int saved = errno;
     llft_ctl_t *c = llft_ctl;
     do {
-        __atomic_store_n(&t->in_call, CALL_PARKED, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->parked, 1, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         if (t->q_pending)
             llft_quiesce_answer(t);
@@ -115,11 +118,12 @@ int llft_quiesce_enter(struct llft_thread *t)
             struct timespec slice = {0, 50 * 1000000L};
             syscall(SYS_futex, &c->quiesce, FUTEX_WAIT, 1, &slice, NULL, 0);
         }
-        __atomic_store_n(&t->in_call, CALL_IN, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->parked, 0, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
     } while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE));
     errno = saved;
-    return (int)__atomic_load_n(&c->role, __ATOMIC_RELAXED);
+    int role = (int)__atomic_load_n(&c->role, __ATOMIC_RELAXED);
+    return role >= LLFT_ROLE_COPY ? llft_demote() : role;
 }
 
 static void install(int sig, void (*handler)(int, siginfo_t *, void *), int flags)

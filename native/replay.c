@@ -91,6 +91,8 @@ static uint32_t exec_barrier;     /* records past an execve belong to the next i
  * so no thread may replay a later record before the handler has run. */
 static uint32_t signal_barrier;
 static uint32_t promote_pending;  /* the failed primary's stream ends here: take over once drained */
+static uint32_t promoted;         /* 1: a thread is taking over, 2: taken over */
+static uint32_t era;              /* bumped when a copy of the primary starts replaying (demote.c) */
 static uint32_t max_tid;          /* highest thread id the primary used or created */
 static uint64_t stream_ended_ms;
 static int64_t primary_status = -1; /* END's: the primary program's exit status, -1 if unknown */
@@ -368,7 +370,6 @@ static int all_replayed(void)
  * wrappers record (llft_mode reads the role) into this replica's ring. */
 static int try_promote(void)
 {
-    static uint32_t promoted; /* 1: a thread is taking over, 2: taken over */
     uint32_t p = LOAD(&promoted, ACQ);
     if (p)
         return p == 2; /* the others wait until the lock table is filled */
@@ -476,8 +477,52 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
     }
 }
 
+/* A thread of a copy of the primary (demote.c) takes its queue at its
+ * first replayed call. */
+static void own_queue(struct llft_thread *t)
+{
+    if (LIKELY(t->q != NULL && t->q_era == LOAD(&era, RLX)))
+        return;
+    spin_lock(&dispatch_lock);
+    t->q = queue_for(t->tid);
+    t->q_era = era;
+    spin_unlock(&dispatch_lock);
+    __atomic_fetch_add(&live_threads, 1, SEQ);
+}
+
+/* No thread is in the engine: the copy's were the primary's. */
+void llft_replay_restart(uint32_t last_tid)
+{
+    spin_lock(&dispatch_lock);
+    for (uint32_t i = 0; i < QSLOTS; i++) {
+        struct tqueue *q = &llft_queues[i];
+        if (q->state != Q_FREE) {
+            q->rd_chunk = q->wr_chunk = NULL;
+            STORE(&q->state, Q_FREE, REL);   /* (gen goes on: a stale slot|gen never matches) */
+        }
+    }
+    llft_nlive_slots = 0;
+    spin_lock(&pool_lock);
+    pool_free_list = NULL;
+    pool_used = 0;
+    spin_unlock(&pool_lock);
+    exec_barrier = signal_barrier = 0;
+    STORE(&promote_pending, 0, SEQ);
+    STORE(&promoted, 0, SEQ);
+    STORE(&llft_stream_ended, 0, SEQ);
+    stream_ended_ms = 0;
+    primary_status = -1;
+    STORE(&live_threads, 0, SEQ);
+    STORE(&stopped, 0, SEQ);
+    wake_bits = 0;
+    max_tid = last_tid;
+    STORE(&era, era + 1, SEQ);
+    spin_unlock(&dispatch_lock);
+}
+
 int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
+    own_queue(t);
     t->depth++;
     if (pop_wait(t, op, out, 1) == LLFT_PROMOTED) {
         t->depth--;
@@ -507,6 +552,7 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 
 int llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
+    own_queue(t);
     t->depth++;
     int r = pop_wait(t, op, out, 0);
     t->depth--;
@@ -609,6 +655,7 @@ void llft_replay_setup(void)
     llft_self.q = NULL;
     spin_lock(&dispatch_lock);
     llft_self.q = queue_for(0);
+    llft_self.q_era = era;
     spin_unlock(&dispatch_lock);
     __atomic_fetch_add(&live_threads, 1, SEQ);
 }
@@ -617,6 +664,7 @@ void llft_replay_thread_start(struct llft_thread *t)
 {
     spin_lock(&dispatch_lock);
     t->q = queue_for(t->tid);
+    t->q_era = era;
     spin_unlock(&dispatch_lock);
     __atomic_fetch_add(&live_threads, 1, SEQ);
 }
@@ -672,6 +720,7 @@ static int others_replayed(const struct llft_thread *t)
  * them after we return. */
 void llft_replay_at_exit(struct llft_thread *t)
 {
+    own_queue(t);
     t->depth++;
     while (!LOAD(&llft_stream_ended, ACQ) && !LOAD(&promote_pending, ACQ)) {
         uint32_t ep = LOAD(&epoch, SEQ);

@@ -50,6 +50,7 @@ void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotge
 void llft_turnstiles_reserve(void);
 void llft_annotate_turn(llft_rec_t *rec);
 void llft_adopt_objects(void);
+void llft_turnstiles_from_objects(void);
 
 /* ---- wait_order.c ---- */
 static inline int llft_event_wait_op(uint16_t op)

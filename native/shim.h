@@ -30,19 +30,20 @@ struct llft_thread {
     uint32_t state;          /* TS_* */
     uint32_t depth;          /* > 0 while inside the shim: nested calls pass through */
     uint64_t cached_tail;    /* primary: last seen ring tail, saves a shared load */
-    struct tqueue *q;        /* backup: this thread's replay queue */
+    struct tqueue *q;        /* backup: this thread's replay queue... */
+    uint32_t q_era;          /* ...if taken in the replay engine's current era (demote.c) */
     uint64_t stamp;          /* backup: when its last record was replayed (the replica's record count) */
     uint32_t serial_turn;    /* --serialize: 1 while this thread holds the replica's turn (serialize.c) */
     /* A quiesce's census (quiesce.c) reads these from a signal handler on
      * this same thread: plain stores, ordered by signal fences. */
-    uint8_t in_call;         /* CALL_*: where this thread is in a call that may block */
-    uint8_t q_pending;       /* the census asked while in such a call: answer on leaving it */
+    uint16_t calls;          /* recorded calls open (more than one: a signal handler's, inside one) */
+    uint8_t parked;          /* waiting at a call's entry while the primary is held */
+    uint8_t q_pending;       /* the census asked while in a call: answer on leaving it */
     uint8_t blocking;        /* inside the real blocking system call of a primary branch */
     uint8_t kicked;          /* ...which the census interrupted: the call is started again */
     uint32_t q_gen;          /* the census it answers */
     uint32_t q_slot;         /* 1 + its slot in the control block's list of threads to interrupt; 0: none */
 };
-enum { CALL_OUT = 0, CALL_IN = 1, CALL_PARKED = 2 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
 extern int llft_state;            /* 0 not started, 1 initialising, 2 ready, or: */
@@ -69,6 +70,13 @@ void *llft_resolve(const char *name, const char *version);
         return p;                                                             \
     }
 
+/* A copy of the primary restored as a backup (demote.c): its first call
+ * makes it one; returns LLFT_ROLE_BACKUP. */
+int llft_demote(void);
+/* Wakes every condition wait the primary's threads are in for real
+ * (wrap_lock.c): a copy's first step as a backup. */
+void llft_cond_waits_wake(void);
+
 /* Which role the calling thread plays for this call: LLFT_ROLE_OFF means
  * "just call the real function". */
 static inline int llft_mode(struct llft_thread **tp)
@@ -79,17 +87,21 @@ static inline int llft_mode(struct llft_thread **tp)
     if (UNLIKELY(t->state != TS_TRACKED || t->depth || !llft_ctl))
         return LLFT_ROLE_OFF;
     *tp = t;
-    return (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
+    int role = (int)__atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED);
+    if (UNLIKELY(role >= LLFT_ROLE_COPY))
+        role = llft_demote();
+    return role;
 }
 
 /* ---- a quiesce of the primary for its checkpoint (quiesce.c) ----
- * A call that may block in the kernel (a read, an accept, a poll) is
- * entered through llft_call_mode with its thread declared by LLFT_CALL:
- * while the controller holds the primary, such calls wait at their entry,
- * and one already blocked is interrupted and started again, so that no
- * thread is inside the real call of a primary branch when the image is
- * taken.  Calls that do not block need no gate: a thread frozen in one
- * finishes it in every copy as the primary does. */
+ * Every recorded call is entered through llft_call_mode, with its thread
+ * declared by LLFT_CALL: while the controller holds the primary, such
+ * calls wait at their entry, and one blocked in the kernel is interrupted
+ * and started again, so that no thread is inside a recorded call of the
+ * primary's when its image is taken, and none records until it is
+ * released.  Lock and condition waits are the exception: a thread waits
+ * for the lock as a thread outside any call, and once it has it, gives
+ * it back and waits at the entry (wrap_lock.c). */
 void llft_quiesce_init(void);
 void llft_quiesce_exec(void);
 int  llft_quiesce_enter(struct llft_thread *t);
@@ -101,12 +113,17 @@ const sigset_t *llft_mask_without_ours(const sigset_t *mask, sigset_t *buf);
 static inline int llft_call_mode(struct llft_thread **tp)
 {
     int role = llft_mode(tp);
-    if (role == LLFT_ROLE_OFF)
+    if (role == LLFT_ROLE_OFF) {
+        *tp = NULL;
         return role;
+    }
     struct llft_thread *t = *tp;
-    __atomic_store_n(&t->in_call, CALL_IN, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->calls, t->calls + 1, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (UNLIKELY(__atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) && role == LLFT_ROLE_PRIMARY)
+    /* (A call inside a signal handler's, inside a call, does not wait: the
+     * census waits for the outer one.) */
+    if (UNLIKELY(__atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) && role == LLFT_ROLE_PRIMARY &&
+        t->calls == 1)
         role = llft_quiesce_enter(t);
     return role;
 }
@@ -115,27 +132,48 @@ static inline void llft_call_end(struct llft_thread **tp)
     struct llft_thread *t = *tp;
     if (!t)
         return;
-    __atomic_store_n(&t->in_call, CALL_OUT, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->calls, t->calls - 1, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (UNLIKELY(__atomic_load_n(&t->q_pending, __ATOMIC_RELAXED)))
+    if (UNLIKELY(__atomic_load_n(&t->q_pending, __ATOMIC_RELAXED)) && t->calls == 0)
         llft_quiesce_answer(t);
 }
 #define LLFT_CALL(t) struct llft_thread *t __attribute__((cleanup(llft_call_end))) = NULL
+/* call, the wrapper's own, made again once this call (t's) has ended. */
+#define LLFT_AGAIN(t, call) ({ llft_call_end(&(t)); (t) = NULL; call; })
+/* A lock or condition wait of a primary branch (wrap_lock.c): the census
+ * takes the thread for one outside any call while it waits. */
+static inline void llft_acquiring(struct llft_thread *t, int on)
+{
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&t->parked, (uint8_t)on, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (on && UNLIKELY(__atomic_load_n(&t->q_pending, __ATOMIC_RELAXED)))
+        llft_quiesce_answer(t);
+}
+/* After such a wait: the primary is held, or this is a copy of it
+ * restored as a backup; either way what was acquired is given back. */
+static inline int llft_held_or_copy(void)
+{
+    return UNLIKELY(__atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE) ||
+                    __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) != LLFT_ROLE_PRIMARY);
+}
 /* The real blocking call of a primary branch, marked so that a census
- * interrupts it (then llft_kicked says so). */
+ * interrupts it (then llft_kicked says so); a signal handler's call inside
+ * it leaves the marks as they were. */
 #define LLFT_BLOCKING(t, call)                                                      \
     ({                                                                              \
+        uint8_t outer_blocking_ = (t)->blocking;                                    \
         __atomic_store_n(&(t)->kicked, 0, __ATOMIC_RELAXED);                        \
         __atomic_store_n(&(t)->blocking, 1, __ATOMIC_RELAXED);                      \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
         __typeof__(call) blocking_ret_ = (call);                                    \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
-        __atomic_store_n(&(t)->blocking, 0, __ATOMIC_RELAXED);                      \
+        __atomic_store_n(&(t)->blocking, outer_blocking_, __ATOMIC_RELAXED);        \
         blocking_ret_;                                                              \
     })
 /* The blocking call just made returned r because a census interrupted it:
- * the caller starts the call again (from its wrapper's entry, where it
- * waits for the quiesce to end). */
+ * the caller starts the call again with LLFT_AGAIN, from its wrapper's
+ * entry, where it waits for the quiesce to end. */
 static inline int llft_kicked(struct llft_thread *t, long r)
 {
     return UNLIKELY(r < 0 && errno == EINTR && __atomic_load_n(&t->kicked, __ATOMIC_RELAXED));
@@ -238,6 +276,7 @@ struct llft_obj {
 struct llft_obj *llft_obj_get(const void *addr, const struct llft_thread *t);
 /* The entry for addr, made with id new_id if there was none. */
 struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id);
+void llft_obj_each(void (*visit)(const struct llft_obj *o));
 static inline uint64_t llft_obj_take_turn(struct llft_obj *o)
 {
     return __atomic_add_fetch(&o->turns, 1, __ATOMIC_RELAXED);
@@ -248,6 +287,10 @@ void llft_replay_reserve(void);
 void llft_obj_reserve(void);
 
 void llft_replay_setup(void);
+/* A copy of the primary becoming a backup (demote.c): the replay engine
+ * starts afresh (the primary may once have been a backup), the primary
+ * having created threads up to last_tid. */
+void llft_replay_restart(uint32_t last_tid);
 /* Returns 0 with the thread's next record, or LLFT_PROMOTED: this replica
  * has just become the primary and the caller must do the call as one. */
 #define LLFT_PROMOTED 1

@@ -314,3 +314,20 @@ void llft_adopt_objects(void)
     }
 }
 
+
+/* A copy of the primary becoming a backup (demote.c), the reverse of
+ * llft_adopt_objects: each object's turnstile starts where the primary's
+ * lock table says its turns are, every turn taken so far done (the
+ * primary was held: none was under way). */
+static void start_from(const struct llft_obj *o)
+{
+    struct turnstile *ts = ts_get(o->id);
+    ts->addr = o->addr;
+    ts->turn_count_seen = 0;
+    STORE(&ts->done, LOAD(&o->turns, RLX), REL);
+}
+
+void llft_turnstiles_from_objects(void)
+{
+    llft_obj_each(start_from);
+}

@@ -90,8 +90,8 @@ static int replicated_exec(exec_fn fn, const void *target, enum exec_target how,
 {
     if (UNLIKELY(llft_fork_held))
         llft_daemon_fork_settle(0); /* a forked child goes on once its parent execs */
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role != LLFT_ROLE_OFF) {
         check_reachable(target, how);
         envp = with_replica_vars(envp, alloca((env_count(envp) + NVARS + 1) * sizeof(char *)));

@@ -111,8 +111,8 @@ static int hold_number(const struct retire *r)
  * earlier), and its next recorded call says whether it diverged. */
 static int retire_ordered(const struct retire *r)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         int next = llft_replay_next_if(t, LLFT_OP_CLOSE, &e);

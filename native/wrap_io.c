@@ -214,7 +214,7 @@ SWITCHING(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n))
         ssize_t r = LLFT_BLOCKING(t, REAL(read)(fd, buf, n));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_READ, fd);
-            return read_call(fd, buf, n);
+            return LLFT_AGAIN(t, read_call(fd, buf, n));
         }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -244,7 +244,7 @@ SWITCHING(ssize_t, readv, (int fd, const struct iovec *iov, int niov), (fd, iov,
         ssize_t r = LLFT_BLOCKING(t, REAL(readv)(fd, iov, niov));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_READ, fd);
-            return readv_call(fd, iov, niov);
+            return LLFT_AGAIN(t, readv_call(fd, iov, niov));
         }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
     }
@@ -266,7 +266,7 @@ SWITCHING(ssize_t, recv, (int fd, void *buf, size_t n, int flags), (fd, buf, n, 
         ssize_t r = LLFT_BLOCKING(t, REAL(recv)(fd, buf, n, flags));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_READ, fd);
-            return recv_call(fd, buf, n, flags);
+            return LLFT_AGAIN(t, recv_call(fd, buf, n, flags));
         }
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -290,7 +290,7 @@ SWITCHING(ssize_t, recvfrom,
         r = LLFT_BLOCKING(t, REAL(recvfrom)(fd, buf, n, flags, NULL, NULL));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_READ, fd);
-            return recvfrom_call(fd, buf, n, flags, addr, len);
+            return LLFT_AGAIN(t, recvfrom_call(fd, buf, n, flags, addr, len));
         }
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
@@ -317,7 +317,7 @@ SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, f
         r = LLFT_BLOCKING(t, REAL(recvmsg)(fd, msg, flags));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_READ, fd);
-            return recvmsg_call(fd, msg, flags);
+            return LLFT_AGAIN(t, recvmsg_call(fd, msg, flags));
         }
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
     }
@@ -344,7 +344,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
         ssize_t r = LLFT_BLOCKING(t, REAL(write)(fd, buf, n));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_WRITE, fd);
-            return write(fd, buf, n);
+            return LLFT_AGAIN(t, write(fd, buf, n));
         }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -363,7 +363,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
         ssize_t r = LLFT_BLOCKING(t, REAL(writev)(fd, iov, niov));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_WRITE, fd);
-            return writev(fd, iov, niov);
+            return LLFT_AGAIN(t, writev(fd, iov, niov));
         }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
@@ -383,7 +383,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
         ssize_t r = LLFT_BLOCKING(t, REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_WRITE, fd);
-            return send(fd, buf, n, flags);
+            return LLFT_AGAIN(t, send(fd, buf, n, flags));
         }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
@@ -411,7 +411,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
         ssize_t r = LLFT_BLOCKING(t, REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_WRITE, fd);
-            return sendmsg(fd, msg, flags);
+            return LLFT_AGAIN(t, sendmsg(fd, msg, flags));
         }
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
@@ -456,7 +456,7 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
         ssize_t r = LLFT_BLOCKING(t, REAL(sendfile)(out, in, off, count));
         if (llft_kicked(t, r)) {
             transfer_cancel(LLFT_OP_SENDFILE, out);
-            return sendfile(out, in, off, count);
+            return LLFT_AGAIN(t, sendfile(out, in, off, count));
         }
         return record_transfer(t, LLFT_OP_SENDFILE, out, r, errno, NULL);
     }

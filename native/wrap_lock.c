@@ -90,21 +90,58 @@ static int block_sem(void *s)
     return r ? errno : 0;
 }
 
+/* ---- held for a checkpoint (quiesce.c) -------------------------------
+ * A thread waiting for a lock may wait for one a parked thread holds: it
+ * waits as a thread outside any call (acquiring), and once it has the
+ * lock, if the primary is held, or this process is a copy of the primary
+ * restored as a backup, it gives the lock back unrecorded and makes the
+ * call again from its entry. */
+DEFINE_REAL(pthread_rwlock_unlock)
+
+static void give_back(uint16_t op, void *obj)
+{
+    if (op >= LLFT_OP_SEM_WAIT)
+        sem_post(obj);
+    else if (op >= LLFT_OP_RWLOCK_RDLOCK)
+        REAL(pthread_rwlock_unlock)(obj);
+    else
+        REAL(pthread_mutex_unlock)(obj);
+}
+
+/* The real acquisition of a primary branch, made as a wait outside the
+ * call; nonzero afterwards when it is to be given back (see above). */
+#define ACQUIRING(t, call)                                                          \
+    ({                                                                              \
+        llft_acquiring(t, 1);                                                       \
+        __typeof__(call) acquiring_ret_ = (call);                                   \
+        llft_acquiring(t, 0);                                                       \
+        acquiring_ret_;                                                             \
+    })
+
 /* An acquisition's result.  err_of(r) is the errno to record for result r:
  * pthread calls return the error (record 0), semaphores -1 and errno. */
 #define ACQUIRED(op, obj, block, real_call, err_of)                                 \
     ({                                                                              \
-        struct llft_thread *t;                                                      \
-        int role = llft_mode(&t), got_;                                             \
+        LLFT_CALL(t);                                                               \
+        int role = llft_call_mode(&t), got_;                                        \
         int64_t res;                                                                \
-        if (UNLIKELY(role == LLFT_ROLE_BACKUP) &&                                   \
-            !replay_acquire(t, op, (void *)(obj), block, &res)) {                   \
-            got_ = (int)res;                                                        \
-        } else if (LIKELY(role != LLFT_ROLE_OFF)) { /* or taken over just now */    \
-            got_ = real_call;                                                       \
-            record_acquire(t, op, obj, got_ == 0, got_, err_of(got_));              \
-        } else {                                                                    \
-            got_ = real_call;                                                       \
+        for (;;) {                                                                  \
+            if (UNLIKELY(role == LLFT_ROLE_BACKUP) &&                               \
+                !replay_acquire(t, op, (void *)(obj), block, &res)) {               \
+                got_ = (int)res;                                                    \
+            } else if (LIKELY(role != LLFT_ROLE_OFF)) { /* or taken over just now */\
+                got_ = ACQUIRING(t, real_call);                                     \
+                if (UNLIKELY(llft_held_or_copy())) {                                \
+                    if (got_ == 0)                                                  \
+                        give_back(op, (void *)(obj));                               \
+                    role = llft_quiesce_enter(t);                                   \
+                    continue;                                                       \
+                }                                                                   \
+                record_acquire(t, op, obj, got_ == 0, got_, err_of(got_));          \
+            } else {                                                                \
+                got_ = real_call;                                                   \
+            }                                                                       \
+            break;                                                                  \
         }                                                                           \
         got_;                                                                       \
     })
@@ -226,6 +263,60 @@ EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
     return REAL(pthread_cond_broadcast)(c);
 }
 
+/* The condition variables the primary's threads wait on for real, with
+ * how many wait on each: a copy of the primary (demote.c) wakes them all.
+ * Restored, such a wait goes on for real, and a signal there need not
+ * wake the waiter the primary's woke: the waiter the record says returns
+ * would wait on, for a signal nobody sends, while the one woken waits
+ * for its turn after it.  Woken, each takes its record instead (a
+ * spurious wake-up, which a condition wait may always have).  Open
+ * addressing over a few slots from the variable's home. */
+#define COND_WAIT_SLOTS 4096
+#define COND_WAIT_PROBE 8
+static struct cond_wait {
+    pthread_cond_t *c;
+    uint32_t waiting;
+} cond_waits[COND_WAIT_SLOTS];
+
+static struct cond_wait *cond_wait_begin(pthread_cond_t *c)
+{
+    uint32_t home = (uint32_t)(((uintptr_t)c * 0x9E3779B97F4A7C15ull) >> 52);
+    for (uint32_t i = 0; i < COND_WAIT_PROBE; i++) {
+        struct cond_wait *w = &cond_waits[(home + i) % COND_WAIT_SLOTS];
+        pthread_cond_t *none = NULL;
+        if (__atomic_load_n(&w->c, __ATOMIC_ACQUIRE) == c ||
+            __atomic_compare_exchange_n(&w->c, &none, c, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            __atomic_fetch_add(&w->waiting, 1, __ATOMIC_SEQ_CST);
+            return w;
+        }
+    }
+    return NULL;   /* not woken by a copy: it waits for a signal, as a spurious wake-up's absence allows */
+}
+
+static void cond_wait_end(struct cond_wait *w)
+{
+    if (w)
+        __atomic_fetch_sub(&w->waiting, 1, __ATOMIC_SEQ_CST);
+}
+
+void llft_cond_waits_wake(void)
+{
+    for (uint32_t i = 0; i < COND_WAIT_SLOTS; i++) {
+        pthread_cond_t *c = __atomic_load_n(&cond_waits[i].c, __ATOMIC_ACQUIRE);
+        if (c && __atomic_load_n(&cond_waits[i].waiting, __ATOMIC_SEQ_CST))
+            REAL(pthread_cond_broadcast)(c);
+    }
+}
+
+/* The primary's real wait on c, registered (see above) while it lasts. */
+#define COND_REAL_WAIT(t, c, call)                                                  \
+    ({                                                                              \
+        struct cond_wait *registered_ = cond_wait_begin(c);                         \
+        int cond_ret_ = ACQUIRING(t, call);                                         \
+        cond_wait_end(registered_);                                                 \
+        cond_ret_;                                                                  \
+    })
+
 /* Backup: the condition variable this thread last returned from a
  * replayed wait on, and its signal count then. */
 static __thread const pthread_cond_t *last_cond TLS_IE;
@@ -247,12 +338,9 @@ static __thread uint64_t takeover_signals TLS_IE;
  * real, as its primary's thread still was: programs that take any wake-up
  * for their signal (memcached's hash-table thread expands the table on
  * each) would act on a wake-up nobody sent. */
-static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int *res)
+static int cond_replay_unlocked(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int *res)
 {
     uint64_t signals = last_cond == c ? last_signals : 0;
-    /* Release first, as the real wait does: the record of this wait's end
-     * may be long in coming, and other threads need the mutex meanwhile. */
-    REAL(pthread_mutex_unlock)(m);
     llft_rec_t e;
     if (llft_replay_next(t, op, &e)) {
         REAL(pthread_mutex_lock)(m);
@@ -275,6 +363,47 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
     return 0;
 }
 
+static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int *res)
+{
+    /* Release first, as the real wait does: the record of this wait's end
+     * may be long in coming, and other threads need the mutex meanwhile. */
+    REAL(pthread_mutex_unlock)(m);
+    return cond_replay_unlocked(op, c, m, t, res);
+}
+
+/* The primary's real wait ended with r (0 or ETIMEDOUT, the mutex held
+ * again; or an error) while the primary is held, or in a copy of it
+ * restored as a backup (see give_back): the mutex is given back, and the
+ * wait ends as if woken for nothing, its re-acquisition made in the role
+ * this thread has once it may go on. */
+static int cond_given_back(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int r)
+{
+    int held = r == 0 || r == ETIMEDOUT;
+    if (held)
+        REAL(pthread_mutex_unlock)(m);
+    for (;;) {
+        if (llft_quiesce_enter(t) == LLFT_ROLE_BACKUP) {
+            int res = 0;
+            if (cond_replay_unlocked(op, c, m, t, &res)) /* taken over meanwhile: woken */
+                res = cond_common(op, m, 0, t);
+            return res;
+        }
+        if (!held)
+            return cond_common(op, m, r, t);
+        int got = ACQUIRING(t, REAL(pthread_mutex_lock)(m));
+        if (!llft_held_or_copy())
+            return cond_common(op, m, got == 0 ? r : got, t);
+        if (got == 0)
+            REAL(pthread_mutex_unlock)(m);
+    }
+}
+
+/* The primary's real wait ended with r: recorded, or given back. */
+static int cond_waited(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int r)
+{
+    return llft_held_or_copy() ? cond_given_back(op, c, m, t, r) : cond_common(op, m, r, t);
+}
+
 /* A wait open at a takeover that nobody had signalled: the real wait, in
  * slices of TAKEOVER_SLICE_NS, the signal count checked between them.  A
  * thread that signals without holding the mutex can signal between this
@@ -283,7 +412,7 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
  * ETIMEDOUT at the program's deadline on clock clk (NULL: none). */
 #define TAKEOVER_SLICE_NS 10000000
 
-static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk,
+static int wait_after_takeover(struct llft_thread *t, pthread_cond_t *c, pthread_mutex_t *m, clockid_t clk,
                                const struct timespec *deadline)
 {
     int64_t end = deadline ? llft_ts_ns(deadline) : INT64_MAX;
@@ -295,8 +424,8 @@ static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t 
             return ETIMEDOUT;
         int64_t until = end - at < TAKEOVER_SLICE_NS ? end : at + TAKEOVER_SLICE_NS;
         struct timespec slice = {until / LLFT_NS, until % LLFT_NS};
-        int r = REAL(pthread_cond_clockwait)(c, m, clk, &slice);
-        if (r != ETIMEDOUT)
+        int r = COND_REAL_WAIT(t, c, REAL(pthread_cond_clockwait)(c, m, clk, &slice));
+        if (r != ETIMEDOUT || llft_held_or_copy())   /* (held: the caller gives the mutex back) */
             return r;
         if (__atomic_load_n(signals_of(c), __ATOMIC_SEQ_CST) != takeover_signals)
             return 0;
@@ -307,16 +436,16 @@ static int wait_after_takeover(pthread_cond_t *c, pthread_mutex_t *m, clockid_t 
  * needs of the program's wait (deadline NULL for an untimed one). */
 #define COND_WAITED(op, c, m, clk, deadline, real_call)                             \
     ({                                                                              \
-        struct llft_thread *t;                                                      \
-        int role = llft_mode(&t), res = 0, how = 0;                                 \
+        LLFT_CALL(t);                                                               \
+        int role = llft_call_mode(&t), res = 0, how = 0;                            \
         if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
             how = cond_replay(op, c, m, t, &res);                                   \
             if (how == COND_WOKEN)                                                  \
                 res = cond_common(op, m, 0, t);                                     \
             else if (how == COND_STILL)                                             \
-                res = cond_common(op, m, wait_after_takeover(c, m, clk, deadline), t); \
+                res = cond_waited(op, c, m, t, wait_after_takeover(t, c, m, clk, deadline)); \
         } else if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                             \
-            res = cond_common(op, m, real_call, t);                                 \
+            res = cond_waited(op, c, m, t, COND_REAL_WAIT(t, c, real_call));        \
         } else {                                                                    \
             res = real_call;                                                        \
         }                                                                           \

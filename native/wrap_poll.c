@@ -121,7 +121,7 @@ SWITCHING(int, poll, (struct pollfd *fds, nfds_t n, int timeout), (fds, n, timeo
     if (role != LLFT_ROLE_OFF) {
         int r = LLFT_BLOCKING(t, REAL(poll)(fds, n, timeout));
         if (llft_kicked(t, r))
-            return poll_call(fds, n, timeout);
+            return LLFT_AGAIN(t, poll_call(fds, n, timeout));
         return poll_primary(t, fds, n, r, errno);
     }
     if (UNLIKELY(llft_forked_from))
@@ -140,7 +140,7 @@ SWITCHING(int, ppoll, (struct pollfd *fds, nfds_t n, const struct timespec *ts, 
         sigset_t buf;
         int r = LLFT_BLOCKING(t, REAL(ppoll)(fds, n, ts, llft_mask_without_ours(mask, &buf)));
         if (llft_kicked(t, r))
-            return ppoll_call(fds, n, ts, mask);
+            return LLFT_AGAIN(t, ppoll_call(fds, n, ts, mask));
         return poll_primary(t, fds, n, r, errno);
     }
     if (UNLIKELY(llft_forked_from))
@@ -208,7 +208,7 @@ SWITCHING(int, select, (int n, fd_set *restrict rd, fd_set *restrict wr, fd_set 
     if (role != LLFT_ROLE_OFF) {
         int r = LLFT_BLOCKING(t, REAL(select)(n, rd, wr, ex, tv));
         if (llft_kicked(t, r)) /* the sets are as given; tv holds the time left */
-            return select_call(n, rd, wr, ex, tv);
+            return LLFT_AGAIN(t, select_call(n, rd, wr, ex, tv));
         return select_primary(t, n, sets, r, errno);
     }
     return REAL(select)(n, rd, wr, ex, tv);
@@ -229,7 +229,7 @@ SWITCHING(int, pselect,
         sigset_t buf;
         int r = LLFT_BLOCKING(t, REAL(pselect)(n, rd, wr, ex, ts, llft_mask_without_ours(mask, &buf)));
         if (llft_kicked(t, r))
-            return pselect_call(n, rd, wr, ex, ts, mask);
+            return LLFT_AGAIN(t, pselect_call(n, rd, wr, ex, ts, mask));
         return select_primary(t, n, sets, r, errno);
     }
     return REAL(pselect)(n, rd, wr, ex, ts, mask);
@@ -340,7 +340,7 @@ static int epoll_common(int epfd, struct epoll_event *evs, int max, int timeout,
         r = LLFT_BLOCKING(t, pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, llft_mask_without_ours(mask, &buf))
                                    : REAL(epoll_wait)(epfd, evs, max, timeout));
         if (llft_kicked(t, r))
-            return epoll_common(epfd, evs, max, timeout, mask, pwait);
+            return LLFT_AGAIN(t, epoll_common(epfd, evs, max, timeout, mask, pwait));
     } else {
         r = pwait ? REAL(epoll_pwait)(epfd, evs, max, timeout, mask) : REAL(epoll_wait)(epfd, evs, max, timeout);
     }

@@ -26,8 +26,8 @@ static pid_t primary_pid; /* backup: the pid the primary's getpid() returned */
 
 EXPORT pid_t getpid(void)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_GETPID, &e)) {
@@ -56,8 +56,8 @@ EXPORT pid_t getpid(void)
  * waits follow the primary's order) finds the flag as the primary's did. */
 static int signal_self(int (*send)(pid_t pid, int sig), pid_t pid, int sig)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     int r = send(pid, sig);
     int err = errno;
     if (role == LLFT_ROLE_BACKUP) {

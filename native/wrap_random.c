@@ -167,8 +167,8 @@ EXPORT uint32_t arc4random(void)
 
 EXPORT uint32_t arc4random_uniform(uint32_t bound)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_ARC4RANDOM, &e)) {

@@ -182,8 +182,8 @@ static uint32_t next_ephemeral;
 
 static uint16_t ephemeral_port(void)
 {
-    struct llft_thread *t = NULL;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     llft_rec_t e;
     if (role == LLFT_ROLE_BACKUP) {
         if (!llft_replay_next(t, LLFT_OP_BIND_PORT, &e)) {
@@ -432,7 +432,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
         int fd = accept_primary(t, lfd, addr, len, flags);
         llft_transfer_end(lfd);
         if (fd == ACCEPT_AGAIN)
-            return accept_common(lfd, addr, len, flags);
+            return LLFT_AGAIN(t, accept_common(lfd, addr, len, flags));
         return fd;
     }
     if (UNLIKELY(llft_forked_from))

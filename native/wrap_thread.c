@@ -25,8 +25,8 @@ struct start {
 
 static void thread_finish(struct llft_thread *t)
 {
-    struct llft_thread *me;
-    int role = llft_mode(&me);
+    LLFT_CALL(me);
+    int role = llft_call_mode(&me);
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_THREAD_EXIT, &e))
@@ -36,6 +36,9 @@ static void thread_finish(struct llft_thread *t)
     }
     if (role == LLFT_ROLE_PRIMARY)
         llft_record(t, LLFT_OP_THREAD_EXIT, 0, 0, 0, 0, 0);
+    /* The call ends here: the thread itself does not return from it. */
+    llft_call_end(&me);
+    me = NULL;
     llft_serial_give();
     /* Whatever runs after this (TLS destructors) is not replicated. */
     t->state = TS_UNTRACKED;
@@ -101,8 +104,8 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
 {
     if (UNLIKELY(llft_fork_held))
         llft_daemon_fork_settle(0); /* a forked child goes on once its parent has threads */
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (role != LLFT_ROLE_OFF)
         llft_python_threads_start();
     /* --serialize: the first thread runs without the turn while alone; the

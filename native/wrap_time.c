@@ -103,8 +103,8 @@ static int replay_clock(struct llft_thread *t, uint16_t op, clockid_t c, llft_re
 
 EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
         llft_rec_t e;
         if (!replay_clock(t, LLFT_OP_CLOCK_GETTIME, c, &e)) {
@@ -135,8 +135,8 @@ EXPORT int clock_gettime(clockid_t c, struct timespec *ts)
 
 EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
         llft_rec_t e;
         if (!replay_clock(t, LLFT_OP_GETTIMEOFDAY, CLOCK_REALTIME, &e)) {
@@ -171,8 +171,8 @@ EXPORT int gettimeofday(struct timeval *restrict tv, void *restrict tz)
 
 EXPORT time_t time(time_t *out)
 {
-    struct llft_thread *t;
-    int role = llft_mode(&t);
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
     if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {
         llft_rec_t e;
         if (!replay_clock(t, LLFT_OP_TIME, CLOCK_REALTIME, &e)) {

@@ -146,7 +146,7 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
         r = LLFT_BLOCKING(t, recv_real(fd, m, flags, &h, &mflags));
         if (llft_kicked(t, r)) {
             llft_transfer_end(fd);
-            return llft_dgram_recvmsg(fd, m, flags);
+            return LLFT_AGAIN(t, llft_dgram_recvmsg(fd, m, flags));
         }
     } else {
         r = recv_real(fd, m, flags, &h, &mflags);
@@ -305,7 +305,7 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
         r = LLFT_BLOCKING(t, send_real(fd, m, flags, &h));
         if (llft_kicked(t, r)) {
             llft_transfer_end(fd);
-            return llft_dgram_sendmsg(fd, m, flags);
+            return LLFT_AGAIN(t, llft_dgram_sendmsg(fd, m, flags));
         }
     } else {
         r = send_real(fd, m, flags, &h);

@@ -2,8 +2,9 @@
 §IV-C, adding a backup from a checkpoint taken at an exact point of the
 ordering stream; docs/checkpoints.md).
 
-The source backup is dumped by CRIU and keeps running; while CRIU holds
-it frozen, everything the clone will need is taken at that one instant:
+The source, a backup (or the primary, when no backup lives), is dumped
+by CRIU and keeps running; while CRIU holds it frozen, everything the
+clone will need is taken at that one instant:
 
 - its ring: the control block, the ring header and the records it has yet
   to replay are copied into the clone's ring, and the clone joins the
@@ -20,7 +21,13 @@ it frozen, everything the clone will need is taken at that one instant:
 
 Then the clone is restored in a PID namespace of its own
 (restore_init.py) with the new sockets and files in place of the old
-(`--inherit-fd`), and the controller adopts it as a backup."""
+(`--inherit-fd`), and the controller adopts it as a backup.
+
+A primary is held still first (quiesce.py): no thread of it is inside a
+recorded call when it is frozen, so its ring holds every record of what
+the image has done, and the clone, restored with the role ROLE_COPY,
+becomes a backup at its first call (native/demote.c) and replays what the
+primary records from there on."""
 from __future__ import annotations
 
 import asyncio
@@ -36,10 +43,10 @@ import time
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
-from llft.checkpoint import criu, images, sockets
+from llft.checkpoint import criu, images, quiesce, sockets
 from llft.determinizer.streams import BackupSink, image_dir, stream_path
 from llft.members import start_time, stopped
-from llft.native import ROLE_BACKUP, StreamFile
+from llft.native import ROLE_BACKUP, ROLE_COPY, ROLE_PRIMARY, StreamFile
 from llft.replica import RestoredReplica
 from llft.serving.dataplane import LEG_LIVE
 from llft.serving.plane_relay import PlaneRelay
@@ -127,6 +134,10 @@ class BackupClone:
         self.taken: list[tuple[socket.socket, list[socket.socket]]] = []   # the source's listeners' queues
         self.stdio: dict[str, object] = {}   # the clone's stdout and stderr, open for the restore
         self.held = False
+        self.of_primary = src.role == "primary"
+        self.held_at: float | None = None  # a primary's: since when it is held still (quiesce.py)...
+        self.census_ms = 0.0               # ...how long holding it took
+        self.held_ms = 0.0                 # ...and how long it was held
 
     # -- the whole clone -------------------------------------------------------
     async def run(self) -> RestoredReplica:
@@ -144,10 +155,14 @@ class BackupClone:
             self.keep_logs()
         checkpoint = self.figures(dumped - started, time.monotonic() - dumped)
         self.adopt(pid, proc, checkpoint)
-        log.warning("replica %d (backup) cloned from replica %d: pid %d; the source was frozen %.1f ms (%.1f ms "
-                    "of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", self.k,
-                    self.src.index, pid, checkpoint["frozen_ms"], checkpoint["frozen_work_ms"],
-                    checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
+        if self.of_primary:
+            quiesce.release(self.clone.stream)   # its threads held at a call's entry make it as a backup's
+        log.warning("replica %d (backup) cloned from replica %d%s: pid %d; the source was %sfrozen %.1f ms (%.1f "
+                    "ms of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", self.k,
+                    self.src.index, " (the primary)" if self.of_primary else "", pid,
+                    f"held still {self.held_ms:.1f} ms (after {self.census_ms:.1f} ms to hold it) and "
+                    if self.of_primary else "", checkpoint["frozen_ms"],
+                    checkpoint["frozen_work_ms"], checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
         return self.clone
 
     async def take(self):
@@ -155,12 +170,20 @@ class BackupClone:
         self._prepare()
         self.src.checkpointing = True   # frozen by CRIU: not a timing fault
         try:
+            if self.of_primary:
+                asked = time.monotonic()
+                await asyncio.to_thread(quiesce.hold, self.src.stream, self.src.pid)
+                self.held_at = time.monotonic()
+                self.census_ms = (self.held_at - asked) * 1000
             self.dump_stats = await asyncio.to_thread(
                 criu.dump, self.src.pid, self.images, externals=self._externals(), on_frozen=self._frozen)
+        except quiesce.QuiesceFailed as e:
+            raise CloneFailed(f"the primary could not be held still: {e}") from None
         except criu.CheckpointFailed:
             self._stop_again()
             raise
         finally:
+            self._let_primary_go()
             self.src.checkpointing = False
             await asyncio.to_thread(self._give_back)
         await asyncio.to_thread(self._no_parent_death_signal, criu.find())
@@ -188,12 +211,26 @@ class BackupClone:
         # A source that died or left the group meanwhile says nothing of
         # the other backups: the next one to hand is cloned instead.
         again = (isinstance(e, CloneAgain) or isinstance(e.__cause__, CloneAgain) or not self.src.alive()
-                 or self.src.role != "backup")
+                 or self.src.role != self.source_role)
         raise (CloneAgain if again else CloneFailed)(str(e).replace(str(self.images), str(self.logs))) from None
+
+    def _let_primary_go(self):
+        """A primary held still goes on: once CRIU has it frozen (its
+        threads cannot move until CRIU lets them), or the dump is over."""
+        if self.held_at is not None:
+            quiesce.release(self.src.stream)
+            self.held_ms = (time.monotonic() - self.held_at) * 1000
+            self.held_at = None
+
+    @property
+    def source_role(self) -> str:
+        return "primary" if self.of_primary else "backup"
 
     def figures(self, dump_s: float, restore_s: float) -> dict:
         """What the checkpoint cost, for llft-status."""
-        return {"source": self.src.index, "frozen_ms": round(self.dump_stats.get("frozen_time", 0) / 1000, 1),
+        return {"source": self.src.index, "of_primary": self.of_primary, "census_ms": round(self.census_ms, 1),
+                "held_ms": round(self.held_ms, 1),
+                "frozen_ms": round(self.dump_stats.get("frozen_time", 0) / 1000, 1),
                 "frozen_work_ms": round(self.frozen_work_ms, 1), "dump_ms": round(dump_s * 1000, 1),
                 "restore_ms": round(restore_s * 1000, 1), "image_bytes": self.image_bytes, "at": self.taken_at}
 
@@ -285,6 +322,7 @@ class BackupClone:
         finally:
             self.g.plane.release(self.src_slot)
             self.held = False
+            self._let_primary_go()
         self.files_at_dump = self._controller_files()
         self.frozen_work_ms = (time.monotonic() - t0) * 1000
         log.debug("frozen work: files %.1f ms, loop %.1f ms, sockets and ring %.1f ms", (t1 - t0) * 1000,
@@ -319,8 +357,8 @@ class BackupClone:
         gateway: the plane's clone slot, the sockets' inventory, the
         connections in flight, the clone's relay."""
         g, src = self.g, self.src
-        if src.role != "backup" or not src.alive():
-            raise CloneAgain(f"replica {src.index} is no longer a live backup")
+        if src.role != self.source_role or not src.alive():
+            raise CloneAgain(f"replica {src.index} is no longer a live {self.source_role}")
         src.channel.handing_held = True   # until the listeners' queues are given back (_give_back)
         src.channel._readable()   # what the source said on its channel before it froze
         self.src_slot = g._relay_of(src).slot
@@ -395,6 +433,9 @@ class BackupClone:
         """The clone's ring as the source's is now, joined to the backend:
         every record sent so far is in the source's ring (waited for), and
         every record sent from here on reaches the clone too."""
+        if self.of_primary:
+            self._follow_primary()
+            return
         g = self.g
         src_sink = g.sinks[self.src.index]
         fwd = g.forwarder
@@ -413,6 +454,32 @@ class BackupClone:
                 self.history_at = fwd.saver.position   # what follows waits in the saved stream
             else:
                 g.ordering.add(self.sink)
+
+    def _follow_primary(self):
+        """A primary's clone: its ring, empty, joins the backend once every
+        record the primary's holds has been sent (the primary is frozen, and
+        was held: its ring holds no call half recorded), so the clone
+        replays exactly what the primary records from its checkpoint on."""
+        g, fwd = self.g, self.g.forwarder
+        deadline = time.monotonic() + SENT_WAIT_S
+        while True:
+            with fwd.lock:
+                if fwd.promoting or self.src.role != "primary" or self.src.stream.role != ROLE_PRIMARY:
+                    raise CloneAgain("a failover began meanwhile")
+                if fwd.sent_all_of(self.src.stream):
+                    self.clone.stream.copy_from(self.src.stream, self.k)
+                    self.clone.stream.role = ROLE_COPY
+                    self.sink = BackupSink(self.k, self.clone.stream, self.clone.alive)
+                    self.sink.delivered = fwd.sent
+                    if self.store:
+                        self.history_at = fwd.saver.position
+                    else:
+                        g.ordering.add(self.sink)
+                    return
+            if time.monotonic() > deadline:
+                raise CloneFailed(f"the record pump did not read the primary's ring in time (read up to "
+                                  f"{fwd.sent_to}, written up to {self.src.stream.head})")
+            time.sleep(0.0005)
 
     # -- the restore -----------------------------------------------------------------
     def restore(self) -> tuple[int, subprocess.Popen]:

@@ -35,6 +35,7 @@ class RecordForwarder(threading.Thread):
         self.records = 0
         self.slots = 0
         self.sent = 0   # records handed to the backend (under lock)
+        self.sent_to = self._position()   # the source's ring position they were read up to (under lock)
         self.error: str | None = None
         self.torn = 0
         self.successor = None  # (source, sink) taking over when the source fails
@@ -51,6 +52,15 @@ class RecordForwarder(threading.Thread):
             self.successor = (new_source, promoted_sink, threading.Event())
             self.promoting = True
             return self.successor[2]
+
+    def _position(self) -> int | None:
+        position = getattr(self.source, "position", None)
+        return position() if position else None
+
+    def sent_all_of(self, stream) -> bool:
+        """Under the lock: every record the primary's ring (stream) holds
+        has been handed to the backend."""
+        return self.sent_to is not None and self.sent_to == stream.head
 
     def run(self):
         try:
@@ -72,13 +82,13 @@ class RecordForwarder(threading.Thread):
         while True:
             chunk = self.source.read(READ_SLOTS)
             if chunk:
-                self._deliver(chunk)
+                self._deliver(chunk, self._position())
                 if len(chunk) < BATCH_SLOTS * REC_SIZE:
                     time.sleep(BATCH_S)
                 continue
             if self.source.finished():
                 while chunk := self.source.read(READ_SLOTS):
-                    self._deliver(chunk)
+                    self._deliver(chunk, self._position())
                 self.torn = self.source.leftover()
                 if self.torn:
                     log.warning("the primary stopped in the middle of writing %d record slot(s); "
@@ -104,11 +114,13 @@ class RecordForwarder(threading.Thread):
                     self.promoting = False
                 promoted.set()
                 log.info("forwarding replica %d's records from here on", sink.replica)
-                self.source = new_source
+                with self.lock:
+                    self.source = new_source
+                    self.sent_to = self._position()
                 continue
             self.source.wait(20)
 
-    def _deliver(self, chunk: bytes):
+    def _deliver(self, chunk: bytes, position: int | None):
         groups = count_groups(chunk)
         self.records += groups
         self.slots += len(chunk) // REC_SIZE
@@ -117,4 +129,5 @@ class RecordForwarder(threading.Thread):
                 self.saver.write(chunk)
             self.ordering.send(chunk)
             self.sent += groups
+            self.sent_to = position
         self.ordering.deliver()

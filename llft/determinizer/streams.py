@@ -41,6 +41,10 @@ class PrimarySource:
     def wait(self, timeout_ms: int) -> None:
         self.stream.wait_data(timeout_ms)
 
+    def position(self) -> int:
+        """The ring position read up to."""
+        return self.stream.tail
+
     def finished(self) -> bool:
         return self.exited.is_set()
 
