@@ -15,8 +15,8 @@ FIGURE = {"serving/latency": "LLFT Fig. 12", "serving/throughput": "LLFT Fig. 13
 # Failover figures shown in the Markdown (every one is in events.csv).
 EVENT_METRICS = ["detection_ms", "view_change_ms", "recovery_ms", "crash_to_reply_ms", "stall_ms", "max_gap_ms",
                  "steady_gap_us", "server_kib", "controller_kib", "primary_kib", "backup_kib", "held_connections",
-                 "join_ms", "source_frozen_ms", "dump_ms", "restore_ms", "image_mib", "backup_rss_mib",
-                 "primary_worst_rtt_before_ms", "primary_worst_rtt_during_ms"]
+                 "join_ms", "primary_held_ms", "census_ms", "source_frozen_ms", "dump_ms", "restore_ms", "image_mib",
+                 "backup_rss_mib", "primary_worst_rtt_before_ms", "primary_worst_rtt_during_ms"]
 
 
 def num(v, digits: int = 1) -> str:
@@ -181,6 +181,14 @@ def targets(tables: dict) -> list[list[str]]:
     if join:
         v = join[0]["p50"]
         check("a 100 MiB server's new backup (clone), end to end, p50", f"{v:.0f} ms", "< 1 s", v < 1000)
+    for scenario, source in (("checkpoint/clone", "a backup"), ("checkpoint/primary", "the primary")):
+        pause = newest([r for r in ev if r["scenario"] == scenario and r["variant"] == "100 MiB"
+                        and r["metric"] == "primary_worst_rtt_during_ms"])
+        if pause:
+            v = pause[0]["p50"]
+            limit = 20 if source == "a backup" else 100
+            check(f"the primary's slowest reply while a 100 MiB server is cloned from {source}, p50", f"{v:.1f} ms",
+                  f"< {limit} ms", v < limit)
     return out
 
 
