@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -108,7 +109,6 @@ int  llft_quiesce_enter(struct llft_thread *t);
 void llft_quiesce_answer(struct llft_thread *t);
 /* The mask a wait call sets while it waits (ppoll, pselect, epoll_pwait),
  * with the quiesce's signals left open: mask itself, or a copy in buf. */
-#include <signal.h>
 const sigset_t *llft_mask_without_ours(const sigset_t *mask, sigset_t *buf);
 static inline int llft_call_mode(struct llft_thread **tp)
 {
