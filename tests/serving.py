@@ -219,3 +219,44 @@ def line_clients(group: ServingGroup, n: int, lines_of, meanwhile=None, pause: f
     concurrently(client, n, meanwhile)
     assert not errors, errors
     return results
+
+
+class HttpCounters:
+    """n clients of llft.nemesis.http_counter (or a server of its protocol),
+    each counting its own name up (/incr/cI) on one connection, every
+    answer checked, until finish()."""
+
+    def __init__(self, group: ServingGroup, n: int = 3):
+        import threading
+        self.group = group
+        self.stopping = False
+        self.errors: list[str] = []
+        self.counts = [0] * n
+        self.threads = [threading.Thread(target=self._count, args=(i,)) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _count(self, i: int):
+        import http.client
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.group.port, timeout=20)
+            while not self.stopping:
+                c.request("GET", f"/incr/c{i}")
+                assert int(c.getresponse().read()) == self.counts[i] + 1
+                self.counts[i] += 1
+        except (OSError, AssertionError, ValueError) as e:
+            self.errors.append(repr(e))
+
+    def progress(self, what: str, replies: int):
+        """Waits until the clients have had `replies` more answers."""
+        before, end = sum(self.counts), time.monotonic() + 20
+        while sum(self.counts) < before + replies and not self.errors and time.monotonic() < end:
+            time.sleep(0.01)
+        assert not self.errors and sum(self.counts) >= before + replies, f"{what}: {self.errors or 'no progress'}"
+
+    def finish(self):
+        """Stops the clients; none may have failed."""
+        self.stopping = True
+        for t in self.threads:
+            t.join(30)
+        assert not self.errors, self.errors

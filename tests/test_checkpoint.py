@@ -314,43 +314,22 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
     again on EINTR, handing the GIL over twice more than its primary did).
     Backups killed one after another while three clients count; every
     clone and source stays."""
-    import http.client
+    from serving import HttpCounters
     group = ServingGroup(tmp_path / "rd", [sys.executable, *PYTHON_SERVERS[server], 7000], replicas=3,
                          extra=["--keep", "3", "--log-output"])
-    stop, errors, counts = False, [], [0, 0, 0]
-
-    def client(i):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=20)
-            while not stop:
-                c.request("GET", f"/incr/c{i}")
-                assert int(c.getresponse().read()) == counts[i] + 1
-                counts[i] += 1
-        except (OSError, AssertionError, ValueError) as e:
-            errors.append(repr(e))
-    import threading
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
+    clients = HttpCounters(group)
     try:
         for n in range(4):
-            before = sum(counts)
-            end = time.monotonic() + 20
-            while sum(counts) < before + 50 and not errors and time.monotonic() < end:
-                time.sleep(0.01)
-            assert not errors and sum(counts) >= before + 50, f"before kill {n + 1}: {errors or 'no progress'}"
+            clients.progress(f"before kill {n + 1}", 50)
             st = wait_for(lambda st: len(live(st)) == 3, "three replicas", group)
             victim = [r for r in live(st) if r["role"] == "backup"][0]   # the other one is the source
             os.kill(victim["pid"], signal.SIGKILL)
             wait_for(back_to(3, victim, caught_up=False), f"kill {n + 1}: a clone replaces backup {victim['index']}",
                      group)
         time.sleep(0.5)
-        stop = True
-        for t in threads:
-            t.join(30)
-        assert not errors, errors
+        clients.finish()
     finally:
-        stop = True
+        clients.stopping = True
         group.stop()
     text = group_log(group)
     assert "diverged" not in text, [line for line in text.splitlines() if "diverged" in line][:3]

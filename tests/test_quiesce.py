@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import shutil
 import sys
-import threading
 import time
 
 import pytest
 
 from conftest import PROGRAMS_DIR
-from serving import ServingGroup
+from serving import HttpCounters, ServingGroup
 from test_checkpoint import MemcachedClient
 from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, wait_for
 
@@ -82,39 +81,19 @@ def test_threads_that_block_every_signal_are_held_all_the_same(tmp_path):
     (the shim takes them out of the masks the program sets), so the
     primary, its connections' threads in recv() and its main thread in
     poll(), is held as any other; each client counts on unseen."""
-    import http.client
     group = ServingGroup(tmp_path / "rd", [sys.executable, PROGRAMS_DIR / "masked_server.py", 7000], replicas=2)
-    stop, errors, counts = False, [], [0, 0, 0]
-
-    def client(i):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=20)
-            while not stop:
-                c.request("GET", f"/incr/c{i}")
-                assert int(c.getresponse().read()) == counts[i] + 1
-                counts[i] += 1
-        except (OSError, AssertionError, ValueError) as e:
-            errors.append(repr(e))
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
+    clients = HttpCounters(group)
     try:
         wait_for(lambda st: len(live(st)) == 2, "the group starts", group)
         primary = primary_of(group)
         stream = StreamFile(primary["stream"])
         for n in range(10):
-            before = sum(counts)
-            end = time.monotonic() + 20
-            while sum(counts) < before + 20 and not errors and time.monotonic() < end:
-                time.sleep(0.01)
-            assert not errors and sum(counts) >= before + 20, f"before hold {n + 1}: {errors or 'no progress'}"
+            clients.progress(f"before hold {n + 1}", 20)
             with quiesce.held(stream, primary["pid"], timeout_ms=3000) as answered:
                 assert answered >= 4   # main, and a thread per client
+        clients.finish()
     finally:
-        stop = True
-        for t in threads:
-            t.join(timeout=30)
-    assert not errors, errors
+        clients.stopping = True
     with group.connect() as s:
         s.sendall(b"GET /shutdown HTTP/1.1\r\nHost: x\r\n\r\n")
         s.recv(1000)
