@@ -60,15 +60,25 @@ class Replacements:
     def _drop_if_it_diverged(self, failed: Replica):
         """A copy of the stored checkpoint that diverged says the checkpoint
         is bad (every copy of it would): it is dropped, not restored again
-        and again, and the next one is stored as soon as a backup lives."""
+        and again, and the next one is stored as soon as a backup lives.  A
+        clone that diverged says the program does not run alike once
+        restored (it reads something of its surroundings llft does not
+        record: its parent, its namespace): no more clones are made, each
+        would diverge and be made again, and the replacements replay the
+        history."""
         ck = getattr(failed, "checkpoint", None) or {}
-        if (self.stored is not None and ck.get("stored") and ck.get("at") == self.stored.figures["at"]
-                and failed.stream.diverged):
+        if not failed.stream.diverged or not ck:
+            return
+        if self.stored is not None and ck.get("stored") and ck.get("at") == self.stored.figures["at"]:
             log.error("replica %d, restored from the stored checkpoint, diverged: the checkpoint is dropped",
                       failed.index)
             self.stored.drop()
             self.stored = None
             self.next_store = 0.0
+        elif not ck.get("stored") and self.clone_refused is None:
+            self.clone_refused = f"replica {failed.index}, a clone, diverged"
+            log.error("replica %d, a clone of replica %s, diverged: no more clones are made (the program does not "
+                      "run alike once restored); replacements replay the history", failed.index, ck.get("source"))
 
     def _replace_without_clone(self, failed: Replica, primary_too: bool = True) -> bool:
         """No backup to clone: a copy of the stored checkpoint, restored

@@ -25,7 +25,8 @@ import pytest
 
 from conftest import PROGRAMS_DIR, tool
 from serving import ServingGroup
-from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, survive_kills, wait_for
+from test_rejoin import (KvClient, RedisClient, Workload, check_digests, full_and_caught_up, live, state,
+                         survive_kills, wait_for)
 
 from llft.checkpoint import criu, images
 from llft.checkpoint.criu import CriuUnavailable, find
@@ -334,6 +335,38 @@ def test_a_cpython_server_and_the_backup_it_was_cloned_from_stay_in_step(server,
     text = group_log(group)
     assert "diverged" not in text, [line for line in text.splitlines() if "diverged" in line][:3]
     assert len(clones_in_log(group)) == 4
+
+
+@needs_criu
+def test_a_clone_that_diverges_stops_the_cloning_and_the_history_is_replayed(tmp_path):
+    """A program that reads what llft does not record and a restored copy
+    has otherwise (its parent): its clone diverges at the first probe.
+    Cloned again it would diverge again, each time after a dump: the group
+    makes no more clones, says so, and replaces the clone by a replica that
+    replays the history; the clients count on, every answer once."""
+    from serving import HttpCounters
+    group = ServingGroup(tmp_path / "rd", [sys.executable, PROGRAMS_DIR / "parent_sensitive.py", 7000], replicas=3,
+                         extra=["--keep", "3", "--log-output"])
+    clients = HttpCounters(group)
+    try:
+        clients.progress("before the kill", 30)
+        st = wait_for(lambda st: len(live(st)) == 3, "three replicas", group)
+        victim = [r for r in live(st) if r["role"] == "backup"][0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_for(back_to(3, victim), "a clone replaces the backup", group)
+        with group.connect() as s:
+            s.sendall(b"GET /incr/probe HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"200 OK" in s.recv(1000)
+        wait_for(lambda st: "no more clones are made" in group_log(group), "the clone diverges", group, timeout=30)
+        wait_for(full_and_caught_up(3), "a replacement that replays the history", group, timeout=30)
+        clients.progress("after", 50)
+        clients.finish()
+    finally:
+        clients.stopping = True
+        group.stop()
+    text = group_log(group)
+    assert len(clones_in_log(group)) == 1, "one clone, not one after another"
+    assert "started to replace replica" in text and "caught up after" in text
 
 
 @needs_criu
