@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from llft.messaging.ids import ConnId
+from llft.messaging.endpoint import GroupEndpoint
+from llft.messaging.ids import ConnId, View
 from llft.messaging.lossy import LossPolicy
 from llft.messaging.retire import GIVE_UP_S, LINGER_S, RETIRED_DROP, Tombstones
+from llft.messaging.viewchange import adopt_connection, connection_state
 from llft.wire import MsgType
 
-from messaging_fixtures import SimCluster, Workload
+from messaging_fixtures import KEY, SERVER, SimCluster, Workload
 
 
 def keepalives(cluster) -> int:
@@ -179,3 +181,36 @@ def test_heartbeats_of_idle_connections_list_them_only_now_and_then():
     report = primary.ep.backup_reports[backup.ep.me]["rw"]
     assert all(report[cid] == c.rx.rw for cid, c in backup.ep.conns.items())
     assert not any(primary.ep.buffers().values())
+
+
+def test_a_newcomer_numbers_the_replies_the_remote_group_had_without_logging_them():
+    """A newcomer's program replays a connection from its start and
+    generates every reply again.  Those the remote group had before the
+    newcomer joined are numbered, not logged: with the client side done and
+    retired, nothing would ever free them, and after a window's worth the
+    newcomer stopped, its numbering behind the others' for good (seen
+    across hosts when a newcomer joined while a finished connection
+    lingered at the primary)."""
+    cluster = SimCluster(10, LossPolicy(seed=10, delay=0.0005), Workload([100] * 600))
+    cluster.run()
+    cluster.check()
+    for m in cluster.clients:
+        for cid in list(m.ep.conns):
+            m.ep.retire_now(cid, 0)
+    primary = cluster.servers[0].ep
+    (cid,) = primary.conns
+    replies = primary.conns[cid].tx.msg_seq_count
+    assert replies == 600 > cluster.config.send_window
+    consumed, acked, logged_from = connection_state(primary, cid)
+    view = View(SERVER, primary=0, precedences={0: 1, 1: 2, 2: 3, 3: 4})
+    newcomer = GroupEndpoint(view, 3, cluster.clock, cluster.net, KEY, cluster.config)
+    cluster.net.join(SERVER, newcomer.datagram_received)
+    newcomer.start()
+    adopt_connection(newcomer, cid, consumed, acked, logged_from)
+    for k in range(replies):
+        assert newcomer.writable(cid), f"stopped after {k} of {replies} replies"
+        newcomer.send(cid, b"again")
+        cluster.clock.run_until(cluster.clock.now() + 0.001)
+    tx = newcomer.conns[cid].tx
+    assert tx.msg_seq_count == replies
+    assert list(tx.sent) == list(primary.conns[cid].tx.sent)   # what the primary still logs, and only that

@@ -44,7 +44,8 @@ from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
 from llft.cluster.view_notice import ViewNotice
 from llft.messaging.retire import RETIRED_DROP
-from llft.messaging.viewchange import (adopt_connection, deliver_held_order, nack_remote, follow_new_view, new_primary_view, order_base,
+from llft.messaging.viewchange import (adopt_connection, connection_state, deliver_held_order, nack_remote,
+                                       follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, refusal_of, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica, release_replicas, stop_replicas, watch_exit
@@ -255,12 +256,12 @@ class HostMember:
             self._become_primary()
         else:
             self.feeder = RecordFeeder(index, stream, self.replica.alive)
-            for client, server, seq, consumed, acked, reqs in joined.conns:
+            for client, server, seq, consumed, acked, logged_from, reqs in joined.conns:
                 cid = ConnId(client, server, seq)
                 if consumed < 0:
                     self.ep.retire_now(cid, acked)
                 else:
-                    adopt_connection(self.ep, cid, consumed, acked)
+                    adopt_connection(self.ep, cid, consumed, acked, logged_from)
                 self.pending_inputs.append((cid, reqs))
             for _oseq, blob in joined.history:
                 self._order(blob)
@@ -307,14 +308,14 @@ class HostMember:
         return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
                 "conns": conns, "settling_ms": max(0, int(self._settling_left() * 1000))}
 
-    def _transferred(self, cid: ConnId) -> tuple[int, int]:
+    def _transferred(self, cid: ConnId) -> tuple[int, int, int]:
         """A connection's messaging state for a newcomer: (msgs consumed, ours
-        the remote acknowledged), or (-1, msgs we sent) for one retired
-        (retire.py), whose input the newcomer's program replays all the same."""
-        c = self.ep.conns.get(cid)
-        if c is None:
-            return -1, self.ep.retired_sent.get(cid, 0)
-        return c.rx.consumed, c.tx.remote_ack
+        the remote acknowledged, the first of ours still logged), or (-1,
+        msgs we sent, 0) for one retired (retire.py), whose input the
+        newcomer's program replays all the same."""
+        if cid not in self.ep.conns:
+            return -1, self.ep.retired_sent.get(cid, 0), 0
+        return connection_state(self.ep, cid)
 
     def _settling_left(self) -> float:
         """Seconds left of this primary's first SETTLING_S after its takeover

@@ -152,8 +152,8 @@ class Joiner:
                     for h in history):
                 raise TypeError("history")
             if not isinstance(conns, list) or not all(
-                    isinstance(c, list) and len(c) == 6 and all(isinstance(x, int) for x in c[:5])
-                    and isinstance(c[5], list) for c in conns):
+                    isinstance(c, list) and len(c) == 7 and all(isinstance(x, int) for x in c[:6])
+                    and isinstance(c[6], list) for c in conns):
                 raise TypeError("conns")
             settling_s = max(int(state.get("settling_ms", 0)), 0) / 1000
             return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s,

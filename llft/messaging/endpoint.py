@@ -163,7 +163,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         now = self.clock.now()
         self.counters["app_sent"] += 1
         if not self.is_primary:
-            c.tx.append(SentEntry(msn, 0, payload, now))
+            if msn >= c.tx.log_from:
+                c.tx.append(SentEntry(msn, 0, payload, now))
             return msn
         mtype = self._app_type(c)
         msg = self._header(mtype, c, msn=msn, payload=payload, reliable=True)

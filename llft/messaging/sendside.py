@@ -37,6 +37,11 @@ class SendSide:
         self.remote_ack = 0    # remote primary has received all msns <= this
         self.remote_back = 0   # remote group watermark for this connection
         self._bounded_upto = 0  # backups: entries <= this have a bound
+        # A newcomer's: the messages below this number the remote group had
+        # before it joined (its primary had freed them).  It generates them
+        # again, numbered but not logged: nothing on the connection would
+        # ever free them, and they would fill its window.
+        self.log_from = 0
 
     def next_msn(self) -> int:
         self.msg_seq_count += 1

@@ -82,16 +82,26 @@ def nack_remote(ep, cid: ConnId, upto: int, view: View) -> int:
     return len(missing)
 
 
-def adopt_connection(ep, cid: ConnId, consumed: int, acked: int) -> None:
+def connection_state(ep, cid: ConnId) -> tuple[int, int, int]:
+    """The primary's side of adopt_connection: (msgs consumed, ours the
+    remote acknowledged, the first of ours still logged)."""
+    c = ep.conns[cid]
+    return c.rx.consumed, c.tx.remote_ack, next(iter(c.tx.sent), c.tx.msg_seq_count + 1)
+
+
+def adopt_connection(ep, cid: ConnId, consumed: int, acked: int, logged_from: int) -> None:
     """State transfer: a newcomer's connection whose messages up to msn
     `consumed` reached the application elsewhere (their content comes with
     the state); it takes the next ones from messaging.  The remote primary
     had acknowledged our messages up to `acked` (the newcomer generates them
-    again, and they need no acknowledgment it would never get)."""
+    again, and they need no acknowledgment it would never get), and the
+    primary still logged those from `logged_from` on (the remote group had
+    the earlier ones: the newcomer does not log them)."""
     c = ep._conn(cid)
     if c is not None:
         c.rx.received_upto = c.rx.released = c.rx.consumed = c.rx.highest = consumed
         c.tx.remote_ack = acked
+        c.tx.log_from = logged_from
 
 
 def deliver_held_order(ep, first: int, blobs: list[bytes]) -> None:
