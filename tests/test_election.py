@@ -55,13 +55,13 @@ class Backup:
         self.followed = view
 
 
-def group_of_three(b_timeout: float, c_timeout: float, cut=None):
+def group_of_three(b_timeout: float, c_timeout: float, cut=None, tick: float = Config.tick):
     """Primary A, backups B (precedence 2) and C (precedence 3), running
     past the start-up grace; then A crashes.  `cut(datagram, dst_group)`:
     a targeted loss while A is still alive."""
     clock = SimClock()
     net = SimNetwork(clock, LossPolicy(seed=3, delay=0.0005))
-    a, b, c = make_group(net, GROUP, 3, Keyring(b"k" * 32), Config(liveness=0.005))
+    a, b, c = make_group(net, GROUP, 3, Keyring(b"k" * 32), Config(liveness=0.005, tick=tick))
     backups = Backup(b, b_timeout), Backup(c, c_timeout)
     clock.run_until(PAST_GRACE_S)
     return clock, net, a, backups
@@ -116,3 +116,50 @@ def test_a_removed_backup_that_missed_its_removal_cannot_lead_the_group():
     assert c.followed is None and c.ep.drops["proposal-from-outside-view"] > 0
     assert c.elected is not None and sorted(c.elected[0].precedences) == [c.ep.me]
     assert b.elected is None
+
+
+
+def mute(net, clock, a, start: float, end: float) -> None:
+    """Nothing from member a reaches the others between start and end (its
+    host without the CPU for that long)."""
+    from_a = message_matches(lambda m: m.sender == a.me)
+    receivers = net.members[GROUP]
+    for k in range(1, len(receivers)):
+        receivers[k] = (lambda receive: lambda d: None if start <= clock.now() < end and from_a(d, GROUP)
+                        else receive(d))(receivers[k])
+
+
+def proposed_after(clock, b, start: float, limit: float) -> float | None:
+    """Seconds from start until backup b proposed itself, or None."""
+    while clock.now() < start + limit:
+        clock.run_until(clock.now() + 0.001)
+        if b.election.proposal is not None or b.elected is not None:
+            return clock.now() - start
+    return None
+
+
+def test_after_a_live_primary_was_silent_a_while_its_silences_that_long_are_not_taken_for_a_crash():
+    """A live primary unheard for some 20 ms: for the next half minute, the
+    backups suspect nobody before twice that (40-52 ms: Heartbeats come
+    every 5-6 ms), so a silence of 30-36 ms is no crash; a real one is
+    still detected, after twice the longest silence heard.  Without the
+    earlier silence, 30 ms is the configured timeout and replaces the
+    primary (the control)."""
+    for warned in (True, False):
+        clock, net, a, (b, c) = group_of_three(b_timeout=0.030, c_timeout=0.060, tick=0.001)
+        t = PAST_GRACE_S + 0.2
+        if warned:
+            mute(net, clock, a, t, t + 0.020)
+        mute(net, clock, a, t + 0.5, t + 0.530)
+        clock.run_until(t + 0.5)
+        took = proposed_after(clock, b, t + 0.5, 0.5)
+        if not warned:
+            assert took is not None and took < 0.035, took
+            continue
+        assert took is None, took
+        mute(net, clock, a, t + 2.0, t + 99.0)    # dead from here
+        clock.run_until(t + 2.0)
+        took = proposed_after(clock, b, t + 2.0, 1.0)
+        longest = b.election.silence.longest.value(clock.now())
+        assert 0.030 <= longest <= 0.036
+        assert took is not None and 2 * longest - 0.006 <= took <= 2 * longest + 0.001, (took, longest)

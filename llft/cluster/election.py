@@ -92,7 +92,7 @@ class Election:
         primaries paused 30-150 ms within seconds of taking over under load
         (real-time controllers round-robin on two cores, member.py), and a
         short timeout made their backups replace them."""
-        base = self.fault_base
+        base = self.silence.timeout(self.fault_base)
         if self.ep.clock.now() < self.settling_until:
             base = max(base, self.settling_timeout)
         return base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)

@@ -248,7 +248,7 @@ class HostMember:
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
         self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output, primary=joined is None)
         self.view_notice = ViewNotice(self.ep, self._follow_new_view)
-        self.silence = Silence(self.ep, self.udp.unread)
+        self.silence = Silence(self.ep, self.udp.unread, self.opts.fault_timeout)
         self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
                                  self._held_after, self._elected, lambda view: self._view_changed(),
                                  max(self.opts.fault_timeout, SETTLING_TIMEOUT_S))
@@ -285,7 +285,7 @@ class HostMember:
         the side with the backups elects its primary before the old primary
         removes them.  Just after a takeover, longer again (election.SETTLING_S)."""
         o = self.opts
-        base = o.fault_timeout
+        base = self.silence.timeout(o.fault_timeout)
         if self._settling_left() > 0:
             base = max(base, SETTLING_TIMEOUT_S)
         return base + max(o.fault_step, base) * len(self.ep.view.backups())
@@ -866,6 +866,10 @@ class HostMember:
                               outgoing=self.outgoing.summary() if hasattr(self, "outgoing") else {})] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
             "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
+            # The fault timeout (rank 2's) applied now: longer than configured after long silences (detector.py)
+            "fault_timeout_ms": {"configured": round(self.opts.fault_timeout * 1000, 1),
+                                 "applied": round(self.silence.timeout(self.opts.fault_timeout) * 1000, 1)
+                                 if hasattr(self, "silence") else None},
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
                             "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),

@@ -86,6 +86,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self.on_event: Callable[[str, dict], None] | None = None
         self.on_writable: Callable[[ConnId], None] | None = None
         self.on_ready: Callable[[], None] | None = None       # recv() has something
+        self.on_long_silence: Callable[[int, float], None] | None = None   # (member, seconds): it spoke after >= 10 ms
         self._last_hb = -1.0
         self._hb_seq = -1                # Heartbeats sent in this view; the first lists every connection (intragroup.py)
         self._hb_view: tuple | None = None

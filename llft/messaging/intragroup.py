@@ -42,6 +42,8 @@ class IntraGroupMixin:
             for i, ms in enumerate(GAP_BUCKETS_MS):
                 if gap >= ms / 1000:
                     counts[i] += 1
+            if self.on_long_silence is not None:
+                self.on_long_silence(msg.sender, gap)
         self.last_heard[msg.sender] = now   # the membership's fault detector reads it
         self.counters[f"rx_{msg.TYPE.name.lower()}"] += 1
         if msg.timestamp > self.lamport:
