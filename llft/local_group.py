@@ -147,6 +147,10 @@ class LocalGroup:
         self.forwarder.start()
         self.write_state("running")
 
+    def primary(self) -> Replica | None:
+        """The replica whose role is primary (None while none is)."""
+        return next((r for r in self.replicas if r.role == "primary"), None)
+
     def ranks(self) -> dict[int, int]:
         """LLFT's ranks: the primary 1, then the live backups in precedence
         order.  A replica's precedence is its index, never reused."""
@@ -156,7 +160,7 @@ class LocalGroup:
 
     def write_state(self, phase: str):
         ranks = self.ranks()
-        primary = next((r.index for r in self.replicas if r.role == "primary"), None)
+        primary = getattr(self.primary(), "index", None)
         rundir.write_state(self.run_dir, {
             "group": self.group,
             # each primary change starts a new view, as in LLFT's membership
@@ -221,7 +225,7 @@ class LocalGroup:
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        primary = next((r for r in self.replicas if r.role == "primary"), primary)
+        primary = self.primary() or primary
         if primary is not None:
             self.source.finish()
         self.forwarder.join(timeout=10)
@@ -467,7 +471,7 @@ class LocalGroup:
     def primary_last_words(self) -> str:
         """The last line the primary wrote on its stderr: why a program that
         failed did ("" if none)."""
-        return next((r for r in self.replicas if r.role == "primary"), self.replicas[0]).last_words()
+        return (self.primary() or self.replicas[0]).last_words()
 
     def cleanup(self):
         if self.ordering is not None:

@@ -18,10 +18,12 @@ def start_time(pid: int) -> float | None:
 
 def stopped(pid: int | None) -> bool:
     """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
+    if pid is None:
+        return False
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except (OSError, TypeError):
+    except OSError:
         return False
     return stat[stat.rindex(")") + 2] in "Tt"
 

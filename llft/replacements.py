@@ -173,7 +173,7 @@ class Replacements:
         g = self.g
         if self.clone_refused is not None or g.opts.serialize or g.forwarder is None or g.forwarder.promoting:
             return None
-        primary = next((r for r in g.replicas if r.role == "primary"), None)
+        primary = g.primary()
         if (primary is None or not primary.alive() or primary.frozen() or primary.stream.role != ROLE_PRIMARY
                 or primary.stream is not getattr(g.source, "stream", None)):
             return None
@@ -185,7 +185,7 @@ class Replacements:
         g = self.g
         if g.forwarder is not None and g.forwarder.promoting:
             return True
-        primary = next((r for r in g.replicas if r.role == "primary"), None)
+        primary = g.primary()
         return primary is not None and primary.alive() and primary.stream.role != ROLE_PRIMARY
 
     async def _clone(self, source: Replica, failed: Replica):

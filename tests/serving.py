@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -227,7 +229,6 @@ class HttpCounters:
     answer checked, until finish()."""
 
     def __init__(self, group: ServingGroup, n: int = 3):
-        import threading
         self.group = group
         self.stopping = False
         self.errors: list[str] = []
@@ -237,7 +238,6 @@ class HttpCounters:
             t.start()
 
     def _count(self, i: int):
-        import http.client
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.group.port, timeout=20)
             while not self.stopping:

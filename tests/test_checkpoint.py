@@ -147,20 +147,17 @@ class MemcachedClient(KvClient):
 
 
 @needs_criu
-@pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
-def test_memcached_keeps_three_replicas(tmp_path):
-    """A multi-threaded server: four worker threads and memcached's own."""
-    group = ServingGroup(tmp_path / "rd", [shutil.which("memcached"), "-A", "-t", "4", "-p", "11211", "-U", "0",
-                                           "-l", "127.0.0.1", "-u", "root", "-o",
-                                           "no_lru_crawler,no_lru_maintainer"],
-                         replicas=3, extra=["--keep", "3", "--log-output"])
-    survive_kills(group, MemcachedClient, replicas=3, nclients=3, kills=3)
-    assert len(clones_in_log(group)) == 3
-
-
 def memcached_argv() -> list:
     return [shutil.which("memcached"), "-A", "-t", "4", "-p", "11211", "-U", "0", "-l", "127.0.0.1", "-u", "root",
             "-o", "no_lru_crawler,no_lru_maintainer"]
+
+
+@pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
+def test_memcached_keeps_three_replicas(tmp_path):
+    """A multi-threaded server: four worker threads and memcached's own."""
+    group = ServingGroup(tmp_path / "rd", memcached_argv(), replicas=3, extra=["--keep", "3", "--log-output"])
+    survive_kills(group, MemcachedClient, replicas=3, nclients=3, kills=3)
+    assert len(clones_in_log(group)) == 3
 
 
 PRIMARY_CLONED = {

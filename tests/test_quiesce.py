@@ -14,7 +14,7 @@ import pytest
 
 from conftest import PROGRAMS_DIR
 from serving import HttpCounters, ServingGroup
-from test_checkpoint import MemcachedClient
+from test_checkpoint import MemcachedClient, memcached_argv
 from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, wait_for
 
 from llft.checkpoint import quiesce
@@ -35,9 +35,7 @@ SERVERS = {
                                 "no", "--enable-debug-command", "yes"], RedisClient, 3),
     # libevent's epoll_wait in four workers and the dispatcher, memcached's
     # own threads in condition waits and sleeps
-    "memcached": (lambda examples: [shutil.which("memcached"), "-A", "-t", "4", "-p", "11211", "-U", "0", "-l",
-                                    "127.0.0.1", "-u", "root", "-o", "no_lru_crawler,no_lru_maintainer"],
-                  MemcachedClient, 3),
+    "memcached": (lambda examples: memcached_argv(), MemcachedClient, 3),
 }
 
 

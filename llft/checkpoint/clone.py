@@ -104,7 +104,9 @@ def waiting_conns(waiting: list[socket.socket], by_leg: dict[int, int]) -> list[
 
 
 class BackupClone:
-    """One clone of backup src into a new replica with index k.  With
+    """One clone of replica src into a new backup with index k: src is a
+    backup, or the primary, held still while CRIU takes its image
+    (of_primary; llft/checkpoint/quiesce.py).  With
     store, the clone's restore waits (llft/checkpoint/stored.py): k then
     numbers the stored checkpoint, its ring does not join the backend
     (the saved stream keeps what follows, from history_at), and no relay
