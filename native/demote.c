@@ -17,6 +17,9 @@
  * make the call as a backup once the controller lets them go. */
 #include "replay_queues.h"
 
+#include <signal.h>
+#include <sys/syscall.h>
+
 #include "atomics.h"
 
 int llft_demote(void)
@@ -25,10 +28,16 @@ int llft_demote(void)
      * for each copy: a copy of a copy (promoted since) starts again. */
     uint32_t copy = LLFT_ROLE_COPY;
     if (__atomic_compare_exchange_n(&llft_ctl->role, &copy, LLFT_ROLE_DEMOTING, 0, SEQ, RLX)) {
+        /* No signal handler meanwhile: its recorded call would wait below
+         * for this very demotion to end. */
+        sigset_t all, old;
+        sigfillset(&all);
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, _NSIG / 8);
         llft_replay_restart(__atomic_load_n(&llft_next_tid, SEQ) - 1);
         llft_turnstiles_from_objects();
         STORE(&llft_ctl->role, LLFT_ROLE_BACKUP, SEQ);
         llft_cond_waits_wake();
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, _NSIG / 8);
     }
     while (LOAD(&llft_ctl->role, ACQ) >= LLFT_ROLE_COPY)
         llft_yield();

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 6u
+#define LLFT_ABI_VERSION 7u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -237,7 +237,7 @@ typedef struct llft_ctl {
     uint64_t promoted_ns;         /* CLOCK_MONOTONIC when this replica took over as primary; 0: never */
     uint32_t quiesce;             /* the controller holds the primary's calls for a checkpoint (quiesce.c):
                                    * read by every call, so on the line role is on */
-    uint32_t q_counted;           /* threads that have answered the quiesce's census */
+    uint32_t _pad_q;
     int64_t  clock_offset_ns[LLFT_NCLOCKS]; /* group clock minus local clock */
     int64_t  clock_last_ns[LLFT_NCLOCKS];   /* last group-clock value handed out */
     uint32_t diverged;            /* set once by a backup that stopped */
@@ -260,10 +260,12 @@ typedef struct llft_ctl {
                                    * its turn up (serialize.c) */
     char     div_before[768];     /* the diverged thread's calls just before, as the primary recorded
                                    * them, newest first, a call per line (divergence.txt) */
-    uint32_t q_gen;               /* census number: a late answer to an earlier census is not counted */
-    uint32_t _pad3;
-    int32_t  q_blocked[LLFT_QUIESCE_KICKS]; /* kernel tids of threads held in a blocking call the
-                                   * census must interrupt (0: free slot) */
+    uint64_t q_census __attribute__((aligned(8))); /* the quiesce's census: its number (high 32
+                                   * bits) and how many threads answered it (low 32), in one word so
+                                   * that a late answer to an earlier census is never counted */
+    int32_t  q_blocked[LLFT_QUIESCE_KICKS]; /* threads held in a blocking call the census must
+                                   * interrupt, by their ids as they see them (their PID namespace's;
+                                   * 0: free slot) */
 } llft_ctl_t;
 
 /* Layout of one replica's shared file: [ctl][ring header][slots]. */

@@ -10,34 +10,43 @@
  * quiesce flag and sends every thread CENSUS_SIGNAL.  A thread outside any
  * recorded call answers at once from the handler, and from then on waits
  * at the entry of any recorded call until the flag is lowered; a thread
- * inside one answers on leaving it, and one blocked in the kernel lists
- * itself, so that the controller interrupts it with KICK_SIGNAL (installed
- * without SA_RESTART: the call fails with EINTR and the wrapper starts it
- * again, from its entry, where it waits).  A thread in a lock or condition
- * wait answers as one outside any call (wrap_lock.c).  The census is
- * complete when every thread has answered; from then on no thread records
- * until the primary is let go.
+ * inside one answers on leaving it.  One inside the real blocking call of
+ * a wrapper (LLFT_BLOCKING: a read, accept, poll...) lists itself, so
+ * that the controller interrupts it with KICK_SIGNAL (installed without
+ * SA_RESTART: the call fails with EINTR, the wrapper sees it was kicked
+ * and starts the call again from its entry, where it waits); one about to
+ * make such a call does not make it (LLFT_BLOCKING sees the census).  A
+ * thread in a lock or condition wait answers as one outside any call
+ * (wrap_lock.c).  The census is complete when every thread has answered;
+ * from then on no thread records until the primary is let go.
  *
- * CENSUS_SIGNAL restarts what it interrupts (SA_RESTART), so the program's
- * own blocking calls never see it.  Both signals stay unblocked whatever
- * masks the program sets (sigprocmask, pthread_sigmask and the masks of
- * the wait calls go through llft_mask_without_ours). */
+ * CENSUS_SIGNAL is installed with SA_RESTART, but some calls fail with
+ * EINTR whatever the flag says (poll, epoll_wait, select, nanosleep:
+ * signal(7)): there the program sees the EINTR (recorded, and replayed
+ * alike), as it would a signal of its own.  Both signals stay unblocked
+ * whatever masks the program sets (sigprocmask, pthread_sigmask and the
+ * masks of the wait calls go through llft_mask_without_ours). */
 #include "shim.h"
 
-#include <linux/futex.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
 
-#include "atomics.h"
+static int installed;
 
-static int census_signal, kick_signal;
+static uint32_t census_under_way(void)
+{
+    return (uint32_t)(__atomic_load_n(&llft_ctl->q_census, __ATOMIC_ACQUIRE) >> 32);
+}
 
 /* Records an answer to census gen, if it is still the one under way. */
 static void count_answer(uint32_t gen)
 {
-    if (gen == __atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE))
-        __atomic_fetch_add(&llft_ctl->q_counted, 1, __ATOMIC_SEQ_CST);
+    uint64_t *word = &llft_ctl->q_census;
+    uint64_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    while ((uint32_t)(v >> 32) == gen &&
+           !__atomic_compare_exchange_n(word, &v, v + 1, 1, __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE))
+        ;
 }
 
 static void unlist(struct llft_thread *t)
@@ -68,28 +77,32 @@ static void list_blocked(struct llft_thread *t)
      * ends without it (the controller gives the checkpoint up). */
 }
 
-static void on_census(int sig, siginfo_t *info, void *ctx)
+static void on_census(int sig)
 {
     int saved = errno;
     struct llft_thread *t = &llft_self;
     if (llft_ctl && __atomic_load_n(&llft_ctl->quiesce, __ATOMIC_ACQUIRE)) {
         if (t->state == TS_TRACKED && __atomic_load_n(&t->calls, __ATOMIC_RELAXED) &&
             !__atomic_load_n(&t->parked, __ATOMIC_RELAXED)) {
-            uint32_t gen = __atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE);
+            uint32_t gen = census_under_way();
             if (!t->q_pending || t->q_gen != gen) {
                 t->q_gen = gen;
                 t->q_pending = 1;
                 unlist(t);
-                list_blocked(t);
+                /* Only the real blocking call needs the kick: elsewhere the
+                 * thread answers on leaving its call, and does not start
+                 * such a call once counted (LLFT_BLOCKING). */
+                if (__atomic_load_n(&t->blocking, __ATOMIC_RELAXED))
+                    list_blocked(t);
             }
         } else {
-            count_answer(__atomic_load_n(&llft_ctl->q_gen, __ATOMIC_ACQUIRE));
+            count_answer(census_under_way());
         }
     }
     errno = saved;
 }
 
-static void on_kick(int sig, siginfo_t *info, void *ctx)
+static void on_kick(int sig)
 {
     struct llft_thread *t = &llft_self;
     if (__atomic_load_n(&t->blocking, __ATOMIC_RELAXED))
@@ -112,12 +125,12 @@ int llft_quiesce_enter(struct llft_thread *t)
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         if (t->q_pending)
             llft_quiesce_answer(t);
-        /* A futex shared with the controller, which lowers the flag and
-         * wakes it; a bounded wait all the same, should a wake be missed. */
-        while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE)) {
-            struct timespec slice = {0, 50 * 1000000L};
-            syscall(SYS_futex, &c->quiesce, FUTEX_WAIT, 1, &slice, NULL, 0);
-        }
+        /* A futex shared with the controller, which lowers the flag, then
+         * wakes it.  In slices all the same: a copy restored from the
+         * image has its threads in this very wait, on another control
+         * block, and each looks at the flag again within a slice. */
+        while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE))
+            llft_futex_wait(&c->quiesce, 1, 50);
         __atomic_store_n(&t->parked, 0, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
     } while (__atomic_load_n(&c->quiesce, __ATOMIC_ACQUIRE));
@@ -126,41 +139,40 @@ int llft_quiesce_enter(struct llft_thread *t)
     return role >= LLFT_ROLE_COPY ? llft_demote() : role;
 }
 
-static void install(int sig, void (*handler)(int, siginfo_t *, void *), int flags)
+static void install(int sig, void (*handler)(int), int flags)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = handler;
-    sa.sa_flags = SA_SIGINFO | flags;
+    sa.sa_handler = handler;
+    sa.sa_flags = flags;
     sigfillset(&sa.sa_mask);
     sigaction(sig, &sa, NULL);
 }
 
 void llft_quiesce_init(void)
 {
-    census_signal = LLFT_CENSUS_SIGNAL;
-    kick_signal = LLFT_KICK_SIGNAL;
-    install(census_signal, on_census, SA_RESTART);
-    install(kick_signal, on_kick, 0);
+    install(LLFT_CENSUS_SIGNAL, on_census, SA_RESTART);
+    install(LLFT_KICK_SIGNAL, on_kick, 0);
+    installed = 1;
 }
 
 /* Before an exec: the next image takes the signals once its library is
  * attached; until then they are ignored (their default ends a process). */
 void llft_quiesce_exec(void)
 {
-    signal(census_signal, SIG_IGN);
-    signal(kick_signal, SIG_IGN);
+    signal(LLFT_CENSUS_SIGNAL, SIG_IGN);
+    signal(LLFT_KICK_SIGNAL, SIG_IGN);
 }
 
 /* ---- the program's signal masks ------------------------------------- */
 
 const sigset_t *llft_mask_without_ours(const sigset_t *mask, sigset_t *buf)
 {
-    if (!mask || !census_signal || (!sigismember(mask, census_signal) && !sigismember(mask, kick_signal)))
+    if (!mask || !installed || (!sigismember(mask, LLFT_CENSUS_SIGNAL) && !sigismember(mask, LLFT_KICK_SIGNAL)))
         return mask;
     *buf = *mask;
-    sigdelset(buf, census_signal);
-    sigdelset(buf, kick_signal);
+    sigdelset(buf, LLFT_CENSUS_SIGNAL);
+    sigdelset(buf, LLFT_KICK_SIGNAL);
     return buf;
 }
 

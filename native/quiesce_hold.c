@@ -101,8 +101,8 @@ void llft_quiesce_release(llft_ctl_t *c)
  * another -errno.  *threads: how many threads answered. */
 int llft_quiesce_hold(llft_ctl_t *c, int pid, int timeout_ms, int *threads)
 {
-    __atomic_fetch_add(&c->q_gen, 1, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&c->q_counted, 0, __ATOMIC_SEQ_CST);
+    uint64_t gen = (__atomic_load_n(&c->q_census, __ATOMIC_ACQUIRE) >> 32) + 1;
+    __atomic_store_n(&c->q_census, gen << 32, __ATOMIC_SEQ_CST);   /* a new census, nobody counted */
     for (int i = 0; i < LLFT_QUIESCE_KICKS; i++)
         __atomic_store_n(&c->q_blocked[i], 0, __ATOMIC_RELAXED);
     __atomic_store_n(&c->quiesce, 1, __ATOMIC_SEQ_CST);
@@ -117,7 +117,7 @@ int llft_quiesce_hold(llft_ctl_t *c, int pid, int timeout_ms, int *threads)
     }
     uint64_t until = now_us() + (uint64_t)timeout_ms * 1000u;
     for (;;) {
-        if ((int)__atomic_load_n(&c->q_counted, __ATOMIC_ACQUIRE) >= sent) {
+        if ((int)(uint32_t)__atomic_load_n(&c->q_census, __ATOMIC_ACQUIRE) >= sent) {
             free(ids);
             return 0;
         }

@@ -477,17 +477,21 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
     }
 }
 
+static void take_queue(struct llft_thread *t, uint32_t tid)
+{
+    spin_lock(&dispatch_lock);
+    t->q = queue_for(tid);
+    t->q_era = era;
+    spin_unlock(&dispatch_lock);
+    __atomic_fetch_add(&live_threads, 1, SEQ);
+}
+
 /* A thread of a copy of the primary (demote.c) takes its queue at its
  * first replayed call. */
 static void own_queue(struct llft_thread *t)
 {
-    if (LIKELY(t->q != NULL && t->q_era == LOAD(&era, RLX)))
-        return;
-    spin_lock(&dispatch_lock);
-    t->q = queue_for(t->tid);
-    t->q_era = era;
-    spin_unlock(&dispatch_lock);
-    __atomic_fetch_add(&live_threads, 1, SEQ);
+    if (UNLIKELY(t->q == NULL || t->q_era != LOAD(&era, RLX)))
+        take_queue(t, t->tid);
 }
 
 /* No thread is in the engine: the copy's were the primary's. */
@@ -653,20 +657,12 @@ void llft_replay_reserve(void)
 void llft_replay_setup(void)
 {
     llft_self.q = NULL;
-    spin_lock(&dispatch_lock);
-    llft_self.q = queue_for(0);
-    llft_self.q_era = era;
-    spin_unlock(&dispatch_lock);
-    __atomic_fetch_add(&live_threads, 1, SEQ);
+    take_queue(&llft_self, 0);
 }
 
 void llft_replay_thread_start(struct llft_thread *t)
 {
-    spin_lock(&dispatch_lock);
-    t->q = queue_for(t->tid);
-    t->q_era = era;
-    spin_unlock(&dispatch_lock);
-    __atomic_fetch_add(&live_threads, 1, SEQ);
+    take_queue(t, t->tid);
 }
 
 void llft_replay_thread_end(struct llft_thread *t)

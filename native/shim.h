@@ -138,7 +138,9 @@ static inline void llft_call_end(struct llft_thread **tp)
         llft_quiesce_answer(t);
 }
 #define LLFT_CALL(t) struct llft_thread *t __attribute__((cleanup(llft_call_end))) = NULL
-/* call, the wrapper's own, made again once this call (t's) has ended. */
+/* call, the wrapper's own, made again once this call (t's) has ended (a
+ * timed wait starts again with its whole timeout: a hold of the primary
+ * makes it last up to that much longer). */
 #define LLFT_AGAIN(t, call) ({ llft_call_end(&(t)); (t) = NULL; call; })
 /* A lock or condition wait of a primary branch (wrap_lock.c): the census
  * takes the thread for one outside any call while it waits. */
@@ -158,17 +160,28 @@ static inline int llft_held_or_copy(void)
                     __atomic_load_n(&llft_ctl->role, __ATOMIC_RELAXED) != LLFT_ROLE_PRIMARY);
 }
 /* The real blocking call of a primary branch, marked so that a census
- * interrupts it (then llft_kicked says so); a signal handler's call inside
- * it leaves the marks as they were. */
+ * interrupts it (then llft_kicked says so).  Not made at all once a census
+ * has counted this thread as inside its call: it would block where no
+ * kick reaches it (the census lists only threads already in the real
+ * call); it ends as kicked instead.  A signal handler's call inside it
+ * leaves the marks as they were. */
 #define LLFT_BLOCKING(t, call)                                                      \
     ({                                                                              \
-        uint8_t outer_blocking_ = (t)->blocking;                                    \
+        uint8_t outer_blocking_ = (t)->blocking, outer_kicked_ = (t)->kicked;       \
         __atomic_store_n(&(t)->kicked, 0, __ATOMIC_RELAXED);                        \
         __atomic_store_n(&(t)->blocking, 1, __ATOMIC_RELAXED);                      \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
-        __typeof__(call) blocking_ret_ = (call);                                    \
+        __typeof__(call) blocking_ret_;                                             \
+        if (UNLIKELY(__atomic_load_n(&(t)->q_pending, __ATOMIC_RELAXED))) {         \
+            __atomic_store_n(&(t)->kicked, 1, __ATOMIC_RELAXED);                    \
+            errno = EINTR;                                                          \
+            blocking_ret_ = -1;                                                     \
+        } else {                                                                    \
+            blocking_ret_ = (call);                                                 \
+        }                                                                           \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
         __atomic_store_n(&(t)->blocking, outer_blocking_, __ATOMIC_RELAXED);        \
+        (t)->kicked |= outer_kicked_;                                               \
         blocking_ret_;                                                              \
     })
 /* The blocking call just made returned r because a census interrupted it:

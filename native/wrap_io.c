@@ -95,6 +95,22 @@ static void transfer_cancel(uint16_t op, int fd)
         __atomic_sub_fetch(w, 1, __ATOMIC_SEQ_CST);
 }
 
+/* A primary's real transfer of op on fd: its result; or, interrupted by a
+ * census (nothing moved), the wrapper's call `again`, made from its entry. */
+#define PRIMARY_TRANSFER(t, op, fd, real_call, again)                               \
+    ({                                                                              \
+        if ((op) == LLFT_OP_WRITE)                                                  \
+            write_begin(fd);                                                        \
+        else                                                                        \
+            llft_transfer_begin(fd);                                                \
+        ssize_t r_ = LLFT_BLOCKING(t, real_call);                                   \
+        if (llft_kicked(t, r_)) {                                                   \
+            transfer_cancel(op, fd);                                                \
+            return LLFT_AGAIN(t, again);                                            \
+        }                                                                           \
+        r_;                                                                         \
+    })
+
 /* ---- backup --------------------------------------------------------- */
 
 static size_t iov_total(const struct iovec *iov, int n)
@@ -210,12 +226,7 @@ SWITCHING(ssize_t, read, (int fd, void *buf, size_t n), (fd, buf, n))
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(read)(fd, buf, n));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_READ, fd);
-            return LLFT_AGAIN(t, read_call(fd, buf, n));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(read)(fd, buf, n), read_call(fd, buf, n));
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     return REAL(read)(fd, buf, n);
@@ -240,12 +251,7 @@ SWITCHING(ssize_t, readv, (int fd, const struct iovec *iov, int niov), (fd, iov,
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(readv)(fd, iov, niov));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_READ, fd);
-            return LLFT_AGAIN(t, readv_call(fd, iov, niov));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(readv)(fd, iov, niov), readv_call(fd, iov, niov));
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, niov ? iov[0].iov_base : NULL);
     }
     return REAL(readv)(fd, iov, niov);
@@ -262,12 +268,7 @@ SWITCHING(ssize_t, recv, (int fd, void *buf, size_t n, int flags), (fd, buf, n, 
     struct iovec v = {buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(recv)(fd, buf, n, flags));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_READ, fd);
-            return LLFT_AGAIN(t, recv_call(fd, buf, n, flags));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(recv)(fd, buf, n, flags), recv_call(fd, buf, n, flags));
         return record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     return REAL(recv)(fd, buf, n, flags);
@@ -286,12 +287,8 @@ SWITCHING(ssize_t, recvfrom,
     ssize_t r;
     struct iovec v = {buf, n};
     if (role == LLFT_ROLE_PRIMARY || replay_transfer(t, LLFT_OP_READ, fd, &v, 1, flags & MSG_PEEK, &r)) {
-        llft_transfer_begin(fd);
-        r = LLFT_BLOCKING(t, REAL(recvfrom)(fd, buf, n, flags, NULL, NULL));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_READ, fd);
-            return LLFT_AGAIN(t, recvfrom_call(fd, buf, n, flags, addr, len));
-        }
+        r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(recvfrom)(fd, buf, n, flags, NULL, NULL),
+                             recvfrom_call(fd, buf, n, flags, addr, len));
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, buf);
     }
     if (r >= 0)
@@ -313,12 +310,7 @@ SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, f
         msg->msg_controllen = 0; /* ancillary data is not replicated */
         msg->msg_flags = 0;
     } else {
-        llft_transfer_begin(fd);
-        r = LLFT_BLOCKING(t, REAL(recvmsg)(fd, msg, flags));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_READ, fd);
-            return LLFT_AGAIN(t, recvmsg_call(fd, msg, flags));
-        }
+        r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(recvmsg)(fd, msg, flags), recvmsg_call(fd, msg, flags));
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
     }
     if (r >= 0)
@@ -340,12 +332,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t n)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        write_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(write)(fd, buf, n));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_WRITE, fd);
-            return LLFT_AGAIN(t, write(fd, buf, n));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_WRITE, fd, REAL(write)(fd, buf, n), write(fd, buf, n));
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
     return REAL(write)(fd, buf, n);
@@ -359,12 +346,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int niov)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, iov, niov, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        write_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(writev)(fd, iov, niov));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_WRITE, fd);
-            return LLFT_AGAIN(t, writev(fd, iov, niov));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_WRITE, fd, REAL(writev)(fd, iov, niov), writev(fd, iov, niov));
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
     return REAL(writev)(fd, iov, niov);
@@ -379,12 +361,8 @@ EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
     struct iovec v = {(void *)buf, n};
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, &v, 1, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        write_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_WRITE, fd);
-            return LLFT_AGAIN(t, send(fd, buf, n, flags));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_WRITE, fd, REAL(send)(fd, buf, n, flags | MSG_NOSIGNAL),
+                                     send(fd, buf, n, flags));
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, buf);
     }
     return REAL(send)(fd, buf, n, flags);
@@ -407,12 +385,8 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     int role = transfer_mode(fd, &t);
     REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        write_begin(fd);
-        ssize_t r = LLFT_BLOCKING(t, REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_WRITE, fd);
-            return LLFT_AGAIN(t, sendmsg(fd, msg, flags));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_WRITE, fd, REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL),
+                                     sendmsg(fd, msg, flags));
         return record_transfer(t, LLFT_OP_WRITE, fd, r, errno, NULL);
     }
     return REAL(sendmsg)(fd, msg, flags);
@@ -452,12 +426,8 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
     int role = transfer_mode(out, &t);
     REPLAY_OR_PROMOTE(role, replay_sendfile(t, out, in, off, count, &res_))
     if (role == LLFT_ROLE_PRIMARY) {
-        llft_transfer_begin(out);
-        ssize_t r = LLFT_BLOCKING(t, REAL(sendfile)(out, in, off, count));
-        if (llft_kicked(t, r)) {
-            transfer_cancel(LLFT_OP_SENDFILE, out);
-            return LLFT_AGAIN(t, sendfile(out, in, off, count));
-        }
+        ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_SENDFILE, out, REAL(sendfile)(out, in, off, count),
+                                     sendfile(out, in, off, count));
         return record_transfer(t, LLFT_OP_SENDFILE, out, r, errno, NULL);
     }
     return REAL(sendfile)(out, in, off, count);

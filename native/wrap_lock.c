@@ -270,7 +270,9 @@ EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
  * would wait on, for a signal nobody sends, while the one woken waits
  * for its turn after it.  Woken, each takes its record instead (a
  * spurious wake-up, which a condition wait may always have).  Open
- * addressing over a few slots from the variable's home. */
+ * addressing over a few slots from the variable's home; a slot nobody
+ * waits in goes to the next variable that needs it (variables come and
+ * go: per-connection ones would fill the table for good). */
 #define COND_WAIT_SLOTS 4096
 #define COND_WAIT_PROBE 8
 static struct cond_wait {
@@ -283,12 +285,19 @@ static struct cond_wait *cond_wait_begin(pthread_cond_t *c)
     uint32_t home = (uint32_t)(((uintptr_t)c * 0x9E3779B97F4A7C15ull) >> 52);
     for (uint32_t i = 0; i < COND_WAIT_PROBE; i++) {
         struct cond_wait *w = &cond_waits[(home + i) % COND_WAIT_SLOTS];
-        pthread_cond_t *none = NULL;
-        if (__atomic_load_n(&w->c, __ATOMIC_ACQUIRE) == c ||
-            __atomic_compare_exchange_n(&w->c, &none, c, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            __atomic_fetch_add(&w->waiting, 1, __ATOMIC_SEQ_CST);
-            return w;
+        pthread_cond_t *was = __atomic_load_n(&w->c, __ATOMIC_ACQUIRE);
+        if (was != c) {
+            if (was && __atomic_load_n(&w->waiting, __ATOMIC_SEQ_CST))
+                continue;   /* another variable's, waited on */
+            if (!__atomic_compare_exchange_n(&w->c, &was, c, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && was != c)
+                continue;
         }
+        __atomic_fetch_add(&w->waiting, 1, __ATOMIC_SEQ_CST);
+        /* Another variable may have taken the slot, empty as it seemed,
+         * between the test and the count: then the count is undone. */
+        if (__atomic_load_n(&w->c, __ATOMIC_SEQ_CST) == c)
+            return w;
+        __atomic_fetch_sub(&w->waiting, 1, __ATOMIC_SEQ_CST);
     }
     return NULL;   /* not woken by a copy: it waits for a signal, as a spurious wake-up's absence allows */
 }
@@ -371,39 +380,6 @@ static int cond_replay(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struc
     return cond_replay_unlocked(op, c, m, t, res);
 }
 
-/* The primary's real wait ended with r (0 or ETIMEDOUT, the mutex held
- * again; or an error) while the primary is held, or in a copy of it
- * restored as a backup (see give_back): the mutex is given back, and the
- * wait ends as if woken for nothing, its re-acquisition made in the role
- * this thread has once it may go on. */
-static int cond_given_back(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int r)
-{
-    int held = r == 0 || r == ETIMEDOUT;
-    if (held)
-        REAL(pthread_mutex_unlock)(m);
-    for (;;) {
-        if (llft_quiesce_enter(t) == LLFT_ROLE_BACKUP) {
-            int res = 0;
-            if (cond_replay_unlocked(op, c, m, t, &res)) /* taken over meanwhile: woken */
-                res = cond_common(op, m, 0, t);
-            return res;
-        }
-        if (!held)
-            return cond_common(op, m, r, t);
-        int got = ACQUIRING(t, REAL(pthread_mutex_lock)(m));
-        if (!llft_held_or_copy())
-            return cond_common(op, m, got == 0 ? r : got, t);
-        if (got == 0)
-            REAL(pthread_mutex_unlock)(m);
-    }
-}
-
-/* The primary's real wait ended with r: recorded, or given back. */
-static int cond_waited(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, int r)
-{
-    return llft_held_or_copy() ? cond_given_back(op, c, m, t, r) : cond_common(op, m, r, t);
-}
-
 /* A wait open at a takeover that nobody had signalled: the real wait, in
  * slices of TAKEOVER_SLICE_NS, the signal count checked between them.  A
  * thread that signals without holding the mutex can signal between this
@@ -432,6 +408,54 @@ static int wait_after_takeover(struct llft_thread *t, pthread_cond_t *c, pthread
     }
 }
 
+static int cond_waited(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, clockid_t clk,
+                       const struct timespec *deadline, int r);
+
+/* A backup's wait, replayed (how 0: res is its result), or open at a
+ * takeover (COND_WOKEN or COND_STILL: cond_replay_unlocked). */
+static int cond_backup_end(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, clockid_t clk,
+                           const struct timespec *deadline, int how, int res)
+{
+    if (how == COND_WOKEN)
+        return cond_common(op, m, 0, t);
+    if (how == COND_STILL)
+        return cond_waited(op, c, m, t, clk, deadline, wait_after_takeover(t, c, m, clk, deadline));
+    return res;
+}
+
+/* The primary's real wait ended with r (0 or ETIMEDOUT, the mutex held
+ * again; or an error) while the primary is held, or in a copy of it
+ * restored as a backup (see give_back): the mutex is given back, and the
+ * wait ends as if woken for nothing, its re-acquisition made in the role
+ * this thread has once it may go on. */
+static int cond_given_back(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, clockid_t clk,
+                           const struct timespec *deadline, int r)
+{
+    int held = r == 0 || r == ETIMEDOUT;
+    if (held)
+        REAL(pthread_mutex_unlock)(m);
+    for (;;) {
+        if (llft_quiesce_enter(t) == LLFT_ROLE_BACKUP) {
+            int res = 0, how = cond_replay_unlocked(op, c, m, t, &res);
+            return cond_backup_end(op, c, m, t, clk, deadline, how, res);
+        }
+        if (!held)
+            return cond_common(op, m, r, t);
+        int got = ACQUIRING(t, REAL(pthread_mutex_lock)(m));
+        if (!llft_held_or_copy())
+            return cond_common(op, m, got == 0 ? r : got, t);
+        if (got == 0)
+            REAL(pthread_mutex_unlock)(m);
+    }
+}
+
+/* The primary's real wait ended with r: recorded, or given back. */
+static int cond_waited(uint16_t op, pthread_cond_t *c, pthread_mutex_t *m, struct llft_thread *t, clockid_t clk,
+                       const struct timespec *deadline, int r)
+{
+    return llft_held_or_copy() ? cond_given_back(op, c, m, t, clk, deadline, r) : cond_common(op, m, r, t);
+}
+
 /* A condition wait's result.  clk and deadline: what wait_after_takeover
  * needs of the program's wait (deadline NULL for an untimed one). */
 #define COND_WAITED(op, c, m, clk, deadline, real_call)                             \
@@ -440,12 +464,9 @@ static int wait_after_takeover(struct llft_thread *t, pthread_cond_t *c, pthread
         int role = llft_call_mode(&t), res = 0, how = 0;                            \
         if (UNLIKELY(role == LLFT_ROLE_BACKUP)) {                                   \
             how = cond_replay(op, c, m, t, &res);                                   \
-            if (how == COND_WOKEN)                                                  \
-                res = cond_common(op, m, 0, t);                                     \
-            else if (how == COND_STILL)                                             \
-                res = cond_waited(op, c, m, t, wait_after_takeover(t, c, m, clk, deadline)); \
+            res = cond_backup_end(op, c, m, t, clk, deadline, how, res);            \
         } else if (LIKELY(role == LLFT_ROLE_PRIMARY)) {                             \
-            res = cond_waited(op, c, m, t, COND_REAL_WAIT(t, c, real_call));        \
+            res = cond_waited(op, c, m, t, clk, deadline, COND_REAL_WAIT(t, c, real_call)); \
         } else {                                                                    \
             res = real_call;                                                        \
         }                                                                           \

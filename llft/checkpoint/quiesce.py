@@ -34,7 +34,7 @@ def hold(stream, pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> int:
     if rc == 0:
         return threads[0]
     if rc == -errno.ETIMEDOUT:
-        raise QuiesceFailed(f"of the primary's {threads[0]} threads, {stream.ctl.q_counted} answered within "
+        raise QuiesceFailed(f"of the primary's {threads[0]} threads, {stream.ctl.q_census & 0xFFFFFFFF} answered within "
                             f"{timeout_ms} ms (the others are in calls that cannot be interrupted, or do not take "
                             f"the census's signal)")
     raise QuiesceFailed(f"the primary (pid {pid}) could not be held: {os.strerror(-rc)}")
