@@ -52,6 +52,7 @@ class GroupOptions:
     keep: int | None = None       # --keep N: replacements cloned from a live backup (CRIU), else replayed
     checkpoint_dir: str | None = None   # --checkpoint-dir: where a clone's image is written (None: memory)
     checkpoint_every: float | None = None   # --checkpoint-every: seconds between stored checkpoints
+    semi_passive: bool = False    # --mode semi-passive: only the primary executes (llft/replacements.py)
     stall_alarm: float = STALL_S  # a backup that replays nothing this long while records wait is flagged
     private_files: bool = False   # each replica in its own view of the files (llft/private_files.py)
     serialize: bool = False       # --serialize: threads take turns (native/serialize.c)
@@ -114,7 +115,8 @@ class LocalGroup:
     def start(self):
         sweep_dead_rings()
         replaying = self.opts.replay_from is not None
-        indices = [1] if replaying else list(range(self.opts.replicas))
+        # Semi-passive: the backups are the stored checkpoint and the log after it.
+        indices = [1] if replaying else [0] if self.opts.semi_passive else list(range(self.opts.replicas))
         for k in indices:
             self._new_replica(k, ROLE_PRIMARY if k == 0 else ROLE_BACKUP)
         self.next_index = max(indices) + 1   # indices (precedences) are never reused
@@ -341,7 +343,9 @@ class LocalGroup:
         deadline = None
         next_state = time.monotonic() + 1
         frozen_since: dict[int, float] = {}
-        while any(r.alive() for r in self.replicas):
+        # (Semi-passive: a primary's death leaves no replica alive, and the
+        # group goes on with a copy of its checkpoint.)
+        while any(r.alive() for r in self.replicas) or (self.opts.semi_passive and not self.source.finished()):
             self._check_frozen(frozen_since)
             if time.monotonic() > next_state:  # live counters for llft-status
                 self.write_state("running")
@@ -361,6 +365,8 @@ class LocalGroup:
                     break   # the shim stopped it, saying why: not the program's own end
                 # Killed by a signal: a fault.  An exit is the program's own end.
                 successor = self._successor() if primary.status >= 128 else None
+                if successor is None and primary.status >= 128 and self.opts.semi_passive:
+                    successor = await self.replacements.restored_successor(primary)
                 if successor is not None:
                     self._fail_over(primary, successor)
                     primary = successor

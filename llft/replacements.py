@@ -98,17 +98,43 @@ class Replacements:
                       "the history before the last one is dropped", failed.index)
         return False
 
+    async def restored_successor(self, failed: Replica) -> Replica | None:
+        """Semi-passive (LLFT sec. II-E): the primary failed and no backup
+        executes.  Its successor is a copy of the stored checkpoint,
+        restored, or, before the first one is stored, a replica that replays
+        the history from the start; it catches up from the saved stream and
+        the input logs, and takes over at their end (the record pump waits
+        for it).  None if neither can be had."""
+        g = self.g
+        if self.cloning is not None:   # a store under way gives up (its source is gone), or ends
+            await asyncio.gather(self.cloning, return_exceptions=True)
+        failed.replaced = True
+        if self.stored is not None:
+            from llft.checkpoint.stored import CloneFailed
+            k, g.next_index = g.next_index, g.next_index + 1
+            try:
+                r = await self.stored.restore(g, k)
+            except CloneFailed as e:
+                log.error("the primary cannot be replaced: the stored checkpoint could not be restored (%s)", e)
+                return None
+            r.replaces = failed.index
+            return r
+        if self.history_from_start:
+            return self._replay_replacement(failed)
+        return None
+
     def store_due(self):
-        """--checkpoint-every: a checkpoint of a live backup is stored when
-        one is due and nothing else is under way (a clone, a restore, a
-        replay of the history, which reads what storing drops)."""
+        """--checkpoint-every: a checkpoint of a live backup (semi-passive:
+        of the primary, held still) is stored when one is due and nothing
+        else is under way (a clone, a restore, a replay of the history,
+        which reads what storing drops)."""
         g = self.g
         every = g.opts.checkpoint_every
         if (not every or self.cloning is not None or g.gateway is None or g.source.finished()
                 or g.interrupted is not None or time.monotonic() < self.next_store
                 or any(f.is_alive() for f in g.feeders.values())):
             return
-        source = self.clone_source()
+        source = self.clone_source() or (self.primary_source() if g.opts.semi_passive else None)
         if source is not None:
             self.next_store = time.monotonic() + every
             self.cloning = asyncio.create_task(self._store(source))
@@ -212,7 +238,7 @@ class Replacements:
                 self.cloning = None
             g.exited.set()   # the wait loop looks again: more may be missing
 
-    def _replay_replacement(self, failed: Replica):
+    def _replay_replacement(self, failed: Replica) -> Replica:
         g = self.g
         k, g.next_index = g.next_index, g.next_index + 1
         r = g._new_replica(k, ROLE_BACKUP)
@@ -226,14 +252,18 @@ class Replacements:
         feeder.start()
         log.warning("replica %d started to replace replica %d: pid %d, catching up", k, failed.index, r.pid)
         g.write_state("running")
+        return r
 
     def check_caught_up(self):
         """A replacement has caught up once it has replayed every record the
-        history held when it joined the live stream."""
+        history held when it joined the live stream, or (semi-passive) taken
+        over at the end of the failed primary's."""
         g = self.g
         for r in g.replicas:
             feeder = g.feeders.get(r.index)
-            if feeder is None or r.catch_up["done"] or feeder.joined_at is None or r.stream.records < feeder.records:
+            if feeder is None or r.catch_up["done"] or feeder.joined_at is None:
+                continue
+            if r.stream.records < feeder.records and r.stream.role != ROLE_PRIMARY:
                 continue
             ms = (time.monotonic() - feeder.started_at) * 1000
             r.catch_up.update(records=feeder.records, ms=round(ms, 1), done=True)

@@ -34,6 +34,10 @@ def test_help(name):
     (["--join", "--group", "g", "--", "true"], "needs --key-file"),
     (["--join", "--group", "g", "--replicas", "2", "--", "true"], "one replica on this host"),
     (["--join", "--group", "g", "--key-file", "/no/such/key", "--", "true"], "cannot read key file"),
+    (["--mode", "semi-passive", "--", "true"], "give --checkpoint-every too"),
+    (["--mode", "semi-passive", "--checkpoint-every", "1", "--replicas", "1", "--", "true"], "--replicas 2 or more"),
+    (["--mode", "semi-passive", "--checkpoint-every", "1", "--keep", "2", "--", "true"], "no --keep"),
+    (["--mode", "passive", "--", "true"], "invalid choice"),
 ])
 def test_llft_run_bad_input(args, message, tmp_path):
     p = run(tool("llft-run"), "--run-dir", str(tmp_path / "rd"), *args)

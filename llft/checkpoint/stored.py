@@ -45,7 +45,7 @@ import socket
 import time
 
 from llft import private_files
-from llft.checkpoint import sockets
+from llft.checkpoint import quiesce, sockets
 from llft.checkpoint.clone import CLONE_ERRORS, GIVE_BACK_S, BackupClone, CloneFailed, waiting_conns
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.streams import BackupSink, SavedStreamWriter
@@ -105,6 +105,8 @@ class StoredCheckpoint:
         n.keep_logs(drop_images=False)
         figures = dict(self.figures, restore_ms=round((time.monotonic() - started) * 1000, 1))
         n.adopt(pid, proc, figures)
+        if c.of_primary:   # (semi-passive) held at a call's entry, its threads make it as a backup's
+            quiesce.release(n.clone.stream)
         n.clone.catch_up = {"records": None, "ms": None, "done": False}
         feeder = g.feeders[k] = CatchUpFeeder(g.forwarder, n.sink, start=self.history_at, records=c.sink.delivered)
         feeder.start()

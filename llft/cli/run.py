@@ -104,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "long the group runs; a replacement needed when no backup lives to be cloned (a group "
                         "of two) is restored from it and catches up (docs/checkpoints.md).  Default: off (the "
                         "whole history is kept for such a replacement to replay)")
+    p.add_argument("--mode", choices=("semi-active", "semi-passive"), default="semi-active",
+                   help="semi-active (the default): every replica executes, the backups replaying the primary's "
+                        "records.  semi-passive (LLFT sec. II-E): only the primary executes; every "
+                        "--checkpoint-every seconds a checkpoint of it is stored (CRIU, a full dump: the primary "
+                        "is held still and frozen meanwhile), and the records and client input after it are "
+                        "kept; when the primary fails, a copy of the checkpoint is restored, replays them and "
+                        "takes over, the clients keeping their connections.  Needs CRIU and --checkpoint-every; "
+                        "on one host the passive backups (--replicas - 1) share the stored checkpoint "
+                        "(docs/checkpoints.md)")
     p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
                    help="with --keep: write each clone's image (about the program's memory in size) under DIR, "
                         "for the moment it takes to restore it, and the stored checkpoint's (--checkpoint-every) "
@@ -226,6 +235,22 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
                  "stall_alarm"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.mode == "semi-passive":
+        if args.checkpoint_every is None:
+            raise UsageError("--mode semi-passive restores the primary from its checkpoints: give "
+                             "--checkpoint-every too")
+        if args.replicas < 2:
+            raise UsageError("--mode semi-passive needs --replicas 2 or more (the primary and a passive backup)")
+        if args.keep not in (None, 1):
+            raise UsageError("--mode semi-passive keeps one replica executing: no --keep")
+        if args.join:
+            raise UsageError("--mode semi-passive runs on one host: not with --join")
+        from llft.checkpoint.criu import CriuUnavailable, find
+        try:
+            find()
+        except CriuUnavailable as e:
+            raise UsageError(f"--mode semi-passive needs CRIU: {e}") from None
+        args.keep = 1
     if args.keep is not None:
         if not 1 <= args.keep <= args.replicas:
             raise UsageError(f"--keep must be between 1 and --replicas ({args.replicas}), got {args.keep}")
@@ -337,7 +362,7 @@ def main(argv=None) -> int:
                            port_map=args.port_map, host=args.host, log_output=args.log_output,
                            fault_timeout=args.fault_timeout / 1000, respawn=args.respawn, keep=args.keep,
                            checkpoint_dir=args.checkpoint_dir and str(args.checkpoint_dir.resolve()),
-                           checkpoint_every=args.checkpoint_every,
+                           checkpoint_every=args.checkpoint_every, semi_passive=args.mode == "semi-passive",
                            stall_alarm=args.stall_alarm, private_files=private_files(args),
                            serialize=args.serialize, order=args.order,
                            mailbox_copies=args.mailbox_copies, mailbox_protocol=args.mailbox_protocol)
