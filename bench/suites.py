@@ -59,6 +59,9 @@ WORKLOADS = {
     "checkpoint": ("checkpoint:checkpoint", {
         "paper": dict(sizes_mib=(10, 100, 1024), trials=3),
         "smoke": dict(sizes_mib=(10,), trials=1)}),
+    "semi_passive": ("semi_passive:semi_passive", {
+        "paper": dict(intervals=(0.2, 0.5, 1.0, 2.0), clients=4, rounds=3, secs=2.0, trials=3),
+        "smoke": dict(intervals=(0.5,), clients=2, rounds=1, secs=0.3, trials=1)}),
     "cluster": ("cluster:cluster", {
         "paper": dict(quick=False, trials=5, other_timeout=60.0)}),
 }
