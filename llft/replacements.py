@@ -20,6 +20,11 @@ from llft.replica import Replica, watch_exit
 
 log = logging.getLogger("llft.group")
 
+# Semi-passive: how long a primary's successor waits for a checkpoint that
+# was being stored of it when it died (CRIU gives such a dump up at once,
+# or within its dead-source grace: criu.py) before it is given up.
+STORE_WAIT_S = 3.0
+
 
 class Replacements:
     def __init__(self, group):
@@ -107,7 +112,12 @@ class Replacements:
         for it).  None if neither can be had."""
         g = self.g
         if self.cloning is not None:   # a store under way gives up (its source is gone), or ends
-            await asyncio.gather(self.cloning, return_exceptions=True)
+            done, _ = await asyncio.wait([self.cloning], timeout=STORE_WAIT_S)
+            if not done:
+                log.warning("the checkpoint being stored of replica %d did not end within %.0f s of its death: "
+                            "given up, the last one stored is restored", failed.index, STORE_WAIT_S)
+                self.cloning.cancel()
+                await asyncio.gather(self.cloning, return_exceptions=True)
         failed.replaced = True
         if self.stored is not None:
             from llft.checkpoint.stored import CloneFailed

@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import os
 import re
+import select
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,8 +102,35 @@ def namespace_pid(pid: int) -> int:
         return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
 
 
-def _exchange(sk: socket.socket, criu: Criu, req):
+# A dump whose process died meanwhile: CRIU may wait on it for good (seen
+# with a primary killed while CRIU held it frozen for a stored checkpoint:
+# no answer, and llft-run waited for one instead of failing over); it is
+# given this long to say so itself, then stopped.
+DEAD_SOURCE_GRACE_S = 1.0
+WATCH_EVERY_S = 0.1
+
+
+def _gone(pid: int) -> bool:
+    """pid has exited (a zombie not yet reaped, or no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def _exchange(sk: socket.socket, criu: Criu, req, pid: int, proc: subprocess.Popen):
+    """req to CRIU, and its answer; CheckpointFailed (CRIU stopped) if
+    process pid dies and CRIU does not answer within DEAD_SOURCE_GRACE_S."""
     sk.send(req.SerializeToString())
+    dead_since = None
+    while not select.select([sk], [], [], WATCH_EVERY_S)[0]:
+        if dead_since is None and _gone(pid):
+            dead_since = time.monotonic()
+        if dead_since is not None and time.monotonic() - dead_since > DEAD_SOURCE_GRACE_S:
+            proc.kill()
+            raise CheckpointFailed(f"process {pid} died while CRIU dumped it, and CRIU did not say so")
     resp = criu.rpc.criu_resp()
     resp.ParseFromString(sk.recv(RPC_MAX))
     return resp
@@ -130,7 +159,7 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict
         o.notify_scripts = True
         o.external.extend(externals)
         failure = None
-        resp = _exchange(sk, criu, req)
+        resp = _exchange(sk, criu, req, pid, proc)
         while resp.type == criu.rpc.NOTIFY:
             ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=True)
             try:
@@ -140,7 +169,7 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict
             except Exception as e:   # noqa: BLE001 - CRIU must hear of any failure, or it waits
                 failure = e
                 ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=False)
-            resp = _exchange(sk, criu, ack)
+            resp = _exchange(sk, criu, ack, pid, proc)
         if failure is not None:
             raise CheckpointFailed(f"while process {pid} was frozen: {failure}") from failure
         if not resp.success:
