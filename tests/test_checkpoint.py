@@ -630,6 +630,51 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_the_group_keeps_serving(e
 
 
 @needs_criu
+def test_criu_silent_over_a_dead_process_is_stopped_and_the_dump_fails():
+    """CRIU 4.2 can wait for good, in wait4, for a task killed during its
+    dump: seen twice in the semi-passive bench, the primary killed as its
+    checkpoint was taken, and the group waited for CRIU instead of failing
+    over.  Killing a process under CRIU does not reproduce it on demand
+    (CRIU mostly fails at once), so here CRIU's side of the exchange is a
+    real process that never answers on a real socket, as the stuck one
+    did: with the process dumped alive, the exchange waits; once it is
+    dead (a zombie, as a killed replica is until reaped), it gives up
+    after the grace and stops the silent CRIU."""
+    import socket
+    import threading
+    c = criu.find()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    got: list = []
+
+    def exchange():
+        try:
+            criu._exchange(ours, c, c.rpc.criu_req(type=c.rpc.DUMP), victim.pid, silent)
+        except criu.CheckpointFailed as e:
+            got.append((time.monotonic(), e))
+
+    t = threading.Thread(target=exchange, daemon=True)
+    try:
+        t.start()
+        t.join(timeout=criu.DEAD_SOURCE_GRACE_S * 2)
+        assert t.is_alive() and silent.poll() is None, "a live process's dump is waited for"
+        victim.kill()
+        dead = time.monotonic()
+        t.join(timeout=criu.DEAD_SOURCE_GRACE_S + 10)
+        assert not t.is_alive(), "the exchange waited on for a dead process"
+        assert "died while CRIU dumped it" in str(got[0][1])
+        assert got[0][0] - dead < criu.DEAD_SOURCE_GRACE_S + 1.0
+        assert silent.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        for p in (silent, victim):
+            p.kill()
+            p.wait()
+        ours.close()
+        theirs.close()
+
+
+@needs_criu
 def test_a_damaged_or_truncated_image_is_refused_before_it_is_restored(tmp_path):
     """The list llft takes of an image once the dump is done, checked (as
     before each restore) against a real image of a real process: a byte
