@@ -135,11 +135,10 @@ def one_clone(ctx, size_mib: int, trial: int, mode: str):
 
 
 def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
-    from llft.checkpoint.criu import CriuUnavailable, find
-    try:
-        find()
-    except CriuUnavailable as e:
-        ctx.skip(f"no working CRIU: {e}")
+    from llft.checkpoint.criu import problem
+    why = problem()
+    if why:
+        ctx.skip(f"no working CRIU: {why}")
         return
     if not shutil.which("redis-server"):
         ctx.skip("redis-server is not installed")

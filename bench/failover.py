@@ -72,6 +72,16 @@ class Client(threading.Thread):
             self.error = str(e)
 
 
+def stop_clients(stop: threading.Event, load: list[Client]):
+    """The clients stop; RuntimeError if any of them failed."""
+    stop.set()
+    for c in load:
+        c.join()
+    errors = [c.error for c in load if c.error]
+    if errors:
+        raise RuntimeError(f"a client failed: {errors}")
+
+
 def state(rd: Path) -> dict:
     for _ in range(100):
         try:
@@ -108,12 +118,7 @@ def trial(replicas: int, clients: int, sig: signal.Signals, tmp: Path, order: st
         if not promoted:
             raise RuntimeError(f"{replicas} replicas, {clients} clients: no takeover within 10 s")
         time.sleep(0.3)
-        stop.set()
-        for c in load:
-            c.join()
-        errors = [c.error for c in load if c.error]
-        if errors:
-            raise RuntimeError(f"a client failed: {errors}")
+        stop_clients(stop, load)
         fo = state(rd)["failovers"][0]
         decided = fo["fenced"] or fo["detected"]
         row = {"detection_ms": round((decided - killed) * 1000, 3),

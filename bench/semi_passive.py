@@ -27,19 +27,10 @@ import threading
 import time
 from contextlib import ExitStack
 
-from bench.failover import Client, state
+from bench.failover import Client, state, stop_clients
 from bench.serving import NET, interleaved, msg_server, servers, window_measure
 
 SIZE = 1024
-
-
-def _criu_problem() -> str | None:
-    from llft.checkpoint.criu import CriuUnavailable, find
-    try:
-        find()
-    except CriuUnavailable as e:
-        return str(e)
-    return None
 
 
 def _mode(interval: float) -> list[str]:
@@ -80,12 +71,7 @@ def _failover(ctx, interval: float, clients: int, trial: int):
                     raise RuntimeError("no copy took over within 60 s")
                 time.sleep(0.01)
             time.sleep(0.3)
-            stop.set()
-            for c in load:
-                c.join()
-            errors = [c.error for c in load if c.error]
-            if errors:
-                raise RuntimeError(f"a client failed: {errors}")
+            stop_clients(stop, load)
             # Each client's longest gap that ends after the kill: replies
             # the gateway had before it still arrive just after it.
             stalls = [max(((b - a, b) for a, b in zip(c.stamps, c.stamps[1:]) if b > killed)) for c in load]
@@ -103,7 +89,8 @@ def _failover(ctx, interval: float, clients: int, trial: int):
 
 def semi_passive(ctx, intervals=(0.2, 0.5, 1.0, 2.0), clients: int = 4, rounds: int = 3, secs: float = 2.0,
                  trials: int = 3):
-    problem = _criu_problem()
+    from llft.checkpoint.criu import problem as criu_problem
+    problem = criu_problem()
     if problem:
         ctx.skip(f"no working CRIU: {problem}")
         return

@@ -16,16 +16,20 @@ def start_time(pid: int) -> float | None:
         return None
 
 
-def stopped(pid: int | None) -> bool:
-    """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
-    if pid is None:
-        return False
+def process_state(pid: int) -> str | None:
+    """pid's state letter in /proc (R, S, T, Z...), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] in "Tt"
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def stopped(pid: int | None) -> bool:
+    """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
+    state = process_state(pid) if pid is not None else None
+    return state is not None and state in "Tt"
 
 
 def owns(pid: int | None, started: float | None) -> bool:

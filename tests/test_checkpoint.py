@@ -29,19 +29,9 @@ from test_rejoin import (KvClient, RedisClient, Workload, check_digests, full_an
                          survive_kills, wait_for)
 
 from llft.checkpoint import criu, images
-from llft.checkpoint.criu import CriuUnavailable, find
 from llft.members import stopped
 
-
-def _criu_problem() -> str | None:
-    try:
-        find()
-    except CriuUnavailable as e:
-        return str(e)
-    return None
-
-
-needs_criu = pytest.mark.skipif(_criu_problem() is not None, reason=f"no working CRIU: {_criu_problem()}")
+needs_criu = pytest.mark.skipif(criu.problem() is not None, reason=f"no working CRIU: {criu.problem()}")
 
 
 def group_log(group) -> str:

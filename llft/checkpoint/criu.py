@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llft.members import process_state
+
 CRIU_PREFIX = Path(os.environ.get("LLFT_CRIU_PREFIX", "/opt/criu"))
 MIN_VERSION = (4, 2)
 RPC_MAX = 1 << 20
@@ -82,6 +84,15 @@ def find() -> Criu:
     return Criu(binary, version, rpc, images)
 
 
+def problem() -> str | None:
+    """Why CRIU cannot be used here (find's refusal), or None if it can."""
+    try:
+        find()
+    except CriuUnavailable as e:
+        return str(e)
+    return None
+
+
 def _swrk(criu: Criu, pid: int, keep_fd: int) -> tuple[socket.socket, subprocess.Popen]:
     """A `criu swrk` to talk RPC to, in the mount and PID namespaces of
     process pid: there a replica with private files has no mount tree of
@@ -112,12 +123,8 @@ WATCH_EVERY_S = 0.1
 
 def _gone(pid: int) -> bool:
     """pid has exited (a zombie not yet reaped, or no more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] in "ZX"
+    state = process_state(pid)
+    return state is None or state in "ZX"
 
 
 def _exchange(sk: socket.socket, criu: Criu, req, pid: int, proc: subprocess.Popen):
