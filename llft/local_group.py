@@ -132,13 +132,12 @@ class LocalGroup:
             self.inputs = InputLog(self.run_dir / INPUT_DIR)
         saver = SavedStreamWriter(saved) if saved else None
         if self.opts.keep is not None:
-            from llft.checkpoint.criu import CriuUnavailable, find
-            try:
-                find()
-            except CriuUnavailable as e:
-                self.replacements.clone_refused = str(e)
+            from llft.checkpoint.criu import problem
+            why = problem()
+            if why:
+                self.replacements.clone_refused = why
                 log.warning("--keep: %s; a failed replica is replaced by one that replays the group's history",
-                            e)
+                            why)
         self.ordering = ordering_for(self.opts.order, self.run_id, self.opts)
         self.forwarder = RecordForwarder(self.source, self.sinks.values(), self.ordering, saver)
 

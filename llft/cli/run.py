@@ -245,11 +245,10 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
             raise UsageError("--mode semi-passive keeps one replica executing: no --keep")
         if args.join:
             raise UsageError("--mode semi-passive runs on one host: not with --join")
-        from llft.checkpoint.criu import CriuUnavailable, find
-        try:
-            find()
-        except CriuUnavailable as e:
-            raise UsageError(f"--mode semi-passive needs CRIU: {e}") from None
+        from llft.checkpoint.criu import problem
+        why = problem()
+        if why:
+            raise UsageError(f"--mode semi-passive needs CRIU: {why}")
         args.keep = 1
     if args.keep is not None:
         if not 1 <= args.keep <= args.replicas:
