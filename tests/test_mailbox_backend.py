@@ -8,8 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
+from llft.ordering.mailbox import backend as mailbox_backend
 from llft.ordering.mailbox.backend import MailboxOrdering
+from llft.ordering.mailbox.protocol1 import Receiver1
 from llft.ordering.mailbox.segment import BOTTOM, MemoryCrashed
+from llft.ordering.mailbox.steps import Until
 
 
 class Ring:
@@ -56,20 +59,41 @@ def test_every_chunk_reaches_every_ring_once_in_order():
             b.close()
 
 
-def test_a_rejected_message_is_sent_again():
+def test_a_rejected_message_is_sent_again(monkeypatch):
     """Every copy's decision on the first message is forced to reject
     before the receivers decide: they follow it, and the chunk must come
     again."""
+    forced = threading.Event()
+    rejected = []   # (receiver slot, timestamp) of each rejection
+
+    class HeldReceiver1(Receiver1):
+        """Decides nothing until the saboteur has forced its reject: a
+        saboteur thread held off the CPU for the ~23 ms a message waits
+        would otherwise find it decided (accepted), and nothing would be
+        sent again.  A held receiver is a late one, which Protocol 1
+        tolerates."""
+
+        def _decide(self, ts, k):
+            while not forced.is_set():
+                yield Until(self.mailbox.clock.now() + 1_000_000)
+            decision = yield from super()._decide(ts, k)
+            if decision != 1:
+                rejected.append((self.slot, ts))
+            return decision
+    monkeypatch.setattr(mailbox_backend, "Receiver1", HeldReceiver1)
+
     b = backend()
     try:
         rings = [Ring(1), Ring(2)]
         for r in rings:
             b.add(r)
-        forced = threading.Event()
 
         def reject_first():
+            # Until the message is rejected in every copy: the sender may
+            # not have written the later copies at the first pass.
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
+                rejected_in = 0
                 for c in b._sender.copies:
                     try:
                         with c.step():
@@ -77,10 +101,11 @@ def test_a_rejected_message_is_sent_again():
                                 if e.decision == BOTTOM:
                                     e.decision = 0
                                     c.put(e)
-                                    forced.set()
+                                rejected_in += e.decision == 0
                     except MemoryCrashed:
                         pass
-                if forced.is_set():
+                if rejected_in == len(b._sender.copies):
+                    forced.set()
                     return
                 time.sleep(0.0005)
         saboteur = threading.Thread(target=reject_first)
@@ -88,9 +113,11 @@ def test_a_rejected_message_is_sent_again():
         data = chunks(40)
         b.send(data[0])
         saboteur.join()
+        assert forced.is_set(), "the saboteur found no message to reject"
         send_all(b, data[1:])
         assert b.flush(10), "a backup never got the rejected chunk"
-        assert forced.is_set()
+        assert {slot for slot, _ in rejected} == {m.slot for m in b._members}, \
+            "a receiver did not follow the forced reject"
         assert all(r.chunks == data for r in rings)
         assert b.counters()["resent"] >= 1
     finally:
