@@ -31,6 +31,7 @@ struct llft_thread {
     uint32_t state;          /* TS_* */
     uint32_t depth;          /* > 0 while inside the shim: nested calls pass through */
     uint64_t cached_tail;    /* primary: last seen ring tail, saves a shared load */
+    uint64_t ring_end;       /* primary: the ring position after this thread's last record */
     struct tqueue *q;        /* backup: this thread's replay queue... */
     uint32_t q_era;          /* ...if taken in the replay engine's current era (demote.c) */
     uint64_t stamp;          /* backup: when its last record was replayed (the replica's record count) */
@@ -269,6 +270,9 @@ void llft_record(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn
                  int64_t ret, int32_t err, int64_t val);
 void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn,
                      int64_t ret, int32_t err, int64_t val, uint32_t aux);
+/* Primary: waits until every ring slot before t's last record is
+ * committed (record.c), so that a failover's cut never falls before it. */
+void llft_wait_committed(struct llft_thread *t);
 void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,
                           int32_t err, const void *buf, uint64_t len, uint32_t aux);
 void llft_record_data(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t turn, int64_t ret,

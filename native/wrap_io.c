@@ -99,6 +99,8 @@ static void transfer_cancel(uint16_t op, int fd)
  * census (nothing moved), the wrapper's call `again`, made from its entry. */
 #define PRIMARY_TRANSFER(t, op, fd, real_call, again)                               \
     ({                                                                              \
+        if (((op) == LLFT_OP_WRITE || (op) == LLFT_OP_SENDFILE) && llft_fd_kind(fd) == FD_CONN) \
+            llft_wait_committed(t); /* a client sees nothing a failover undoes */  \
         if ((op) == LLFT_OP_WRITE)                                                  \
             write_begin(fd);                                                        \
         else                                                                        \
