@@ -200,3 +200,33 @@ def test_primary_knows_when_every_backup_holds_what_it_received():
     assert not primary.backups_hold_all_received()
     assert clock.run_until(clock.now() + 1.0, lambda: backup.conns[cid].rx.received_upto == 2)
     assert clock.run_until(clock.now() + 1.0, primary.backups_hold_all_received)
+
+
+def test_a_backup_that_missed_a_whole_connection_learns_it_from_the_primary():
+    """Nothing the client group sends reaches a backup (as nothing reaches
+    a newcomer restoring its replica, which drops the group's datagrams,
+    and the connection is over before it is back): nothing it received
+    names the new connection, so it cannot Nack it.  The primary's
+    Heartbeat lists the connection with the highest message it has: the
+    backup learns of it, Nacks from the first message, and gets them from
+    the primary."""
+    from llft.auth import Keyring
+    from llft.messaging.clock import SimClock
+    from llft.messaging.simnet import SimNetwork, make_group
+
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(delay=0.0005))
+    key = Keyring(b"k" * 32)
+    primary, backup = make_group(net, SERVER, 2, key)
+    client = make_group(net, CLIENT, 1, key)[0]
+    to_primary_only = SimNetwork(clock, LossPolicy(delay=0.0005))
+    to_primary_only.members = {SERVER: [primary.datagram_received], CLIENT: net.members[CLIENT]}
+    client.transport = to_primary_only
+    cid = client.connect(SERVER, 1)
+    for body in (b"one", b"two", b"three"):
+        client.send(cid, body)
+    assert clock.run_until(1.0, lambda: primary.conns.get(cid) and primary.conns[cid].rx.received_upto == 3)
+    assert clock.run_until(clock.now() + 2.0, lambda: backup.conns.get(cid)
+                           and backup.conns[cid].rx.received_upto == 3), "the backup never got the connection"
+    assert backup.counters["connections_learned"] == 1
+    assert clock.run_until(clock.now() + 1.0, primary.backups_hold_all_received)

@@ -114,8 +114,8 @@ class IntraGroupMixin:
         full = full or self._hb_seq % HEARTBEAT_FULL_EVERY == 0
         if self.is_primary:
             reports = self._backups_rw()
-            rows, back = self._heartbeat_rows(((cid, (self._group_wm(c, reports),)) for cid, c in self.conns.items()),
-                                              full)
+            rows, back = self._heartbeat_rows(((cid, (self._group_wm(c, reports), c.rx.received_upto))
+                                               for cid, c in self.conns.items()), full)
             of, blobs = self.order_log.older_than(self._min_oupto(), now - cfg.order_fallback,
                                                   cfg.order_budget)
             body = {"gwm": rows, "of": of, "ord": blobs}
@@ -197,13 +197,23 @@ class IntraGroupMixin:
 
     def _primary_heartbeat(self, msg: wire.Message) -> None:
         body = msg.body
-        rows = wire.parse_int_rows(body.get("gwm") if isinstance(body, dict) else None, 4, "heartbeat")
+        rows = wire.parse_int_rows(body.get("gwm") if isinstance(body, dict) else None, 5, "heartbeat")
         for r in rows:
             cid = ConnId(*r[:3])
             self.primary_gwm[cid] = r[3]
             c = self.conns.get(cid)
             if c is not None:
                 c.rx.gc(r[3])
+            elif cid.client != self.group and r[4] and cid not in self.tombstones:
+                # A client connection the primary has and this member never
+                # heard of: all its datagrams so far missed this member (a
+                # newcomer restoring its replica drops them).  Its messages
+                # are held for it (its watermark of it is 0): it asks the
+                # primary for them, up to the highest the primary has.
+                c = self._conn(cid)
+                if c is not None:
+                    c.rx.learn_highest(r[4], self.clock.now())
+                    self.counters["connections_learned"] += 1
         blobs = body.get("ord", [])
         if blobs:
             of = wire.uint_field(body, "of", "heartbeat")
