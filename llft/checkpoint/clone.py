@@ -35,17 +35,15 @@ import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from llft import PRELOAD_LIBRARY, private_files
-from llft.checkpoint import criu, images, quiesce, sockets
+from llft import private_files
+from llft.checkpoint import criu, images, quiesce, restore, sockets
 from llft.determinizer.streams import BackupSink, image_dir, stream_path
-from llft.members import start_time, stopped
+from llft.members import start_time
 from llft.native import ROLE_BACKUP, ROLE_COPY, ROLE_PRIMARY, StreamFile
 from llft.replica import RestoredReplica
 from llft.serving.dataplane import LEG_LIVE
@@ -69,25 +67,6 @@ class CloneAgain(CloneFailed):
 
 
 CLONE_ERRORS = (criu.CheckpointFailed, CloneFailed, images.DamagedImage, OSError)
-
-
-def _let_run(pid: int):
-    """CRIU restores a task stopped, or with a stop pending, as it dumped
-    it: a source that someone stopped (SIGSTOP) while it was dumped, a
-    timing fault of the source's, not the program's.  Its copy must run
-    (the controller would fence it at once): SIGCONT ends the stop and
-    discards a pending one."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return
-    stop_bits = (1 << (signal.SIGSTOP - 1)) | (1 << (signal.SIGTSTP - 1))
-    pending = int(fields.get("SigPnd", "0").strip(), 16) | int(fields.get("ShdPnd", "0").strip(), 16)
-    if stopped(pid) or pending & stop_bits:
-        log.info("process %d was restored stopped, as its source was being stopped when it was dumped: continued",
-                 pid)
-        os.kill(pid, signal.SIGCONT)
 
 
 def waiting_conns(waiting: list[socket.socket], by_leg: dict[int, int]) -> list[tuple[socket.socket, int]]:
@@ -188,7 +167,7 @@ class BackupClone:
             self._let_primary_go()
             self.src.checkpointing = False
             await asyncio.to_thread(self._give_back)
-        await asyncio.to_thread(self._no_parent_death_signal, criu.find())
+        await asyncio.to_thread(restore.no_parent_death_signal, self.images)
         self.listed = await asyncio.to_thread(images.manifest, self.images)
         self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
         self.taken_at = time.time()
@@ -241,10 +220,7 @@ class BackupClone:
         (a stored checkpoint's once it is restored or dropped)."""
         if not self.images.exists():
             return
-        self.logs.mkdir(parents=True, exist_ok=True)
-        for f in self.images.iterdir():
-            if f.suffix in (".log", ".plan") or f.name.startswith("stats-"):
-                shutil.copyfile(f, self.logs / f.name)
+        restore.keep_logs(self.images, self.logs)
         if drop_images:
             shutil.rmtree(self.images, ignore_errors=True)
 
@@ -285,25 +261,7 @@ class BackupClone:
                 + [key for _fd, key, _what in self.files_at_dump])
 
     def _controller_files(self) -> list[tuple[int, str, str]]:
-        """(fd, CRIU's external key, which) for each fd of the source that
-        is one of the controller's files for it."""
-        pid, src = self.src.pid, self.src
-        wanted = {src.stream.path: "ring", os.path.realpath(PRELOAD_LIBRARY): "library",
-                  str(src.out_dir / "stdout"): "stdout", str(src.out_dir / "stderr"): "stderr",
-                  "/dev/null": "null"}
-        out = []
-        for name in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            which = wanted.get(target)
-            if which is None:
-                continue
-            key = sockets.file_key(pid, int(name))
-            if key is not None:
-                out.append((int(name), key, which))
-        return out
+        return restore.controller_files(self.src.pid, self.src.stream.path, self.src.out_dir)
 
     # -- while the source is frozen ------------------------------------------------
     def _frozen(self) -> list[str]:
@@ -336,14 +294,9 @@ class BackupClone:
         their order, once the dump is over: the source accepts again then,
         which a queue full of them may need."""
         taken, self.taken = self.taken, []
-        for ours, waiting in taken:
-            for s in waiting:
-                try:
-                    sockets.send_handed(ours, s, GIVE_BACK_S)
-                except OSError as e:
-                    log.error("replica %d: a connection waiting to be accepted could not be given back (%s)",
-                              self.src.index, e)
-                s.close()
+        for e in sockets.give_back(taken, GIVE_BACK_S):
+            log.error("replica %d: a connection waiting to be accepted could not be given back (%s)",
+                      self.src.index, e)
         self.loop.call_soon_threadsafe(setattr, self.src.channel, "handing_held", False)
 
     def _copy_files(self):
@@ -485,68 +438,12 @@ class BackupClone:
 
     # -- the restore -----------------------------------------------------------------
     def restore(self) -> tuple[int, subprocess.Popen]:
-        c = criu.find()
-        images.check(self.images, self.listed)
-        files = {which: (fd, key) for fd, key, which in self.files_at_dump}
-        opened = {"ring": lambda: os.open(self.clone.stream.path, os.O_RDWR),
-                  "library": lambda: os.open(PRELOAD_LIBRARY, os.O_RDONLY),
-                  "null": lambda: os.open("/dev/null", os.O_RDWR),
-                  "stdout": lambda: self.stdio["stdout"].fileno(), "stderr": lambda: self.stdio["stderr"].fileno()}
-        keyed = [(opened[which](), key) for which, (_fd, key) in files.items()]
-        fds = [(sock.fileno(), key) for sock, key in self.inherit] + keyed
-        pidfile = self.images / "restored.pid"
-        dir_fd = os.open(self.images, os.O_RDONLY | os.O_DIRECTORY)
-        argv = [c.binary, "restore", "--images-dir", f"/proc/self/fd/{dir_fd}", "--restore-detached",
-                "--pidfile", str(pidfile), "-v4", "--log-file", "restore.log"]
-        for fd, key in fds:
-            argv += ["--inherit-fd", f"fd[{fd}]:{key}"]
-        status_r, status_w = os.pipe()
-        helper = [sys.executable, "-m", "llft.checkpoint.restore_init", str(status_w)]
-        if self.src.private_files:
-            plan = self.images / "files.plan"
-            plan.write_bytes(self.files_plan)
-            helper += ["--files-plan", str(plan)]
         try:
-            proc = subprocess.Popen(helper + ["--"] + argv, pass_fds=[status_w, dir_fd] + [fd for fd, _ in fds],
-                                    cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=open(self.images / "restore_init.log", "wb"))
-        finally:
-            os.close(status_w)
-            os.close(dir_fd)
-            for fd, _ in keyed:
-                if fd not in {f.fileno() for f in self.stdio.values()}:
-                    os.close(fd)
-        with os.fdopen(status_r, "rb") as f:
-            word = f.readline().decode(errors="replace").strip()
-        if word != "ok":
-            proc.kill()
-            proc.wait()
-            if not word:
-                said = (self.images / "restore_init.log").read_text(errors="replace").strip().splitlines()
-                word = f"the restore helper ended{': ' + said[-1] if said else ''}"
-            raise CloneFailed(f"{word} (see {self.images / 'restore.log'})")
-        pid = sockets.namespace_child(proc.pid)
-        if pid is None:
-            proc.kill()
-            proc.wait()
-            raise CloneFailed("the restored program is not running")
-        _let_run(pid)
-        return pid, proc
-
-    def _no_parent_death_signal(self, c):
-        """The source dies with the controller (PR_SET_PDEATHSIG, llft/replica.py),
-        which CRIU would restore, and the clone's parent is CRIU, which
-        exits at once: the clone would be killed as soon as it runs.  The
-        clone dies with its namespace instead, which dies with the controller."""
-        for path in self.images.glob("core-*.img"):
-            with open(path, "rb") as f:
-                image = c.images.load(f)
-            cores = [e["thread_core"] for e in image["entries"] if "pdeath_sig" in e.get("thread_core", {})]
-            if cores:
-                for core in cores:
-                    del core["pdeath_sig"]
-                with open(path, "wb") as f:
-                    c.images.dump(image, f)
+            return restore.restore(self.images, self.listed, self.files_at_dump, self.inherit,
+                                   self.clone.stream.path, self.stdio,
+                                   self.files_plan if self.src.private_files else None)
+        except restore.RestoreFailed as e:
+            raise CloneFailed(str(e)) from None
 
     def close_inherited(self):
         for obj in [sock for sock, _key in self.inherit] + list(self.stdio.values()):

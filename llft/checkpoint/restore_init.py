@@ -61,14 +61,15 @@ def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int
     # more than its primary in a calloc, and diverged).
     criu = subprocess.run(criu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           pass_fds=inherited, preexec_fn=disable_aslr)
+    if criu.returncode == 0:   # (the pidfile is named through the images directory's fd)
+        with open(criu_argv[criu_argv.index("--pidfile") + 1]) as f:
+            program = int(f.read())
     _close(inherited)   # the program has them now: a socket it closes must close
     if criu.returncode != 0:
         why = criu.stderr.decode(errors="replace").strip().splitlines()
         os.write(status_fd, f"failed: criu restore exited with {criu.returncode}"
                             f"{': ' + why[-1] if why else ''}\n".encode())
         return 1
-    with open(criu_argv[criu_argv.index("--pidfile") + 1]) as f:
-        program = int(f.read())
     os.write(status_fd, b"ok\n")
     os.close(status_fd)
     while True:   # init reaps every orphan; its own end is the program's

@@ -135,22 +135,39 @@ def take_fd(pid: int, fd: int):
 _COPIED_OPTIONS = (socket.SO_RCVBUF, socket.SO_SNDBUF, socket.SO_RCVTIMEO, socket.SO_SNDTIMEO, socket.SO_PASSCRED)
 
 
-def same_settings(src: socket.socket, dst: socket.socket):
-    """dst as the program set src up: O_NONBLOCK (a flag of the open file,
-    which an inherited fd does not take from the image) and the socket
-    options a program sets on a stream socket."""
-    flags = fcntl.fcntl(src.fileno(), fcntl.F_GETFL)
-    fcntl.fcntl(dst.fileno(), fcntl.F_SETFL, (fcntl.fcntl(dst.fileno(), fcntl.F_GETFL) & ~os.O_NONBLOCK)
-                | (flags & os.O_NONBLOCK))
+def settings(sock: socket.socket) -> dict:
+    """How the program set a stream socket up: O_NONBLOCK (a flag of the
+    open file, which an inherited fd does not take from the image) and the
+    socket options a program sets, each as the kernel reports it."""
+    out = {"nonblock": bool(fcntl.fcntl(sock.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK)}
     for opt in _COPIED_OPTIONS:
         size = 16 if opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO) else 4
         try:
-            value = src.getsockopt(socket.SOL_SOCKET, opt, size)
-            if opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):   # the kernel doubles what it is given
-                value = struct.pack("i", struct.unpack("i", value)[0] // 2)
-            dst.setsockopt(socket.SOL_SOCKET, opt, value)
+            out[int(opt)] = sock.getsockopt(socket.SOL_SOCKET, opt, size)
         except OSError:
             pass
+    return out
+
+
+def apply_settings(sock: socket.socket, said: dict):
+    """sock set up as settings() found another."""
+    fl = fcntl.fcntl(sock.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(sock.fileno(), fcntl.F_SETFL, (fl & ~os.O_NONBLOCK) | (os.O_NONBLOCK if said.get("nonblock") else 0))
+    for opt in _COPIED_OPTIONS:
+        value = said.get(int(opt))
+        if not isinstance(value, bytes):
+            continue
+        if opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):   # the kernel doubles what it is given
+            value = struct.pack("i", struct.unpack("i", value)[0] // 2)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, value)
+        except OSError:
+            pass
+
+
+def same_settings(src: socket.socket, dst: socket.socket):
+    """dst as the program set src up."""
+    apply_settings(dst, settings(src))
 
 
 def unread(sock: socket.socket) -> bytes:
@@ -190,6 +207,21 @@ def send_handed(listener: socket.socket, conn: socket.socket, timeout: float):
             if left <= 0:
                 raise TimeoutError("the listener's queue stayed full") from None
             select.select([], [listener], [], left)
+
+
+def give_back(taken: list[tuple[socket.socket, list[socket.socket]]], timeout: float) -> list[str]:
+    """Connections taken out of listeners' queues (take_handed), each
+    listener's (our end of it, its connections) put back in their order
+    and closed here; returns what failed, for the log."""
+    failed = []
+    for ours, waiting in taken:
+        for s in waiting:
+            try:
+                send_handed(ours, s, timeout)
+            except OSError as e:
+                failed.append(str(e))
+            s.close()
+    return failed
 
 
 def namespace_child(helper_pid: int) -> int | None:
