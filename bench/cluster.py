@@ -61,10 +61,11 @@ class BenchCluster(Cluster):
     """The tests' Cluster, with process output in files (a bench runs long
     enough to fill a pipe) and state read straight from the run dir."""
 
-    def _start(self, host: int, argv: list) -> subprocess.Popen:
+    def _start(self, host: int, argv: list, env: dict | None = None) -> subprocess.Popen:
         path = self.tmp / f"proc-{len(self.procs)}.log"
         with open(path, "w") as out:
-            p = subprocess.Popen(in_ns(self.hosts[host][0], *argv), stdout=out, stderr=subprocess.STDOUT)
+            p = subprocess.Popen(in_ns(self.hosts[host][0], *argv), stdout=out, stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, **env) if env else None)
         p.stderr = open(path)            # what Cluster.wait reports when a process ends early
         self.procs.append(p)
         return p

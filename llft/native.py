@@ -344,6 +344,27 @@ class StreamFile:
             ffi.memmove(lib.llft_ring_slot(self.ring, pos), lib.llft_ring_slot(src.ring, pos), run * REC_SIZE)
             pos += run
 
+    def snapshot(self) -> bytes:
+        """Its control block and ring header as they are, for a ring on
+        another host (load_snapshot): copy_from's, for a ring whose
+        records are all consumed (a held primary's, all shipped)."""
+        if self.head != self.tail:
+            raise StreamError(f"{self.path}: {self.head - self.tail} records are not consumed yet")
+        return bytes(ffi.buffer(self.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR))
+
+    def load_snapshot(self, data: bytes, replica: int):
+        """This (new, same-sized) stream becomes the one snapshot() was taken of."""
+        capacity = self.capacity
+        if len(data) != lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR:
+            raise StreamError(f"{self.path}: a control block of {len(data)} bytes is not this library's")
+        saved = bytes(ffi.buffer(self.ctl, len(data)))
+        ffi.memmove(self.ctl, data, len(data))
+        if self.capacity != capacity:
+            ffi.memmove(self.ctl, saved, len(saved))
+            raise StreamError(f"{self.path}: {capacity} slots; the stream copied has a different number "
+                              "(--ring-slots)")
+        self.ctl.replica = replica
+
     def raw_slot(self, pos: int):
         """The slot at ring position pos, as a writable cffi buffer (tests)."""
         return ffi.buffer(lib.llft_ring_slot(self.ring, pos), REC_SIZE)

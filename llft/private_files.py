@@ -142,6 +142,31 @@ def copy_uppers(src_dir: Path, dst_dir: Path):
             subprocess.run(["cp", "-a", "--", str(upper), str(dest)], check=True)
 
 
+def _tar(*args: str, data: bytes | None = None) -> bytes:
+    import subprocess
+    r = subprocess.run(["tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", *args], input=data,
+                       capture_output=True)
+    if r.returncode != 0:
+        raise OSError(f"tar {args[0]} failed: {r.stderr.decode(errors='replace').strip()}")
+    return r.stdout
+
+
+def pack_uppers(files_dir: Path) -> bytes:
+    """What a replica has written (its non-empty upper layers, whiteouts
+    and xattrs with them), as a tar archive for another host's replica
+    (llft/cluster/checkpoint_join.py); b"" if it wrote nothing.  The
+    replica must be still meanwhile (frozen)."""
+    names = [f"{e.name}/upper" for e in os.scandir(files_dir)
+             if (Path(e.path) / "upper").is_dir() and any(os.scandir(Path(e.path) / "upper"))]
+    return _tar("-C", str(files_dir), "-cf", "-", "--", *names) if names else b""
+
+
+def unpack_uppers(files_dir: Path, archive: bytes):
+    """pack_uppers' archive, into a prepared view (prepare)."""
+    if archive:
+        _tar("-C", str(files_dir), "-xpf", "-", data=archive)
+
+
 def check_available():
     """Raises PrivateFilesUnavailable with the reason if replicas cannot
     have private files here."""

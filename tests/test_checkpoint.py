@@ -740,6 +740,6 @@ def test_checkpoint_dir_without_keep_or_unwritable_is_refused(examples, tmp_path
         return subprocess.run([tool("llft-run"), "--replicas", "2", *args, "--", str(examples / "kv_server"),
                                "7000"], capture_output=True, text=True, timeout=30)
     out = run("--checkpoint-dir", str(tmp_path))
-    assert out.returncode == 2 and "give --keep too" in out.stderr
+    assert out.returncode == 2 and "give --keep or --join too" in out.stderr
     out = run("--keep", "2", "--checkpoint-dir", str(tmp_path / "absent"))
     assert out.returncode == 2 and "absent: not a directory llft-run can write in" in out.stderr

@@ -31,27 +31,29 @@ class Cluster:
         self.labels: dict[subprocess.Popen, str] = {}
         self.members: list[tuple[subprocess.Popen, Path]] = []
 
-    def _start(self, host: int, argv: list) -> subprocess.Popen:
+    def _start(self, host: int, argv: list, env: dict | None = None) -> subprocess.Popen:
         p = subprocess.Popen(in_ns(self.hosts[host][0], *argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env=dict(os.environ, **env) if env else None)
         self.procs.append(p)
         self.labels[p] = f"host {host}: {Path(argv[0]).name}"
         return p
 
-    def start_member(self, host: int, program: list, group: str = "kv", extra=()):
+    def start_member(self, host: int, program: list, group: str = "kv", extra=(), env: dict | None = None,
+                     prefix=()):
+        """llft-run --join on host (prefix: a command that runs it)."""
         run_dir = self.tmp / f"member-{host}"
-        p = self._start(host, [tool("llft-run"), "--join", "--group", group, "--key-file", self.key,
-                               "--run-dir", run_dir, "--log-level", "info", *extra, "--", *program])
+        p = self._start(host, [*prefix, tool("llft-run"), "--join", "--group", group, "--key-file", self.key,
+                               "--run-dir", run_dir, "--log-level", "info", *extra, "--", *program], env)
         self.members.append((p, run_dir))
         return run_dir
 
-    def start_members(self, n: int, program: list, extra=()) -> Path:
+    def start_members(self, n: int, program: list, extra=(), env: dict | None = None) -> Path:
         """Members on hosts 0..n-1: the first founds the group, the others
         join it; returns the first's run dir."""
-        first = self.start_member(0, program, extra=extra)
+        first = self.start_member(0, program, extra=extra, env=env)
         self.wait(lambda: (s := self.status(first)) and s["members"], "the first member")
         for host in range(1, n):
-            self.start_member(host, program, extra=extra)
+            self.start_member(host, program, extra=extra, env=env)
         self.wait_members(n)
         return first
 
@@ -737,11 +739,14 @@ def test_a_newcomer_alone_takes_over_from_a_primary_that_served_nobody(cluster, 
 def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(cluster, examples):
     """State transfer replays the group's whole history, which every member
     keeps in memory: past --history-limit a member keeps no more of it
-    (bounded memory under any traffic), a newcomer is refused with a clear
-    reason, and the group serves on."""
+    (bounded memory under any traffic).  A newcomer then gets a checkpoint
+    instead (the next test); where none can be taken (here: the primary's
+    host has no CRIU), it is refused with a clear reason, and the group
+    serves on."""
     extra = ["--history-limit", "0.05"]          # 52 KB
     program = [examples / "kv_server", PROGRAM_PORT]
-    first = cluster.start_members(2, program, extra=extra)
+    no_criu = {"LLFT_CRIU_PREFIX": str(cluster.tmp / "no-criu"), "PATH": "/usr/bin:/bin"}
+    first = cluster.start_members(2, program, extra=extra, env=no_criu)
     cluster.start_gateway(3)
     value = "v" * 500
     c = cluster.client()
@@ -755,6 +760,7 @@ def test_history_past_its_limit_is_dropped_and_newcomers_are_refused_clearly(clu
     assert p.wait(timeout=60) == 1
     err = p.stderr.read()
     assert "could not join group kv" in err and "history passed the limit of" in err, err
+    assert "no checkpoint can stand for it: CRIU is not installed" in err, err
     assert "no new member can join" in subprocess.run([tool("llft-status"), "--run-dir", first], capture_output=True,
                                                       text=True).stdout
     cluster.members.remove((p, late))

@@ -117,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --keep: write each clone's image (about the program's memory in size) under DIR, "
                         "for the moment it takes to restore it, and the stored checkpoint's (--checkpoint-every) "
                         "for as long as it is kept, instead of in memory (/dev/shm); a dump that does not fit "
-                        "fails, and the replacement replays the history")
+                        "fails, and the replacement replays the history.  With --join: where this member writes "
+                        "a checkpoint of its replica for a newcomer (as primary), or the primary's it is "
+                        "restored from (as a newcomer past the group's --history-limit)")
     p.add_argument("--divergence-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
@@ -263,8 +265,9 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
             raise UsageError("--save-stream keeps the whole record stream; --checkpoint-every drops what precedes "
                              "each checkpoint: not both")
     if args.checkpoint_dir is not None:
-        if args.keep is None:
-            raise UsageError("--checkpoint-dir is where --keep writes its clones' images: give --keep too")
+        if args.keep is None and not args.join:
+            raise UsageError("--checkpoint-dir is where --keep (or --join) writes checkpoints' images: give --keep "
+                             "or --join too")
         if not args.checkpoint_dir.is_dir() or not os.access(args.checkpoint_dir, os.W_OK | os.X_OK):
             raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: not a directory llft-run can write in")
     if args.respawn and (args.replay_from is not None or args.join):
@@ -311,7 +314,8 @@ def run_member(args, program: list[str], run_dir: Path) -> int:
                          fault_step=args.fault_timeout_step and args.fault_timeout_step / 1000,
                          rejoin=not args.no_rejoin, realtime=not args.no_realtime,
                          history_limit=int(args.history_limit * (1 << 20)), stall_alarm=args.stall_alarm,
-                         private_files=private_files(args), serialize=args.serialize)
+                         private_files=private_files(args), serialize=args.serialize,
+                         checkpoint_dir=args.checkpoint_dir and str(args.checkpoint_dir.resolve()))
     member = HostMember(program, run_dir, opts)
 
     def on_signal(sig):

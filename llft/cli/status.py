@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         report.update(member=state.get("member"), replicas=replicas,
                       members=state.get("members", []), messaging=messaging,
                       drops=messaging.get("drops", {}), generated=state.get("generated", {}),
-                      history=state.get("history"))
+                      history=state.get("history"), last_checkpoint=state.get("last_checkpoint"))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -66,6 +66,15 @@ def main(argv=None) -> int:
               f"{sent_text:>26}  "
               f"{m['divergence'] or follow_problem(m) or output_problem(m) or rejoin_note(m)}")
     print_files(replicas)
+    last = report.get("last_checkpoint")
+    if last and last.get("restored"):
+        print(f"this replica: restored from the primary's checkpoint at "
+              f"{time.strftime('%H:%M:%S', time.localtime(last['at']))}, image {last['image_bytes'] // 1024} KiB, "
+              f"restored in {last['restore_ms']:.0f} ms")
+    elif last:
+        print(f"last checkpoint: of this replica for newcomer {last['newcomer']} at "
+              f"{time.strftime('%H:%M:%S', time.localtime(last['at']))}, image {last['image_bytes'] // 1024} KiB, "
+              f"the primary frozen {last['frozen_ms']:.1f} ms ({last['took_ms']:.0f} ms in all)")
     stored = report.get("stored_checkpoint")
     if stored:
         print(f"stored checkpoint {stored['number']}: of replica {stored['source']} at "

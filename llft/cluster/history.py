@@ -6,8 +6,9 @@ request each connection handed on.  That history grows with every request,
 at every member.  Past `limit` bytes a member stops keeping it: the
 requests go, and the ordering entries are kept only as far back as a view
 change needs them (a new primary hands a lagging backup the entries it
-lacks, member._held_after).  From then on nobody can join: the member says
-so when asked (checkpoints would lift this)."""
+lacks, member._held_after).  From then on a newcomer is brought up from a
+checkpoint of the primary instead (checkpoint_join.py), or, where none can
+be taken, refused with the reason."""
 from __future__ import annotations
 
 import logging
@@ -91,12 +92,17 @@ class GroupHistory:
             self.entry_bytes -= len(entries.popitem(last=False)[1])
             left -= 1
 
+    def begin_after_checkpoint(self) -> None:
+        """A newcomer restored from a checkpoint: it has no history from
+        the start to give another (it gives a checkpoint of its own)."""
+        self.complete_since = time.time()
+
     def why_incomplete(self) -> str | None:
         if self.complete:
             return None
         return (f"its history passed the limit of {self.limit >> 20} MiB at "
                 f"{time.strftime('%H:%M:%S', time.localtime(self.complete_since))}, so a new member cannot be "
-                f"brought up to date (state transfer replays the whole history; there are no checkpoints yet)")
+                f"brought up to date by replaying it")
 
     def summary(self) -> dict:
         return {"complete": self.complete, "bytes": self.entry_bytes + self.input_bytes, "limit": self.limit,

@@ -25,6 +25,9 @@ from pathlib import Path
 from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
+from llft.checkpoint import criu
+from llft.cluster.checkpoint_join import (RESTORE_ERRORS, CheckpointRefused, NewcomerCheckpoint, NewcomerRestore,
+                                          encode_state)
 from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.detector import Silence
 from llft.cluster.election import SETTLING_S, Election, Excluded
@@ -48,7 +51,7 @@ from llft.messaging.viewchange import (adopt_connection, connection_state, deliv
                                        follow_new_view, new_primary_view, order_base,
                                        parse_new_primary_view_ack, refusal_of, take_over)
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
-from llft.replica import Replica, release_replicas, stop_replicas, watch_exit
+from llft.replica import Replica, RestoredReplica, release_replicas, stop_replicas, watch_exit
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
 from llft import wire
@@ -77,6 +80,9 @@ TICK_S = 0.02
 # a gateway sends a Heartbeat every few milliseconds, so this long a
 # silence means it is gone (or cut off), not slow.
 REMOTE_SILENCE_S = 2.0
+RESTORING_DROP = "restoring"   # the group's datagrams while a newcomer restores its replica
+RESTORE_ATTEMPTS = 3     # checkpoints of the primary that fail to restore before a newcomer gives up
+CHECKPOINT_END_S = 10.0  # the most a leaving member waits for a checkpoint under way (CRIU stops soon)
 EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
 REJOIN_PATIENCE_S = 24 * 3600.0
 
@@ -102,6 +108,7 @@ class MemberOptions:
     stall_alarm: float = STALL_S    # its replica, a backup, replaying nothing this long while records wait
     private_files: bool = False     # its replica in its own view of the files (llft/private_files.py)
     serialize: bool = False         # --serialize: threads take turns (native/serialize.c)
+    checkpoint_dir: str | None = None   # where checkpoints' images are written (checkpoint_join.py); /dev/shm
     # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
     # the fault detectors' silence short.
     config: Config = field(default_factory=lambda: Config(liveness=0.005))
@@ -125,6 +132,7 @@ class HostMember:
         self.ep: GroupEndpoint | None = None
         self.joiner: Joiner | None = None
         self.rounds = 0
+        self.restore_failures = 0   # checkpoints of the primary that could not be restored here, in a row
         self._reset()
 
     def _reset(self):
@@ -148,6 +156,11 @@ class HostMember:
         self.stepped_down: str | None = None
         self.replica_frozen_since: float | None = None  # its replica stopped (SIGSTOP) since then
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
+        self.restorer: NewcomerRestore | None = None   # a newcomer's, restored from a checkpoint
+        self.checkpoint_task: asyncio.Task | None = None   # a checkpoint being taken for a newcomer
+        self.last_checkpoint: dict | None = None   # llft-status: the last one taken here, or restored
+        self.intake = asyncio.Event()           # clear: client input waits (a checkpoint drains it)
+        self.intake.set()
         self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
         self.follow = FollowWatch(self.opts.stall_alarm)
@@ -157,6 +170,11 @@ class HostMember:
     def _datagram(self, data: bytes, addr) -> None:
         if self.joiner is not None:
             self.joiner.datagram(data, addr)
+        elif self.restorer is not None and self.replica is None:
+            # Restoring its replica: nothing of the group is taken in before
+            # it can be followed (ordering information released to nobody is
+            # lost).  The primary keeps it for this member, which asks again.
+            self.ep.drops.count(RESTORING_DROP)
         elif self.ep is not None:   # (not before the first membership begins)
             requests = self.ep.counters["rx_request"]
             self.ep.datagram_received(data, addr)
@@ -174,6 +192,8 @@ class HostMember:
         log.info("controller at %s priority; fault timeout %.0f ms, %.0f ms more per rank",
                  "real-time" if self.realtime else "ordinary" if not o.realtime else "ordinary (real-time not permitted)",
                  o.fault_timeout * 1000, o.fault_step * 1000)
+        # (CRIU is checked aside: it takes a third of a second)
+        self.criu_check = loop.run_in_executor(None, criu.problem)
         self.udp = await UdpTransport.open(DerivedDirectory([self.gid], o.group_port), self.gid, 0,
                                            self._datagram, o.interface, loop)
         try:
@@ -200,8 +220,13 @@ class HostMember:
         self.ep.on_order_added = self.history.add_entry
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
+        criu_problem = await self.criu_check
+        restores = criu_problem is None
+        if not restores and self.rounds == 0:
+            log.info("no checkpoints here (%s): this member can join while the group's history is complete "
+                     "(--history-limit), not from a checkpoint", criu_problem)
         self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
-                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout)
+                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores)
         try:
             joined = await self.joiner.join()
             seen = self.joiner.seen_admissions
@@ -220,9 +245,30 @@ class HostMember:
             index = joined.index
             log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)%s",
                         o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn,
+                        ", from a checkpoint of the primary" if joined.checkpoint is not None else
                         f", with {len(joined.conns)} client connections' input" if joined.conns else "")
+        restored = None
+        if joined is not None and joined.checkpoint is not None:
+            self.replica = None
+            self.restorer = NewcomerRestore(self, index, joined.checkpoint)
+            try:
+                restored = await self.restorer.run()
+            except RESTORE_ERRORS as e:
+                self.ep.close()
+                self.restore_failures += 1
+                if self.restore_failures >= RESTORE_ATTEMPTS:
+                    self.failed = f"the primary's checkpoint could not be restored here: {e}"
+                    log.error("%s; %d attempts failed, this member gives up", self.failed, self.restore_failures)
+                    return 1
+                log.error("the primary's checkpoint could not be restored here: %s; this member joins again", e)
+                self.must_reset = True
+                return EXIT_EXCLUDED
+            self.restore_failures = 0
+            self.last_checkpoint = dict(restored.checkpoint, at=time.time(), restored=True)
+            log.warning("replica %d restored from the primary's checkpoint (%d KiB) in %.0f ms: pid %d", index,
+                        restored.checkpoint["image_bytes"] // 1024, restored.checkpoint["restore_ms"], restored.pid)
         self.ep.start()
-        self._start_replica(index, joined)
+        self._start_replica(index, joined, restored)
         if joined is not None:
             for msg in seen:   # admissions of members who joined while we did
                 follow(self.ep, msg, self._view_changed)
@@ -231,18 +277,21 @@ class HostMember:
         finally:
             self.ep.close()
 
-    def _start_replica(self, index: int, joined):
-        role = ROLE_BACKUP if joined else ROLE_PRIMARY
-        sweep_dead_rings()
-        path = stream_path(f"{os.getpid()}", index)
-        if os.path.exists(path):
-            os.unlink(path)
-        stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=index)
-        stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
-        out_dir = self.run_dir / f"replica-{index}"
-        out_dir.mkdir(exist_ok=True)
-        self.replica = Replica(index, stream, out_dir, private_files=self.opts.private_files,
-                               serialize=self.opts.serialize)
+    def _start_replica(self, index: int, joined, restored: RestoredReplica | None = None):
+        if restored is not None:
+            self.replica = restored
+        else:
+            role = ROLE_BACKUP if joined else ROLE_PRIMARY
+            sweep_dead_rings()
+            path = stream_path(f"{os.getpid()}", index)
+            if os.path.exists(path):
+                os.unlink(path)
+            stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=index)
+            stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
+            out_dir = self.run_dir / f"replica-{index}"
+            out_dir.mkdir(exist_ok=True)
+            self.replica = Replica(index, stream, out_dir, private_files=self.opts.private_files,
+                                   serialize=self.opts.serialize)
         self.outbox = Outbox(self.ep)
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
@@ -254,8 +303,14 @@ class HostMember:
                                  max(self.opts.fault_timeout, SETTLING_TIMEOUT_S))
         if joined is None:
             self._become_primary()
+        elif restored is not None:
+            self.feeder = RecordFeeder(index, restored.stream, restored.alive)
+            self.feeder.sink.delivered = restored.stream.records
+            self.restorer.adopt_connections()
+            self.history.begin_after_checkpoint()
+            self.election.settle_for(min(joined.settling_s, SETTLING_S))
         else:
-            self.feeder = RecordFeeder(index, stream, self.replica.alive)
+            self.feeder = RecordFeeder(index, self.replica.stream, self.replica.alive)
             for client, server, seq, consumed, acked, logged_from, reqs in joined.conns:
                 cid = ConnId(client, server, seq)
                 if consumed < 0:
@@ -266,8 +321,9 @@ class HostMember:
             for _oseq, blob in joined.history:
                 self._order(blob)
             self.election.settle_for(min(joined.settling_s, SETTLING_S))
-        self.replica.start(self.argv, dict(os.environ))
-        log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
+        if restored is None:
+            self.replica.start(self.argv, dict(os.environ))
+            log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
         if joined is not None:
             self.feeder.start()
             self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me, "for": self.me})
@@ -276,7 +332,7 @@ class HostMember:
     def _become_primary(self):
         self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed,
                                    remove=lambda m, why: self.removal.remove([m], why),
-                                   interface=self.opts.interface)
+                                   interface=self.opts.interface, checkpoint=self._checkpoint_for)
         self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed,
                                      admitting=self.admission.unacknowledged_by_newcomers)
 
@@ -327,7 +383,57 @@ class HostMember:
             return "the primary's program has exited"
         if self.taking_over:
             return "a primary change is under way"
-        return self.history.why_incomplete()
+        why = self.history.why_incomplete()
+        if why is None or self._checkpoint_problem() is None:
+            return None
+        return f"{why}, and no checkpoint can stand for it: {self._checkpoint_problem()}"
+
+    def _checkpoint_problem(self) -> str | None:
+        """Why a newcomer cannot be brought up from a checkpoint of this
+        member's replica."""
+        if not self.criu_check.done():
+            return "CRIU is being checked"
+        return self.criu_check.result()
+
+    def _checkpoint_for(self, member: int, restores: bool) -> bool:
+        """Admission: True if the newcomer gets a checkpoint (the history
+        cannot bring it up to date), taken now, or once the one under way
+        is done (it asks again meanwhile); or if it cannot restore one, and
+        is refused."""
+        if self.history.complete:
+            return False
+        if not restores:
+            self.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot restore a "
+                                          "checkpoint instead (its CRIU does not work: see its log)")
+            return True
+        if self.checkpoint_task is None:
+            self.checkpoint_task = asyncio.get_running_loop().create_task(
+                self._admit_by_checkpoint(member, self.admission))
+        return True
+
+    async def _admit_by_checkpoint(self, member: int, admission):
+        taker = NewcomerCheckpoint(self, on_cut=lambda: admission.begin(member))
+        try:
+            cut = await taker.take()
+            self.last_checkpoint = dict(taker.figures, newcomer=member)
+            state = {"oseq": cut["oseq"], "history": [], "conns": [], "checkpoint": cut,
+                     "settling_ms": max(0, int(self._settling_left() * 1000))}
+            # Megabytes of image: encoded and hashed aside, or the event loop
+            # would stop its Heartbeats past the fault timeout.
+            data, digest = await asyncio.to_thread(encode_state, state)
+        except CheckpointRefused as e:
+            log.warning("member %d asked to join: %s", member, e)
+            admission.abandon(member, str(e))
+            return
+        except Exception as e:   # noqa: BLE001 - a newcomer in the view must not wait for good
+            log.exception("member %d asked to join: its state could not be made", member)
+            admission.abandon(member, f"the primary could not make its state ({e!r})")
+            return
+        finally:
+            self.checkpoint_task = None
+        if admission is not self.admission or not self.ep.is_primary:
+            return   # no longer primary: the newcomer asks the new one
+        admission.complete(member, data, "a checkpoint", digest)
 
     def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:
@@ -546,6 +652,8 @@ class HostMember:
         slow replica leaves messages in messaging's windows)."""
         while True:
             await self.relay.room.wait()
+            if not self.intake.is_set():
+                await self.intake.wait()
             got = self.ep.recv()
             if got is None:
                 ready.clear()
@@ -576,6 +684,9 @@ class HostMember:
                 except payload.BadPayload:
                     self.ep.drops.count("bad-payload")
         self.pending_inputs = []
+        if self.restorer is not None:
+            await self.restorer.relay_connections()
+            self.restorer = None
         tasks = [asyncio.create_task(self.relay.run()), asyncio.create_task(self._inbound(ready)),
                  asyncio.create_task(self.datagrams.run()), asyncio.create_task(self.outgoing.run())]
         self._ready_shipping(loop)
@@ -643,6 +754,8 @@ class HostMember:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.checkpoint_task is not None:   # (it uses the replica's ring until it ends)
+                await asyncio.wait([self.checkpoint_task], timeout=CHECKPOINT_END_S)
             self.datagrams.close()
             self.outgoing.close()
             self.write_state("finished")
@@ -660,7 +773,7 @@ class HostMember:
         timeout is a timing fault of this member, though its controller
         still heartbeats: it steps down, so that as primary it is replaced,
         and resets (its replica is killed, even stopped) and rejoins."""
-        if not self.replica.frozen():
+        if not self.replica.frozen() or self.replica.checkpointing:   # (CRIU holds it: no timing fault)
             self.replica_frozen_since = None
             return
         now = time.monotonic()
@@ -842,7 +955,7 @@ class HostMember:
         new = {k: v - self._drops_logged.get(k, 0) for k, v in now.items() if v > self._drops_logged.get(k, 0)}
         if new:
             # Stray messages for a connection retired here are expected (retire.py).
-            level = logging.INFO if new.keys() <= {RETIRED_DROP} else logging.WARNING
+            level = logging.INFO if new.keys() <= {RETIRED_DROP, RESTORING_DROP} else logging.WARNING
             log.log(level, "dropped datagrams/messages: %s (total %d)",
                     ", ".join(f"{k} +{v}" for k, v in sorted(new.items())), sum(now.values()))
             self._drops_logged = now
@@ -866,6 +979,7 @@ class HostMember:
                               outgoing=self.outgoing.summary() if hasattr(self, "outgoing") else {})] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
             "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
+            "last_checkpoint": self.last_checkpoint,
             # The fault timeout (rank 2's) applied now: longer than configured after long silences (detector.py)
             "fault_timeout_ms": {"configured": round(self.opts.fault_timeout * 1000, 1),
                                  "applied": round(self.silence.timeout(self.opts.fault_timeout) * 1000, 1)

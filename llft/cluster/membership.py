@@ -57,6 +57,7 @@ class Joined:
     conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
     settling_s: float = 0.0  # how long the primary still settles after its takeover (election.SETTLING_S)
     lineage: list = field(default_factory=list)   # the primary's views (messaging/lineage.py)
+    checkpoint: dict | None = None   # a checkpoint of the primary's replica, instead of the history (checkpoint_join.py)
 
 
 def view_body(view: View) -> dict:
@@ -83,8 +84,9 @@ def ranks(view: View) -> dict[int, int]:
 class Joiner:
     """Before it is a member: watches the group's traffic and asks to join."""
 
-    def __init__(self, ep, found_after: float, give_up_after: float):
+    def __init__(self, ep, found_after: float, give_up_after: float, restores: bool = False):
         self.ep = ep
+        self.restores = restores   # it can be brought up from a checkpoint (CRIU works here)
         # A codec of its own: the group's traffic it decodes and ignores (the
         # gateways' Requests) must not count as received by the endpoint's,
         # which would then drop those messages as late duplicates when they
@@ -96,6 +98,7 @@ class Joiner:
         self.group_seen = False
         self.answer: asyncio.Future | None = None
         self.seen_admissions: list = []
+        self.state_pending = False
 
     def datagram(self, data: bytes, addr) -> None:
         ep = self.ep
@@ -128,11 +131,19 @@ class Joiner:
                 if waited >= self.give_up_after:
                     raise JoinRefused(f"the group's primary did not accept us within {self.give_up_after:g} s")
                 if self.group_seen:
-                    self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me})
+                    self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me,
+                                                                     "restores": self.restores})
                 await asyncio.wait([self.answer], timeout=RETRY_S)
             body, addr = self.answer.result()
             if body.get("refused"):
                 raise JoinRefused(str(body["refused"]))
+            if isinstance(body.get("state"), dict) and body["state"].get("pending"):
+                # In the view already; the state (a checkpoint) is being made.
+                if not self.state_pending:
+                    log.warning("admitted as a backup; the primary is taking a checkpoint for us")
+                    self.state_pending = True
+                start = loop.time()
+                continue
             try:
                 state = await fetch_state(addr[0], body.get("state"), STATE_TIMEOUT_S)
             except StateTransferError as e:
@@ -156,8 +167,11 @@ class Joiner:
                     and isinstance(c[6], list) for c in conns):
                 raise TypeError("conns")
             settling_s = max(int(state.get("settling_ms", 0)), 0) / 1000
+            checkpoint = state.get("checkpoint")
+            if checkpoint is not None and not isinstance(checkpoint, dict):
+                raise TypeError("checkpoint")
             return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s,
-                          parse_views(body.get("lineage")))
+                          parse_views(body.get("lineage")), checkpoint)
         except (KeyError, TypeError, ValueError, wire.DropError, msgpack.UnpackException) as e:
             raise JoinRefused(f"the primary's AcceptBackup or state is malformed: {e}") from None
 
@@ -170,15 +184,20 @@ class _Pending:
     waiting: set = field(default_factory=set)   # backups yet to acknowledge
     due: float = 0.0                  # next repeat
     deadline: float = 0.0             # admission_deadline
+    body: dict = field(default_factory=dict)   # the AcceptBackup's
 
 
 class Admission:
     """At the primary: accepts new members (ProposeBackup -> AcceptBackup)."""
 
-    def __init__(self, ep, history, serving, on_change, remove, interface: str):
+    def __init__(self, ep, history, serving, on_change, remove, interface: str, checkpoint=None):
         self.ep = ep
         self.state = history            # fn() -> {"oseq", "history", "conns", ...}: what a newcomer needs
         self.serving = serving          # fn() -> str | None: why nobody may join now
+        # fn(member, it can restore one) -> bool: True if the newcomer's state is
+        # to be a checkpoint, taken meanwhile (checkpoint_join.py), which calls
+        # begin() then complete(), or if it was refused
+        self.checkpoint = checkpoint
         self.on_change = on_change      # fn(): the view changed
         self.remove = remove            # fn(member, why): RemoveBackup
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
@@ -192,7 +211,7 @@ class Admission:
             self.ep.drops.count("malformed")
             return
         if msg.TYPE == MsgType.PROPOSE_BACKUP:
-            self._propose(member)
+            self._propose(member, body.get("restores") is True)
         elif msg.TYPE == MsgType.ACCEPT_BACKUP_ACK:
             entry = self.pending.get(body.get("for"))
             if entry is not None and member in entry.waiting:
@@ -201,40 +220,68 @@ class Admission:
                 if not entry.waiting:
                     self._done(body["for"])
 
-    def _propose(self, member: int) -> None:
+    def _propose(self, member: int, restores: bool = False) -> None:
         if member in self.pending:
             return  # repeated proposal: the AcceptBackup is being repeated already
-        view = self.ep.view
-        if member in view:
+        if member in self.ep.view:
             return  # accepted and acknowledged before; a late duplicate
         why = self.serving()
         if why:
-            log.warning("member %d asked to join: refused, %s", member, why)
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": why})
+            self.refuse(member, why)
             return
+        if self.checkpoint is not None and self.checkpoint(member, restores):
+            return
+        self.begin(member, announce=False)
+        state = self.state()
+        self.complete(member, msgpack.packb(state, use_bin_type=True),
+                      what=f"{len(state['conns'])} client connections")
+
+    def refuse(self, member: int, why: str) -> None:
+        log.warning("member %d asked to join: refused, %s", member, why)
+        self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": why})
+
+    def begin(self, member: int, announce: bool = True) -> None:
+        """The newcomer joins the view: from now on the ordering information
+        and the clients' messages are kept for it.  With announce, its
+        AcceptBackup says at once that its state is on the way (every
+        backup acknowledges it); otherwise complete() follows at once."""
+        view = self.ep.view
+        precedence = self.next_precedence
+        self.next_precedence += 1
+        view.precedences[member] = precedence
+        body = {"member": member, "index": precedence - 1, "view": view_body(view), "state": {"pending": True},
+                "lineage": self.ep.lineage.listed()}
+        self.on_change()
+        data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body) if announce else b""
+        now = self.ep.clock.now()
+        self.pending[member] = _Pending(data, {}, set(view.backups()), due=now + RETRY_S, deadline=float("inf"),
+                                        body=body)
+
+    def complete(self, member: int, state: bytes, what: str, sha256: bytes | None = None) -> None:
+        """The newcomer's state (encoded; what it holds, for the log; its
+        SHA-256 if computed already), as of begin(), offered to it alone."""
+        entry = self.pending.get(member)
+        if entry is None:
+            return   # removed meanwhile
         try:
             self.offers.open()
         except OSError as e:
-            log.error("member %d asked to join: refused, no port to hand it its state on: %s", member, e)
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP, {"member": member, "refused": f"the primary has no "
-                                                            f"port to hand over the state on ({e})"})
+            self.abandon(member, f"the primary has no port to hand over the state on ({e})")
             return
-        precedence = self.next_precedence
-        self.next_precedence += 1
-        state = self.state()
-        offer = self.offers.offer(msgpack.packb(state, use_bin_type=True))
-        view.precedences[member] = precedence
-        body = {"member": member, "index": precedence - 1, "view": view_body(view), "state": offer,
-                "lineage": self.ep.lineage.listed()}
-        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%d client "
-                    "connections), offered on port %d", member, precedence, precedence - 1,
-                    offer["size"] // 1024, len(state["conns"]), offer["port"])
-        self.on_change()
-        data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, body)
-        # every backup must acknowledge
+        entry.offer = self.offers.offer(state, sha256)
+        entry.body["state"] = entry.offer
+        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%s), offered on port "
+                    "%d", member, entry.body["index"] + 1, entry.body["index"], entry.offer["size"] // 1024, what,
+                    entry.offer["port"])
+        entry.data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, entry.body)
         now = self.ep.clock.now()
-        self.pending[member] = _Pending(data, offer, set(view.backups()), due=now + RETRY_S,
-                                        deadline=admission_deadline(now, offer["size"]))
+        entry.due, entry.deadline = now + RETRY_S, admission_deadline(now, entry.offer["size"])
+
+    def abandon(self, member: int, why: str) -> None:
+        """begin() was said, but the state cannot be made: out again."""
+        if self.pending.pop(member, None) is not None:
+            self.remove(member, why)
+        self.refuse(member, why)
 
     def _done(self, member: int) -> None:
         self.offers.withdraw(self.pending.pop(member).offer)

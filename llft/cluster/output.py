@@ -153,6 +153,20 @@ class ReplyStream:
         if p.input_ended and p.close_sent:
             self.outbox.ep.finish(cid)
 
+    def adopt(self, cid: ConnId, start: int, buf: bytes, closed: bool, close_sent: bool, input_ended: bool):
+        """A newcomer restored from a checkpoint (checkpoint_join.py): the
+        connection's output from offset start on, as far as the
+        checkpoint's program had produced it; where the primary cut it from
+        there comes as ordering information."""
+        p = self._of(cid)
+        p.start, p.buf = start, bytearray(buf)
+        p.closed, p.close_sent, p.input_ended = closed, close_sent, input_ended
+
+    def cut_state(self, cid: ConnId) -> tuple[int, bytes, bool, bool, bool]:
+        """adopt()'s arguments as this (primary's) stream holds them."""
+        p = self.conns.get(cid) or _Produced()
+        return p.start, bytes(p.buf), p.closed, p.close_sent, p.input_ended
+
     def boundary(self, cid: ConnId, end: int, closed: bool):
         p = self._of(cid)
         p.cuts.append((end, closed))

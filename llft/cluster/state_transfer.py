@@ -57,12 +57,13 @@ class StateOffers:
     async def _start(self, sock: socket.socket) -> None:
         self.server = await asyncio.start_server(self._serve, sock=sock)
 
-    def offer(self, state: bytes) -> dict:
-        """Offers one state; returns what AcceptBackup says of it."""
+    def offer(self, state: bytes, sha256: bytes | None = None) -> dict:
+        """Offers one state (its SHA-256 computed already, or here); returns
+        what AcceptBackup says of it."""
         token = secrets.token_bytes(TOKEN_BYTES)
         self.offers[token] = state
         return {"port": self.port, "token": token, "size": len(state),
-                "sha256": hashlib.sha256(state).digest()}
+                "sha256": sha256 or hashlib.sha256(state).digest()}
 
     def withdraw(self, description: dict) -> None:
         self.offers.pop(description.get("token"), None)

@@ -61,6 +61,17 @@ class Tombstones:
             for seq in list(above)[: TOMBSTONES_LIMIT // 10]:
                 del above[seq]
 
+    def listed(self) -> list:
+        """[[client, server, low, [seq above low, ...]], ...]: for a newcomer
+        that takes no connection's history (a checkpoint, llft/cluster/checkpoint_join.py)."""
+        return [[c, s, low, list(self._above.get((c, s), ()))] for (c, s), low in self._low.items()]
+
+    def adopt(self, listed: list) -> None:
+        for c, s, low, above in listed:
+            key = (int(c), int(s))
+            self._low[key] = max(self._low.get(key, 0), int(low))
+            self._above.setdefault(key, {}).update((int(q), None) for q in above if int(q) > self._low[key])
+
     def __contains__(self, cid) -> bool:
         key = (cid.client, cid.server)
         return cid.seq <= self._low.get(key, 0) or cid.seq in self._above.get(key, ())

@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from llft.checkpoint.sockets import unread
 from llft.native import conn_header
+from llft.serving.stream_digest import StreamDigest
 
 log = logging.getLogger("llft.relay")
 
@@ -30,7 +34,7 @@ class OutputLog:
     the clients have not been sent yet (by the primary): if it takes over,
     it sends them."""
     bytes: int = 0
-    sha256: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    sha256: StreamDigest = field(default_factory=StreamDigest)
     closed: bool = False
     unsent: bytearray = field(default_factory=bytearray)
     unsent_from: int = 0  # stream offset of unsent[0]
@@ -58,6 +62,9 @@ class ClosedOutputs:
 
     def summary(self) -> dict:
         return {"connections": self.connections, "bytes": self.bytes, "sha256": f"{self.fold:064x}"}
+
+    def state(self) -> list:
+        return [self.connections, self.bytes, self.fold.to_bytes(32, "big")]
 
 
 def write_once(peer, chunk: bytes, offset: int) -> int:
@@ -89,6 +96,8 @@ class ReplicaRelay:
         self.room = asyncio.Event()
         self.room.set()
         self.writers: dict[int, asyncio.StreamWriter] = {}
+        self.readers: dict[int, asyncio.StreamReader] = {}
+        self.opening: int | None = None     # the connection being handed to the program
         self.inbox: dict[int, asyncio.Queue] = {}   # per connection: what to write to the program
         self.writer_tasks: set[asyncio.Task] = set()
         self.stopped = False
@@ -140,12 +149,100 @@ class ReplicaRelay:
         not read yet on one never hold up another."""
         while True:
             event = await self.events.get()
-            conn_id = event[1]
-            await self._open(conn_id, *event[2:])
-            if conn_id in self.inbox:
-                task = asyncio.create_task(self._write(conn_id, self.inbox[conn_id]))
-                self.writer_tasks.add(task)
-                task.add_done_callback(self.writer_tasks.discard)
+            conn_id = self.opening = event[1]
+            try:
+                sock = await self.replica.channel.hand_connection(event[2], conn_header(conn_id, *event[3:]),
+                                                                  self.replica.alive)
+                if sock is not None:
+                    await self._connected(conn_id, sock, 0)
+                    self._count_opened()
+            finally:
+                self.opening = None
+            self._start_writer(conn_id)   # (without a connection, it drops what was queued for it)
+
+    def _start_writer(self, conn_id: int):
+        if conn_id in self.inbox:
+            task = asyncio.create_task(self._write(conn_id, self.inbox[conn_id]))
+            self.writer_tasks.add(task)
+            task.add_done_callback(self.writer_tasks.discard)
+
+    async def _connected(self, conn_id: int, sock, output_at: int):
+        """Relays connection conn_id, whose program end is sock's other end,
+        its output so far output_at bytes."""
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        self.writers[conn_id] = writer
+        self.readers[conn_id] = reader
+        self.outputs[conn_id] = self.open_outputs[conn_id] = OutputLog(bytes=output_at)
+        task = asyncio.create_task(self._pump(conn_id, reader))
+        self.pumps.add(task)
+        task.add_done_callback(self.pumps.discard)
+
+    def _count_opened(self):
+        self.opened += 1
+        if self.opened == OUTPUTS_LISTED + 1:
+            for k in [k for k, out in self.outputs.items() if out.closed]:
+                del self.outputs[k]
+
+    async def adopt(self, conn_id: int, sock, output_at: int, digest: list[bytes]):
+        """A connection the program has open already (restored from a
+        checkpoint, llft/cluster/checkpoint_join.py), its output so far
+        output_at bytes, digested so far as digest says (StreamDigest's
+        state): relayed from here on."""
+        self.inbox[conn_id] = asyncio.Queue()
+        await self._connected(conn_id, sock, output_at)
+        self.outputs[conn_id].sha256 = StreamDigest(*digest)
+        self._start_writer(conn_id)
+
+    # -- a checkpoint's cut (llft/cluster/checkpoint_join.py) ---------------
+    def input_drained(self) -> bool:
+        """Every client byte queued here is in the program's sockets, and
+        every connection opened handed to it."""
+        return (self.events.empty() and self.opening is None and all(q.empty() for q in self.inbox.values())
+                and all(w.transport.get_write_buffer_size() == 0 for w in self.writers.values()))
+
+    def our_ends(self) -> dict[int, int]:
+        """The inode of the relay's end of each connection -> its id."""
+        return {os.fstat(w.get_extra_info("socket").fileno()).st_ino: conn_id
+                for conn_id, w in self.writers.items()}
+
+    def summary_state(self, pending: dict[int, bytes]) -> dict:
+        """What a replica restored from a checkpoint of this one needs for
+        its output_summary to go on as this one's (adopt_summary): per
+        connection, what the program had sent with pending[conn] added
+        (what the relay had yet to read of it), as StreamDigest states."""
+        digests = {}
+        for conn_id, out in self.outputs.items():
+            d = out.sha256.copy()
+            d.update(pending.get(conn_id, b""))
+            digests[conn_id] = [out.bytes + len(pending.get(conn_id, b"")), out.closed, *d.state()]
+        return {"opened": self.opened, "closed": self.closed_outputs.state(), "outputs": digests}
+
+    def adopt_summary(self, said: dict, closing: set[int]):
+        """summary_state() of the checkpoint's source: the connections
+        closed before it, and those the program had closed whose end the
+        source had yet to read (closing), as the source would list them."""
+        self.opened = int(said["opened"])
+        connections, n, fold = said["closed"]
+        self.closed_outputs.connections, self.closed_outputs.bytes = connections, n
+        self.closed_outputs.fold = int.from_bytes(fold, "big")
+        for conn_id, (n, closed, chain, part) in said["outputs"].items():
+            if conn_id in closing:   # (its pump ends so at the source: listed only while few were opened)
+                out = OutputLog(bytes=n, sha256=StreamDigest(chain, part), closed=True)
+                self.closed_outputs.add(conn_id, out)
+                if self.opened <= OUTPUTS_LISTED:
+                    self.outputs[conn_id] = out
+            elif closed:
+                self.outputs[conn_id] = OutputLog(bytes=n, sha256=StreamDigest(chain, part), closed=True)
+
+    def output_pending(self, conn_id: int) -> bytes:
+        """What the program wrote on the connection that the relay has not
+        taken yet (read into the reader's buffer, or still in the socket)."""
+        w, r = self.writers[conn_id], self.readers[conn_id]
+        dup = socket.socket(fileno=os.dup(w.get_extra_info("socket").fileno()))
+        try:
+            return bytes(r._buffer) + unread(dup)   # (asyncio.StreamReader's own buffer: no API shows it)
+        finally:
+            dup.close()
 
     async def _write(self, conn_id: int, inbox: asyncio.Queue):
         try:
@@ -177,22 +274,6 @@ class ReplicaRelay:
                 self.room.set()
             self.inbox.pop(conn_id, None)
 
-    async def _open(self, conn_id: int, port: int, host: str, client_port: int):
-        sock = await self.replica.channel.hand_connection(port, conn_header(conn_id, host, client_port),
-                                                          self.replica.alive)
-        if sock is None:
-            return
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
-        self.writers[conn_id] = writer
-        self.outputs[conn_id] = self.open_outputs[conn_id] = OutputLog()
-        self.opened += 1
-        if self.opened == OUTPUTS_LISTED + 1:
-            for k in [k for k, out in self.outputs.items() if out.closed]:
-                del self.outputs[k]
-        task = asyncio.create_task(self._pump(conn_id, reader))
-        self.pumps.add(task)
-        task.add_done_callback(self.pumps.discard)
-
     async def _pump(self, conn_id: int, reader: asyncio.StreamReader):
         out = self.outputs[conn_id]
         logfile = None
@@ -215,6 +296,7 @@ class ReplicaRelay:
                 self.closed_outputs.add(conn_id, out)
             if logfile:
                 logfile.close()
+            self.readers.pop(conn_id, None)
             w = self.writers.pop(conn_id, None)
             if w is not None:
                 w.close()

@@ -1,0 +1,429 @@
+"""A newcomer across hosts brought up from a checkpoint of the primary's
+replica (LLFT §IV-C: a new backup is a checkpoint taken at an exact point
+of the ordering stream plus the log after it; docs/checkpoints.md).
+
+A member keeps the group's history for newcomers only up to
+--history-limit (history.py).  Past it, a newcomer that asks to join is
+given a checkpoint instead, taken on demand (NewcomerCheckpoint):
+
+- the client input the member receives is held back until every byte of
+  it is in the program's sockets (at most DRAIN_S; a program that reads
+  nothing of a connection for that long is not checkpointed: the newcomer
+  is told why and may ask again);
+- the primary is held still (llft/checkpoint/quiesce.py) and CRIU
+  freezes it; at that instant, in the event loop, the records its ring
+  holds are shipped, and what the newcomer needs besides the image is
+  taken at once (`_cut`): the ring's control block, the last ordering
+  entry, and per connection its messaging state, the output the program
+  wrote that no message numbered yet, what the program has not read, and
+  how its socket was set up.  The newcomer joins the view then: from that
+  instant the ordering information and the clients' messages are kept for
+  it, as for a newcomer given the history;
+- CRIU writes the image while the primary runs on; the image, listed and
+  checked (llft/checkpoint/images.py), goes with the cut to the newcomer
+  alone, over state_transfer.py's channel (a one-time token, the SHA-256
+  carried by the authenticated AcceptBackup).
+
+The newcomer (restore_newcomer) writes the image, makes its ring from the
+control block (role COPY: it becomes a backup at its first call), gives the
+restored program a socket for each of its own (primed with what it had
+not read, listeners with the connections waiting in them), and its relay
+and reply stream go on from the cut: it replays exactly what the primary
+recorded after the checkpoint, and cuts its output where the primary did.
+
+Carried: TCP client connections, their listeners, stdout and stderr, and
+with private files what the replica wrote (its upper layers, as a tar
+archive).  Not carried (the newcomer is refused, with the reason): UDP
+ports, outgoing connections.  The program, its libraries and llft must
+be installed alike on both hosts (CRIU restores file mappings by path)."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import msgpack
+
+from llft import private_files
+from llft.checkpoint import criu, images, quiesce, restore, sockets
+from llft.checkpoint.clone import waiting_conns
+from llft.cluster import payload
+from llft.determinizer.streams import image_dir, stream_path
+from llft.members import start_time
+from llft.messaging.ids import ConnId
+from llft.messaging.viewchange import adopt_connection, connection_state, number_from
+from llft.native import ROLE_BACKUP, ROLE_COPY, StreamError, StreamFile
+from llft.replica import RestoredReplica
+
+log = logging.getLogger("llft.checkpoint")
+
+DRAIN_S = 2.0            # the most the input waits to be all in the program's sockets
+FROZEN_STEP_S = 5.0      # the most the cut waits for the event loop
+GIVE_BACK_S = 5.0        # the most it waits for room in a listener's queue
+IMAGE_NUMBER = 99        # the image directory's number (llft-<pid>-ck99)
+
+
+class CheckpointRefused(Exception):
+    """No checkpoint of the primary can be taken for a newcomer now; says why."""
+
+
+# What a newcomer's restore may fail with (the state is authenticated, but
+# may come from a primary of another version).
+RESTORE_ERRORS = (restore.RestoreFailed, images.DamagedImage, OSError, KeyError, TypeError, ValueError,
+                  StreamError)
+
+
+def encode_state(state: dict) -> tuple[bytes, bytes]:
+    """A newcomer's state as the state-transfer channel carries it, and its SHA-256."""
+    data = msgpack.packb(state, use_bin_type=True)
+    return data, hashlib.sha256(data).digest()
+
+
+def _pid_dir(member) -> Path:
+    return Path(image_dir(f"{os.getpid()}", IMAGE_NUMBER, member.opts.checkpoint_dir))
+
+
+class NewcomerCheckpoint:
+    """At the primary: one checkpoint of its replica for a newcomer."""
+
+    def __init__(self, member, on_cut):
+        self.m = member
+        self.on_cut = on_cut        # fn(): the newcomer joins the view, at the cut's instant
+        self.loop = asyncio.get_running_loop()
+        self.images = _pid_dir(member)
+        self.cut: dict | None = None
+        self.taken: list[tuple[socket.socket, list[socket.socket]]] = []   # listeners' queues, given back
+        self.held = False
+
+    async def take(self) -> dict:
+        """The state for the newcomer: the image and the cut.
+        CheckpointRefused (nothing left behind) if none can be taken."""
+        m, r = self.m, self.m.replica
+        if m.opts.serialize:
+            raise CheckpointRefused("a replica under --serialize is not checkpointed")
+        shutil.rmtree(self.images, ignore_errors=True)
+        self.images.mkdir(parents=True)
+        started = time.monotonic()
+        try:
+            m.intake.clear()
+            try:
+                await self._drained()
+                r.checkpointing = True
+                try:
+                    await asyncio.to_thread(quiesce.hold, r.stream, r.pid)
+                    self.held = True
+                    stats = await asyncio.to_thread(criu.dump, r.pid, self.images, externals=self._externals(),
+                                                    on_frozen=self._frozen)
+                finally:
+                    self._let_go()
+                    r.checkpointing = False
+            finally:
+                await asyncio.to_thread(self._give_back)   # (before any new connection is handed)
+                m.intake.set()
+            await asyncio.to_thread(restore.no_parent_death_signal, self.images)
+            listed = await asyncio.to_thread(images.manifest, self.images)
+            image = await asyncio.to_thread(self._read_image, listed)
+        except (criu.CheckpointFailed, quiesce.QuiesceFailed, images.DamagedImage, OSError) as e:
+            logs = m.run_dir / "checkpoints" / "for-newcomer"
+            restore.keep_logs(self.images, logs)
+            raise CheckpointRefused(f"the primary's checkpoint failed: {str(e).replace(str(self.images), str(logs))}") \
+                from None
+        finally:
+            shutil.rmtree(self.images, ignore_errors=True)
+        cut = dict(self.cut, image=image, listed={k: list(v) for k, v in listed.items()})
+        self.figures = {"at": time.time(), "frozen_ms": round(stats.get("frozen_time", 0) / 1000, 1),
+                        "image_bytes": sum(len(b) for b in image.values()),
+                        "took_ms": round((time.monotonic() - started) * 1000, 1)}
+        log.warning("checkpoint of the primary for a newcomer: frozen %.1f ms, image %d KiB, %.0f ms in all",
+                    self.figures["frozen_ms"], self.figures["image_bytes"] // 1024, self.figures["took_ms"])
+        return cut
+
+    async def _drained(self):
+        """Every client byte received is in the program's sockets."""
+        m = self.m
+        deadline = time.monotonic() + DRAIN_S
+        while not (m.relay.input_drained() and not m.unopened):
+            if time.monotonic() > deadline:
+                raise CheckpointRefused(f"the program did not take the clients' input within {DRAIN_S:g} s")
+            await asyncio.sleep(0.001)
+
+    def _externals(self) -> list[str]:
+        r = self.m.replica
+        self.files_at_dump = restore.controller_files(r.pid, r.stream.path, r.out_dir)
+        return ([f"unix[{ino}]" for _fd, ino, _peer in sockets.foreign_peers(r.pid)]
+                + [key for _fd, key, _what in self.files_at_dump])
+
+    def _let_go(self):
+        if self.held:
+            quiesce.release(self.m.replica.stream)
+            self.held = False
+
+    def _frozen(self) -> list[str]:
+        """In CRIU's thread, the primary frozen: the cut, in the event loop."""
+        try:
+            externals = asyncio.run_coroutine_threadsafe(self._cut_in_loop(), self.loop).result(FROZEN_STEP_S)
+        finally:
+            self._let_go()
+        r = self.m.replica
+        self.files_at_dump = restore.controller_files(r.pid, r.stream.path, r.out_dir)
+        self.cut["files"] = [list(f) for f in self.files_at_dump]
+        self.cut["uppers"] = private_files.pack_uppers(r.files_dir) if r.private_files else None
+        return externals + [key for _fd, key, _what in self.files_at_dump]
+
+    async def _cut_in_loop(self) -> list[str]:
+        m = self.m
+        if not m.ep.is_primary or m.taking_over or not m.replica.alive():
+            raise CheckpointRefused("the primary changed meanwhile")
+        m.replica.channel._readable()     # what the program said on its channel before it froze
+        m.shipper.pull()                  # every record it made, into the ordering information
+        ring = m.replica.stream.snapshot()
+        externals, program = self._program_sockets()
+        self.pending: dict[int, bytes] = {}   # per connection, what the program wrote that the relay had not read
+        self.closing: list[int] = []          # connections the program closed, their end not yet read
+        conns = [self._connection(cid, program.get(m._conn_num(cid))) for cid in list(m.ep.conns)]
+        self.cut = {"ring": ring, "oseq": m.ep.order_log.next_oseq - 1, "conns": conns,
+                    "relay": m.relay.summary_state(self.pending), "closing": self.closing,
+                    "channel": self.channel, "listeners": self.listeners,
+                    "tombstones": m.ep.tombstones.listed(),
+                    "retired": [[*cid, n] for cid, n in m.ep.retired_sent.items()],
+                    "next_open": [[c, s] for c, s in m.next_open.items()],
+                    "stdout": (m.replica.out_dir / "stdout").read_bytes(),
+                    "stderr": (m.replica.out_dir / "stderr").read_bytes()}
+        self.on_cut()
+        return externals
+
+    def _program_sockets(self) -> tuple[list[str], dict[int, dict]]:
+        """Each of the program's sockets that leads to this controller:
+        CRIU's key, how it is set up, what it has not read.  Returns the
+        externals and, per connection id, its socket's."""
+        m, r = self.m, self.m.replica
+        ends = m.relay.our_ends()
+        listeners = {sockets.inode(s): key for key, s in r.channel.listeners.items()}
+        channel = sockets.inode(r.channel.ours)
+        externals, seen, program = [], set(), {}
+        self.channel, self.listeners = None, []
+        for fd, ino, peer in sockets.foreign_peers(r.pid):
+            if ino in seen:
+                continue   # a second fd of one socket
+            seen.add(ino)
+            externals.append(f"unix[{ino}]")
+            with sockets.take_fd(r.pid, fd) as sock:
+                setup = sockets.settings(sock)
+                if peer == channel:
+                    self.channel = [f"socket:[{ino}]", setup]
+                elif peer in listeners:
+                    waiting = sockets.take_handed(sock)
+                    self.taken.append((r.channel.listeners[listeners[peer]], waiting))
+                    queued = [[conn_id, sockets.unread(s), sockets.settings(s)]
+                              for s, conn_id in waiting_conns(waiting, ends)]
+                    self.listeners.append([listeners[peer], f"socket:[{ino}]", setup, queued])
+                    program.update((conn_id, {"queued": True}) for conn_id, _in, _set in queued)
+                elif peer in ends:
+                    program[ends[peer]] = {"key": f"socket:[{ino}]", "settings": setup,
+                                           "input": sockets.unread(sock)}
+                else:
+                    raise CheckpointRefused(f"its fd {fd} is a socket llft cannot carry to another host (an "
+                                            "outgoing connection or a UDP port)")
+        if self.channel is None:
+            raise CheckpointRefused("the program's channel to llft is not open")
+        return externals, program
+
+    def _connection(self, cid: ConnId, program: dict | None) -> list:
+        """What the newcomer needs of one connection: its messaging state,
+        where its output stands, and the program's side of it."""
+        m = self.m
+        if m.datagrams.handles(cid) or m.outgoing.handles(cid):
+            raise CheckpointRefused("the program has UDP ports or outgoing connections, which a checkpoint "
+                                    "does not carry to another host")
+        consumed, acked, _logged_from = connection_state(m.ep, cid)
+        numbered = m.ep.conns[cid].tx.msg_seq_count
+        start, buf, closed, close_sent, input_ended = m.output.cut_state(cid)
+        # Messages waiting for messaging's window are not numbered yet: the
+        # primary orders where it cut them when it sends them, and the
+        # newcomer cuts its own there, so their bytes are the newcomer's to cut.
+        waiting = [payload.parse_reply(body) for body, _order_info in m.outbox.waiting.get(cid, ())]
+        if waiting:
+            if waiting[-1][0] == payload.CLOSE:
+                close_sent = False
+            data = [w for w in waiting if w[0] == payload.DATA]
+            if data:
+                start, buf = data[0][1], b"".join(w[2] for w in data) + buf
+        num = m._conn_num(cid)
+        relay_side = None
+        if program is not None and not program.get("queued"):
+            pending = m.relay.output_pending(num)
+            relayed = m.relay.outputs[num].bytes
+            if relayed != start + len(buf):
+                raise CheckpointRefused(f"connection {tuple(cid)}: the relay took {relayed} bytes of the program's "
+                                        f"output, its messages end at {start + len(buf)}")
+            relay_side = [program["key"], program["settings"], program["input"], relayed + len(pending)]
+            buf += pending
+            self.pending[num] = pending
+        elif program is None and num in m.relay.writers:
+            # The program closed it; the relay has yet to read what it wrote before.
+            pending = self.pending[num] = m.relay.output_pending(num)
+            buf += pending
+            closed = True
+            self.closing.append(num)
+        return [cid.client, cid.server, cid.seq, consumed, acked, numbered, start, buf, closed, close_sent,
+                input_ended, relay_side]
+
+    def _give_back(self):
+        """The connections taken from the listeners' queues go back, in order."""
+        taken, self.taken = self.taken, []
+        for e in sockets.give_back(taken, GIVE_BACK_S):
+            log.error("a connection waiting to be accepted could not be given back (%s)", e)
+
+    def _read_image(self, listed: dict) -> dict[str, bytes]:
+        return {name: (self.images / name).read_bytes() for name in listed}
+
+
+# -- at the newcomer ---------------------------------------------------------------
+class NewcomerRestore:
+    """The newcomer's replica, restored from the primary's checkpoint."""
+
+    def __init__(self, member, index: int, cut: dict):
+        self.m, self.index, self.cut = member, index, cut
+        self.images = _pid_dir(member)
+        self.inherit: list[tuple[socket.socket, str]] = []
+        self.adopted: list[tuple[int, socket.socket, int, bytes]] = []   # (conn id, our end, output at, input)
+        self.stdio: dict = {}
+
+    async def run(self) -> RestoredReplica:
+        """The restored replica; RestoreFailed, DamagedImage or OSError if not."""
+        started = time.monotonic()
+        self.replica: RestoredReplica | None = None
+        try:
+            r = self._prepare()
+            pid, proc = await asyncio.to_thread(restore.restore, self.images, self.listed, self.files,
+                                                self.inherit, r.stream.path, self.stdio, self.files_plan)
+        except restore.RestoreFailed as e:
+            self._undo()
+            raise restore.RestoreFailed(str(e).replace(str(self.images), str(self._keep_logs()))) from None
+        except BaseException:
+            self._undo()
+            self._keep_logs()
+            raise
+        finally:
+            for sock, _key in self.inherit:
+                sock.close()
+            for f in self.stdio.values():
+                f.close()
+            shutil.rmtree(self.images, ignore_errors=True)
+        r.proc, r.program_pid, r.started = proc, pid, start_time(pid)
+        r.checkpoint = {"restore_ms": round((time.monotonic() - started) * 1000, 1),
+                        "image_bytes": sum(len(b) for b in self.cut["image"].values())}
+        r.channel.started()
+        quiesce.release(r.stream)   # its threads, held at a call's entry, go on as a backup's
+        return r
+
+    def _keep_logs(self) -> Path:
+        """CRIU's logs of a failed restore, kept in the run dir (the image goes)."""
+        logs = self.m.run_dir / "checkpoints" / "restored"
+        restore.keep_logs(self.images, logs)
+        return logs
+
+    def _undo(self):
+        for _conn, ours, _at, _in in self.adopted:
+            ours.close()
+        self.adopted = []
+        if self.replica is not None:
+            self.replica.channel.close()
+            self.replica.stream.close()
+            self.replica.stream.unlink()
+
+    def _prepare(self) -> RestoredReplica:
+        m, cut, k = self.m, self.cut, self.index
+        shutil.rmtree(self.images, ignore_errors=True)
+        self.images.mkdir(parents=True)
+        for name, data in cut["image"].items():
+            if "/" in name or name.startswith("."):
+                raise images.DamagedImage(f"{name!r} is not an image file's name")
+            (self.images / name).write_bytes(data)
+        self.listed = {name: tuple(v) for name, v in cut["listed"].items()}
+        self.files = [tuple(f) for f in cut["files"]]
+        out_dir = m.run_dir / f"replica-{k}"
+        out_dir.mkdir(exist_ok=True)
+        for name in ("stdout", "stderr"):
+            (out_dir / name).write_bytes(cut[name])
+            self.stdio[name] = open(out_dir / name, "ab")
+        path = stream_path(f"{os.getpid()}", k)
+        if os.path.exists(path):
+            os.unlink(path)
+        stream = StreamFile(path, create=True, slots=m.opts.ring_slots, role=ROLE_BACKUP, replica=k)
+        r = self.replica = RestoredReplica(k, stream, out_dir, serialize=m.opts.serialize, source=-1,
+                                           private_files=cut["uppers"] is not None)
+        stream.load_snapshot(cut["ring"], k)
+        stream.role = ROLE_COPY
+        stream.set_timeouts(stall_ms=m.opts.stall_timeout_ms, end_grace_ms=m.opts.end_grace_ms)
+        self.files_plan = None
+        if r.private_files:
+            self.files_plan = private_files.prepare(r.files_dir)
+            private_files.unpack_uppers(r.files_dir, cut["uppers"])
+        key, setup = cut["channel"]
+        sockets.apply_settings(r.channel.theirs, setup)
+        self.inherit.append((r.channel.theirs, key))
+        for lkey, key, setup, queued in cut["listeners"]:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            ours.setblocking(False)
+            r.channel.listeners[lkey if not isinstance(lkey, list) else tuple(lkey)] = ours
+            sockets.apply_settings(theirs, setup)
+            self.inherit.append((theirs, key))
+            for conn_id, unread, conn_setup in queued:
+                mine, program_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                sockets.apply_settings(program_end, conn_setup)
+                sockets.send_handed(ours, program_end, 0.0)
+                program_end.close()
+                self.adopted.append((conn_id, mine, self._output_at(conn_id), unread))
+        for c in cut["conns"]:
+            relay_side = c[11]
+            if relay_side is None:
+                continue
+            key, setup, unread, output_at = relay_side
+            mine, program_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            sockets.apply_settings(program_end, setup)
+            self.inherit.append((program_end, key))
+            self.adopted.append(((c[0] << 32) | c[2], mine, output_at, unread))
+        return r
+
+    def _output_at(self, conn_id: int) -> int:
+        for c in self.cut["conns"]:
+            if (c[0] << 32) | c[2] == conn_id:
+                return c[6] + len(c[7])
+        return 0
+
+    def adopt_connections(self) -> None:
+        """The messaging state and reply streams of the cut's connections."""
+        m, ep = self.m, self.m.ep
+        ep.tombstones.adopt(self.cut["tombstones"])
+        for client, server, seq, sent in self.cut["retired"]:
+            ep.retire_now(ConnId(client, server, seq), sent)
+        for client, seq in self.cut["next_open"]:
+            m.next_open[int(client)] = int(seq)
+        for (client, server, seq, consumed, acked, numbered, start, buf, closed, close_sent, input_ended,
+             _relay) in self.cut["conns"]:
+            cid = ConnId(client, server, seq)
+            adopt_connection(ep, cid, consumed, acked, numbered + 1)
+            number_from(ep, cid, numbered)
+            m.output.adopt(cid, start, buf, closed, close_sent, input_ended)
+            m._conn_num(cid)
+
+    async def relay_connections(self) -> None:
+        """The program's connections, to the relay: what it had not read first."""
+        m = self.m
+        said = self.cut["relay"]
+        m.relay.adopt_summary(said, set(self.cut["closing"]))
+        for conn_id, mine, output_at, unread in self.adopted:
+            await m.relay.adopt(conn_id, mine, output_at, said["outputs"][conn_id][2:])
+            if unread:
+                m.relay.data(conn_id, unread)
+            cid = m.cids.get(conn_id)
+            p = m.output.conns.get(cid) if cid is not None else None
+            if p is not None and p.input_ended:
+                m.relay.eof(conn_id)
+        self.adopted = []
