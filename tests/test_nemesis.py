@@ -57,12 +57,16 @@ def test_a_short_seeded_soak_over_every_shape(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hosts in network namespaces need root")
-def test_a_short_seeded_soak_across_hosts(tmp_path):
+@pytest.mark.parametrize("joins", ["history", "checkpoint"])
+def test_a_short_seeded_soak_across_hosts(tmp_path, joins):
     """Three members and a gateway in network namespaces: partitions, loss,
-    crashed and frozen hosts, killed replicas."""
+    crashed and frozen hosts, killed replicas; the members that join again
+    replay the group's history, or (--clone) are restored from checkpoints
+    of the primary."""
     work = tmp_path / "nemesis"
     p = subprocess.run([tool("llft-nemesis"), "--hosts", "--shapes", "kv,pool", "--faults", "8", "--seed", "11",
-                        "--pace", "3", "--work-dir", str(work), "--examples", str(REPO / "examples" / "bin")],
+                        "--pace", "3", "--work-dir", str(work), "--examples", str(REPO / "examples" / "bin"),
+                        *(["--clone"] if joins == "checkpoint" else [])],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     lines = [json.loads(line) for line in (work / "nemesis.jsonl").read_text().splitlines()]

@@ -57,7 +57,9 @@ def build_parser():
     p.add_argument("--keep", action="store_true", help="keep every shape's run dir, not only failed ones")
     p.add_argument("--clone", action="store_true",
                    help="replacements are CRIU clones of a live backup (llft-run --keep N, docs/checkpoints.md) "
-                        "rather than replays of the group's history (--respawn)")
+                        "rather than replays of the group's history (--respawn); with --hosts, every member that "
+                        "joins again is restored from a checkpoint of the primary (a --history-limit the group "
+                        "passes at once)")
     p.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                    help="with --clone: checkpoints stored every SECONDS too (llft-run --checkpoint-every), so "
                         "that a group with no backup left to clone (--replicas 2) is restored from the latest")
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
             started = time.monotonic()
             if args.hosts:
                 run = ClusterRun(shape, shape_seed, share, args.work_dir, args.examples, clients=args.clients,
-                                 progress=args.progress, pace_ms=args.pace, keep=args.keep, log=log)
+                                 progress=args.progress, pace_ms=args.pace, keep=args.keep, clone=args.clone, log=log)
             else:
                 run = ShapeRun(shape, shape_seed, share, args.work_dir, args.examples, replicas=args.replicas,
                                clients=args.clients, progress=args.progress, pace_ms=args.pace, keep=args.keep,

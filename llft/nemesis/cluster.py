@@ -32,6 +32,7 @@ RECOVERY_TIMEOUT_S = 60.0
 NETWORK_FAULT_S = 1.0     # how long a partition or the loss lasts before it is healed
 FAULTS_PER_GROUP = 4
 FREEZE_S = 0.3
+CLONE_HISTORY_LIMIT_MIB = "0.01"   # --clone: a history limit the group passes at once
 KINDS = {
     "kill-primary": "SIGKILL of the primary's replica (its member resets and joins again)",
     "kill-backup": "SIGKILL of a backup's replica",
@@ -44,10 +45,12 @@ KINDS = {
 
 
 class Cluster:
-    def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path, spare: int = 0):
-        """Hosts 0..MEMBERS-1 for the members, MEMBERS for the gateway,
-        then `spare` more."""
+    def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path, spare: int = 0,
+                 member_options=()):
+        """Hosts 0..MEMBERS-1 for the members (llft-run --join with
+        member_options), MEMBERS for the gateway, then `spare` more."""
         self.run_dir, self.shape, self.examples = run_dir, shape, examples
+        self.member_options = list(member_options)
         self.hosts = stack.enter_context(hosts.bridged_hosts(MEMBERS + 1 + spare))
         self.key = run_dir / "group.key"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,7 @@ class Cluster:
         self.starts += 1
         run_dir = self.run_dir / f"member-{host}-{self.starts}"
         p = self._start(host, [tool("llft-run"), "--join", "--group", "nemesis", "--key-file", self.key,
-                               "--run-dir", run_dir, "--log-level", "info", "--",
+                               "--run-dir", run_dir, "--log-level", "info", *self.member_options, "--",
                                *self.shape.argv(PORT, self.examples)])
         self.members[host] = (p, run_dir)
 
@@ -187,8 +190,12 @@ class ClusterRun:
     """ShapeRun's counterpart across hosts (one group per run)."""
 
     def __init__(self, shape: Shape, seed: int, faults: int, work_dir: Path, examples: Path, *, clients: int = 4,
-                 progress: int = 150, pace_ms: float = 1.0, keep: bool = False, log=None):
+                 progress: int = 150, pace_ms: float = 1.0, keep: bool = False, clone: bool = False, log=None):
         self.shape, self.seed, self.faults, self.examples = shape, seed, faults, examples
+        # With clone, the group's history is past its limit from the start:
+        # every member that joins again is restored from a checkpoint of the
+        # primary (llft/cluster/checkpoint_join.py).
+        self.member_options = ["--history-limit", CLONE_HISTORY_LIMIT_MIB] if clone else []
         self.clients, self.progress, self.pace_s, self.keep = clients, progress, pace_ms / 1000, keep
         self.work_dir = work_dir
         self.rng = random.Random(seed)
@@ -197,8 +204,8 @@ class ClusterRun:
 
     def run(self) -> ShapeResult:
         """The faults, FAULTS_PER_GROUP to a group: a member that rejoins
-        gets its group's whole history by state transfer (no checkpoints
-        yet), which grows with every operation."""
+        gets its group's whole history by state transfer (which grows with
+        every operation), or with clone a checkpoint of the primary."""
         return run_in_groups(self.result, self.faults, FAULTS_PER_GROUP, self.keep,
                              lambda g: self.work_dir / f"{self.shape.name}-hosts-{self.seed}-{g}", self._run_group)
 
@@ -209,7 +216,7 @@ class ClusterRun:
         workload = None
         try:
             with ExitStack() as stack:
-                c = Cluster(stack, r.run_dir, self.shape, self.examples)
+                c = Cluster(stack, r.run_dir, self.shape, self.examples, member_options=self.member_options)
                 c.start()
                 gw_ns = c.hosts[MEMBERS][0]
                 workload = Workload(self.shape.protocol, self.clients, "127.0.0.1", PORT, self.pace_s,
