@@ -114,6 +114,10 @@ def restore(images_dir: Path, listed: dict, files_at_dump: list[tuple[int, str, 
               "stdout": lambda: stdio["stdout"].fileno(), "stderr": lambda: stdio["stderr"].fileno()}
     keyed = [(opened[which](), key) for which, (_fd, key) in files.items()]
     fds = [(sock.fileno(), key) for sock, key in inherit] + keyed
+    try:   # (a stored checkpoint is restored again and again from one directory)
+        os.unlink(images_dir / "restored.pid")
+    except FileNotFoundError:
+        pass
     dir_fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
     # Every path through the directory's fd: CRIU runs in the replica's
     # view of the files, where /dev/shm may be the replica's own (its
