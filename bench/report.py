@@ -181,7 +181,14 @@ def targets(tables: dict) -> list[list[str]]:
     if join:
         v = join[0]["p50"]
         check("a 100 MiB server's new backup (clone), end to end, p50", f"{v:.0f} ms", "< 1 s", v < 1000)
-    for scenario, source in (("checkpoint/clone", "a backup"), ("checkpoint/primary", "the primary")):
+    across = newest([r for r in ev if r["scenario"] == "checkpoint/join_across_hosts" and r["variant"] == "100 MiB"
+                     and r["metric"] == "join_ms"])
+    if across:
+        v = across[0]["p50"]
+        check("a 100 MiB server's newcomer across hosts (from the primary's checkpoint), end to end, p50",
+              f"{v:.0f} ms", "< 1 s", v < 1000)
+    for scenario, source in (("checkpoint/clone", "a backup"), ("checkpoint/primary", "the primary"),
+                             ("checkpoint/join_across_hosts", "the primary, for a newcomer across hosts")):
         pause = newest([r for r in ev if r["scenario"] == scenario and r["variant"] == "100 MiB"
                         and r["metric"] == "primary_worst_rtt_during_ms"])
         if pause:

@@ -62,6 +62,8 @@ WORKLOADS = {
     "semi_passive": ("semi_passive:semi_passive", {
         "paper": dict(intervals=(0.2, 0.5, 1.0, 2.0), clients=4, rounds=3, secs=2.0, trials=3),
         "smoke": dict(intervals=(0.5,), clients=2, rounds=1, secs=0.3, trials=1)}),
+    "cluster_join": ("cluster_join:cluster_join", {
+        "paper": dict(sizes_mib=(10, 100), trials=3)}),
     "cluster": ("cluster:cluster", {
         "paper": dict(quick=False, trials=5, other_timeout=60.0)}),
 }

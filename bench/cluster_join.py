@@ -1,0 +1,147 @@
+"""A newcomer across hosts brought up from a checkpoint of the primary
+(issue 20; llft/cluster/checkpoint_join.py): redis holding about 10 MiB and
+100 MiB (DEBUG POPULATE, 1 KiB values), two members on network-namespace
+hosts with a --history-limit it is past from the start, a third member
+started; a client on the gateway's host PINGs the primary throughout.
+
+Per join: the join end to end (from the newcomer's start to its replica
+restored and the state file saying so), the primary's pause (CRIU's frozen
+time; and the client's slowest round trip during the join against the
+second before it), the checkpoint's time at the primary, the image's size,
+the restore's time at the newcomer.
+
+Workload `cluster_join` of `python -m bench run` (root and CRIU; skipped
+otherwise).  Records: scenario checkpoint/join_across_hosts, net
+"netns", variant the size."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from bench.cluster import GATEWAY_HOST, PORT, BenchCluster
+from bench.records import REPO
+
+sys.path.insert(0, str(REPO / "tests"))      # the netns hosts of the tests
+from netns import bridged_hosts, in_ns  # noqa: E402
+
+SCENARIO = "checkpoint/join_across_hosts"
+LIMIT_MIB = "0.05"        # redis's start alone passes it: every newcomer gets a checkpoint
+VALUE_BYTES = 1024
+
+# RESP from the client host: POPULATE once, or PING until stdin closes,
+# printing (start, round trip) per PING on CLOCK_MONOTONIC.
+CLIENT = r"""
+import socket, sys, time, select
+port, what = int(sys.argv[1]), sys.argv[2:]
+s = socket.create_connection(("127.0.0.1", port), timeout=600)
+f = s.makefile("rwb")
+def ask(*args):
+    f.write(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args))
+    f.flush()
+    return f.readline()
+if what[0] == "populate":
+    print(ask("DEBUG", "POPULATE", what[1], "key", what[2]).decode().strip(), flush=True)
+else:
+    samples = []
+    print("go", flush=True)
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        t0 = time.monotonic()
+        assert ask("PING") == b"+PONG\r\n"
+        samples.append((round(t0, 6), round(time.monotonic() - t0, 6)))
+        time.sleep(0.001)
+    print(samples, flush=True)
+"""
+
+
+def _client(c: BenchCluster, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(in_ns(c.hosts[GATEWAY_HOST][0], sys.executable, "-c", CLIENT, str(PORT), *args),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def worst_ms(samples, start: float, until: float) -> float | None:
+    got = [rt for t, rt in samples if start <= t <= until]
+    return round(max(got) * 1000, 2) if got else None
+
+
+def one_join(ctx, hosts, size_mib: int, trial: int):
+    fields = dict(backend="llft", replicas=3, clients=1, net="netns", variant=f"{size_mib} MiB", size=size_mib)
+    tmp = ctx.tmp / f"join-{size_mib}-{trial}"
+    tmp.mkdir(parents=True)
+    c = BenchCluster(hosts, tmp)
+    pinger = None
+    try:
+        program = [shutil.which("redis-server"), "--port", str(PORT), "--save", "", "--appendonly", "no",
+                   "--enable-debug-command", "yes"]
+        c.form(2, "kv", ["--history-limit", LIMIT_MIB], program)
+        c.start_gateway(GATEWAY_HOST)
+        populate = _client(c, "populate", str(size_mib * (1 << 20) // VALUE_BYTES), str(VALUE_BYTES))
+        if populate.communicate(timeout=600)[0].strip() != "+OK":
+            raise RuntimeError("DEBUG POPULATE failed")
+        deadline = time.monotonic() + 600
+        while True:   # the backup has replayed the population
+            sts = [c.status(d) for _, d in c.members]
+            if all(st and st["replicas"] for st in sts) and \
+                    sts[1]["replicas"][0]["records"] >= sts[0]["replicas"][0]["records"]:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the backup did not catch up")
+            time.sleep(0.2)
+        pinger = _client(c, "ping")
+        if pinger.stdout.readline().strip() != "go":
+            raise RuntimeError("the pinging client did not start")
+        time.sleep(1.0)
+        started = time.monotonic()
+        late = c.start_member(2, program, "kv", ["--history-limit", LIMIT_MIB])
+        while True:
+            st = c.status(late)
+            last = (st or {}).get("last_checkpoint") or {}
+            if last.get("restored") and st["replicas"] and st["replicas"][0]["role"] == "backup":
+                joined = time.monotonic()
+                break
+            if time.monotonic() > started + 300:
+                raise RuntimeError("the newcomer did not join within 300 s")
+            time.sleep(0.005)
+        time.sleep(0.5)
+        pinger.stdin.close()
+        samples = json.loads(pinger.stdout.readline().replace("(", "[").replace(")", "]"))
+        taken = next((s["last_checkpoint"] for s in map(c.status, (d for _, d in c.members[:2]))
+                      if s and s.get("last_checkpoint") and s["last_checkpoint"].get("newcomer")), None)
+        if taken is None:
+            raise RuntimeError("no member says it took the checkpoint")
+        ctx.rec.event(SCENARIO, {
+            "join_ms": round((joined - started) * 1000, 1), "primary_frozen_ms": taken["frozen_ms"],
+            "checkpoint_ms": taken["took_ms"], "image_mib": round(taken["image_bytes"] / 2**20, 1),
+            "restore_ms": last["restore_ms"],
+            "primary_worst_rtt_before_ms": worst_ms(samples, started - 1.0, started),
+            "primary_worst_rtt_during_ms": worst_ms(samples, started, joined)}, round=trial, **fields)
+    except (RuntimeError, OSError, AssertionError, subprocess.SubprocessError, ValueError, KeyError) as e:
+        ctx.rec.failed(SCENARIO, "event", repr(e), round=trial, **fields)
+    finally:
+        if pinger is not None and pinger.poll() is None:
+            pinger.kill()
+        c.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cluster_join(ctx, sizes_mib=(10, 100), trials: int = 3):
+    from llft.checkpoint.criu import problem
+    if os.geteuid() != 0:
+        ctx.skip("needs root (network namespaces)")
+        return
+    why = problem()
+    if why:
+        ctx.skip(f"no working CRIU: {why}")
+        return
+    if not shutil.which("redis-server"):
+        ctx.skip("redis-server is not installed")
+        return
+    ctx.plan(len(sizes_mib) * trials)
+    with bridged_hosts(GATEWAY_HOST + 1) as hosts:
+        for size in sizes_mib:
+            for trial in range(trials):
+                one_join(ctx, hosts, size, trial)
+                ctx.step()
