@@ -9,7 +9,9 @@ given a checkpoint instead, taken on demand (NewcomerCheckpoint):
 - the client input the member receives is held back until every byte of
   it is in the program's sockets (at most DRAIN_S; a program that reads
   nothing of a connection for that long is not checkpointed: the newcomer
-  is told why and may ask again);
+  is told why and may ask again), and flows again from the checkpoint's
+  instant (new connections wait until the listeners' queues, taken out
+  for the dump, are given back);
 - the primary is held still (llft/checkpoint/quiesce.py) and CRIU
   freezes it; at that instant, in the event loop, the records its ring
   holds are shipped, and what the newcomer needs besides the image is
@@ -123,8 +125,8 @@ class NewcomerCheckpoint:
                     self._let_go()
                     r.checkpointing = False
             finally:
-                await asyncio.to_thread(self._give_back)   # (before any new connection is handed)
                 m.intake.set()
+                await asyncio.to_thread(self._give_back)
             await asyncio.to_thread(restore.no_parent_death_signal, self.images)
             listed = await asyncio.to_thread(images.manifest, self.images)
             image = await asyncio.to_thread(self._read_image, listed)
@@ -195,6 +197,11 @@ class NewcomerCheckpoint:
                     "stdout": (m.replica.out_dir / "stdout").read_bytes(),
                     "stderr": (m.replica.out_dir / "stderr").read_bytes()}
         self.on_cut()
+        # What comes from here on is the newcomer's by messaging: the clients'
+        # input flows again (into the frozen program's sockets, which the
+        # image leaves out); only new connections wait for the listeners'
+        # queues to be given back.
+        m.intake.set()
         return externals
 
     def _program_sockets(self) -> tuple[list[str], dict[int, dict]]:
@@ -207,6 +214,7 @@ class NewcomerCheckpoint:
         channel = sockets.inode(r.channel.ours)
         externals, seen, program = [], set(), {}
         self.channel, self.listeners = None, []
+        r.channel.handing_held = True   # until the listeners' queues are given back (_give_back)
         for fd, ino, peer in sockets.foreign_peers(r.pid):
             if ino in seen:
                 continue   # a second fd of one socket
@@ -278,6 +286,7 @@ class NewcomerCheckpoint:
         taken, self.taken = self.taken, []
         for e in sockets.give_back(taken, GIVE_BACK_S):
             log.error("a connection waiting to be accepted could not be given back (%s)", e)
+        self.loop.call_soon_threadsafe(setattr, self.m.replica.channel, "handing_held", False)
 
     def _read_image(self, listed: dict) -> dict[str, bytes]:
         return {name: (self.images / name).read_bytes() for name in listed}
