@@ -110,7 +110,6 @@ class Replacements:
         the history from the start; it catches up from the saved stream and
         the input logs, and takes over at their end (the record pump waits
         for it).  None if neither can be had."""
-        g = self.g
         if self.cloning is not None:   # a store under way gives up (its source is gone), or ends
             done, _ = await asyncio.wait([self.cloning], timeout=STORE_WAIT_S)
             if not done:
@@ -120,15 +119,7 @@ class Replacements:
                 await asyncio.gather(self.cloning, return_exceptions=True)
         failed.replaced = True
         if self.stored is not None:
-            from llft.checkpoint.stored import CloneFailed
-            k, g.next_index = g.next_index, g.next_index + 1
-            try:
-                r = await self.stored.restore(g, k)
-            except CloneFailed as e:
-                log.error("the primary cannot be replaced: the stored checkpoint could not be restored (%s)", e)
-                return None
-            r.replaces = failed.index
-            return r
+            return await self._restore_stored(failed, "the primary")
         if self.history_from_start:
             return self._replay_replacement(failed)
         return None
@@ -173,19 +164,26 @@ class Replacements:
         g.write_state("running")
 
     async def _wake_stored(self, failed: Replica):
-        g = self.g
-        from llft.checkpoint.stored import CloneFailed
-        k, g.next_index = g.next_index, g.next_index + 1
         try:
-            r = await self.stored.restore(g, k)
-            r.replaces = failed.index
-        except CloneFailed as e:
-            log.error("replica %d cannot be replaced: the stored checkpoint could not be restored (%s)",
-                      failed.index, e)
+            await self._restore_stored(failed, f"replica {failed.index}")
         finally:
             if self.cloning is asyncio.current_task():
                 self.cloning = None
-            g.exited.set()
+            self.g.exited.set()
+
+    async def _restore_stored(self, failed: Replica, who: str) -> Replica | None:
+        """A copy of the stored checkpoint, restored in failed's place; None
+        (said in the log) if it cannot be."""
+        from llft.checkpoint.stored import CloneFailed
+        g = self.g
+        k, g.next_index = g.next_index, g.next_index + 1
+        try:
+            r = await self.stored.restore(g, k)
+        except CloneFailed as e:
+            log.error("%s cannot be replaced: the stored checkpoint could not be restored (%s)", who, e)
+            return None
+        r.replaces = failed.index
+        return r
 
     def clone_source(self) -> Replica | None:
         """The backup a replacement is cloned from: the last-ranked live one

@@ -78,6 +78,11 @@ class StoredCheckpoint:
             c.close_inherited()
             c.keep_logs()
             c.give_up(e)
+        except asyncio.CancelledError:   # (given up: its source died, semi-passive's successor waits)
+            c.close_inherited()
+            c.undo()
+            c.keep_logs()
+            raise
         c.keep_logs(drop_images=False)
         return cls(c, parked_after, time.monotonic() - started)
 
