@@ -134,14 +134,21 @@ def one_clone(ctx, size_mib: int, trial: int, mode: str):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
+def cannot_checkpoint_redis() -> str | None:
+    """Why redis cannot be checkpointed here (no working CRIU, no redis), or None."""
     from llft.checkpoint.criu import problem
     why = problem()
     if why:
-        ctx.skip(f"no working CRIU: {why}")
-        return
+        return f"no working CRIU: {why}"
     if not shutil.which("redis-server"):
-        ctx.skip("redis-server is not installed")
+        return "redis-server is not installed"
+    return None
+
+
+def checkpoint(ctx, sizes_mib=(10, 100, 1024), trials: int = 3):
+    why = cannot_checkpoint_redis()
+    if why:
+        ctx.skip(why)
         return
     ctx.plan(len(SCENARIOS) * len(sizes_mib) * trials)
     for mode in SCENARIOS:

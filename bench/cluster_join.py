@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from bench.checkpoint import cannot_checkpoint_redis
 from bench.cluster import GATEWAY_HOST, PORT, BenchCluster
 from bench.records import REPO
 
@@ -128,16 +129,9 @@ def one_join(ctx, hosts, size_mib: int, trial: int):
 
 
 def cluster_join(ctx, sizes_mib=(10, 100), trials: int = 3):
-    from llft.checkpoint.criu import problem
-    if os.geteuid() != 0:
-        ctx.skip("needs root (network namespaces)")
-        return
-    why = problem()
+    why = "needs root (network namespaces)" if os.geteuid() != 0 else cannot_checkpoint_redis()
     if why:
-        ctx.skip(f"no working CRIU: {why}")
-        return
-    if not shutil.which("redis-server"):
-        ctx.skip("redis-server is not installed")
+        ctx.skip(why)
         return
     ctx.plan(len(sizes_mib) * trials)
     with bridged_hosts(GATEWAY_HOST + 1) as hosts:
