@@ -44,9 +44,19 @@ class Criu:
     images: object       # pycriu.images: reads and writes image files
 
 
+def ordinary_priority():
+    """Between fork and exec of CRIU (or its helper): ordinary scheduling.
+    A member's controller runs at real-time priority (llft/cluster/priority.py)
+    and a child takes its thread's: a `criu check` or a dump at real-time
+    priority holds a core of this 2-core host for hundreds of milliseconds,
+    and every replica and controller beside it misses its turn."""
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def _version(binary: str) -> tuple[int, ...]:
     try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
+                             preexec_fn=ordinary_priority).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
     m = re.search(r"Version:\s*(\d+(?:\.\d+)*)", out)
@@ -70,7 +80,7 @@ def find() -> Criu:
     binary, version = usable[0]
     if os.geteuid() != 0:
         raise CriuUnavailable("CRIU needs root, and llft-run does not run as root")
-    check = subprocess.run([binary, "check"], capture_output=True, text=True)
+    check = subprocess.run([binary, "check"], capture_output=True, text=True, preexec_fn=ordinary_priority)
     if check.returncode != 0:
         last = (check.stderr or check.stdout).strip().splitlines()
         raise CriuUnavailable(f"`{binary} check` fails on this kernel: {last[-1] if last else 'no output'}")
@@ -102,7 +112,7 @@ def _swrk(criu: Criu, pid: int, keep_fd: int) -> tuple[socket.socket, subprocess
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     argv = ["nsenter", f"--target={pid}", "--mount", "--pid", "--", criu.binary, "swrk", str(theirs.fileno())]
     proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(), keep_fd), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=ordinary_priority)
     theirs.close()
     return ours, proc
 

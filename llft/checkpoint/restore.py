@@ -136,7 +136,8 @@ def restore(images_dir: Path, listed: dict, files_at_dump: list[tuple[int, str, 
     try:
         proc = subprocess.Popen(helper + ["--"] + argv, pass_fds=[status_w, dir_fd] + [fd for fd, _ in fds],
                                 cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=open(images_dir / "restore_init.log", "wb"))
+                                stderr=open(images_dir / "restore_init.log", "wb"),
+                                preexec_fn=criu.ordinary_priority)
     finally:
         os.close(status_w)
         os.close(dir_fd)
