@@ -212,6 +212,14 @@ class HostMember:
 
     async def _membership(self, loop) -> int:
         o = self.opts
+        # Before the endpoint exists: a datagram it took in while nobody
+        # joined would count as received, and be dropped as a duplicate
+        # when it comes again for the member this one becomes.
+        criu_problem = await self.criu_check
+        restores = criu_problem is None
+        if not restores and self.rounds == 0:
+            log.info("no checkpoints here (%s): this member can join while the group's history is complete "
+                     "(--history-limit), not from a checkpoint", criu_problem)
         self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
                                 self.udp, Keyring(o.key), o.config)
         # As primary, every entry it orders (records, where it cut its output,
@@ -220,11 +228,6 @@ class HostMember:
         self.ep.on_order_added = self.history.add_entry
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
-        criu_problem = await self.criu_check
-        restores = criu_problem is None
-        if not restores and self.rounds == 0:
-            log.info("no checkpoints here (%s): this member can join while the group's history is complete "
-                     "(--history-limit), not from a checkpoint", criu_problem)
         self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
                              REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores)
         try:
