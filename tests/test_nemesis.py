@@ -57,14 +57,12 @@ def test_a_short_seeded_soak_over_every_shape(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hosts in network namespaces need root")
-@pytest.mark.parametrize("joins", ["history"])
+@pytest.mark.parametrize("joins", ["history", "checkpoint"])
 def test_a_short_seeded_soak_across_hosts(tmp_path, joins):
     """Three members and a gateway in network namespaces: partitions, loss,
     crashed and frozen hosts, killed replicas; the members that join again
-    replay the group's history.  ("checkpoint", with --clone: each restored
-    from a checkpoint of the primary, is left out: in one run of four a
-    newcomer of the pool shape stalls on client messages no member still
-    holds; docs/cluster.md, "Not there yet".)"""
+    replay the group's history, or (--clone) are restored from checkpoints
+    of the primary."""
     work = tmp_path / "nemesis"
     p = subprocess.run([tool("llft-nemesis"), "--hosts", "--shapes", "kv,pool", "--faults", "8", "--seed", "11",
                         "--pace", "3", "--work-dir", str(work), "--examples", str(REPO / "examples" / "bin"),
