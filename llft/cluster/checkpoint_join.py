@@ -388,7 +388,8 @@ class NewcomerRestore:
                 sockets.apply_settings(program_end, conn_setup)
                 sockets.send_handed(ours, program_end, 0.0)
                 program_end.close()
-                self.adopted.append((conn_id, mine, self._output_at(conn_id), unread))
+                # (the relay's count of its output, as the source's summary has it)
+                self.adopted.append((conn_id, mine, cut["relay"]["outputs"][conn_id][0], unread))
         for c in cut["conns"]:
             relay_side = c[11]
             if relay_side is None:
@@ -399,12 +400,6 @@ class NewcomerRestore:
             self.inherit.append((program_end, key))
             self.adopted.append(((c[0] << 32) | c[2], mine, output_at, unread))
         return r
-
-    def _output_at(self, conn_id: int) -> int:
-        for c in self.cut["conns"]:
-            if (c[0] << 32) | c[2] == conn_id:
-                return c[6] + len(c[7])
-        return 0
 
     def adopt_connections(self) -> None:
         """The messaging state and reply streams of the cut's connections."""

@@ -387,9 +387,10 @@ class HostMember:
         if self.taking_over:
             return "a primary change is under way"
         why = self.history.why_incomplete()
-        if why is None or self._checkpoint_problem() is None:
+        problem = why and self._checkpoint_problem()
+        if problem is None:
             return None
-        return f"{why}, and no checkpoint can stand for it: {self._checkpoint_problem()}"
+        return f"{why}, and no checkpoint can stand for it: {problem}"
 
     def _checkpoint_problem(self) -> str | None:
         """Why a newcomer cannot be brought up from a checkpoint of this
