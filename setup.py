@@ -39,6 +39,8 @@ PRELOAD_SOURCES = [
     "native/serialize.c",
     "native/wrap_syscall.c",
     "native/daemon_fork.c",
+    "native/fork_stream.c",
+    "native/wrap_wait.c",
     "native/quiesce.c",
     "native/demote.c",
 ]

@@ -46,7 +46,7 @@ ffibuilder.cdef("""
     typedef struct {
         uint32_t kind; uint16_t port; uint16_t family; uint32_t type; uint8_t addr[16]; uint32_t _pad;
     } llft_channel_msg_t;
-    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, ... };
+    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, LLFT_CHAN_STREAM, ... };
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t quiesce; uint64_t q_census;
@@ -61,8 +61,11 @@ ffibuilder.cdef("""
         uint32_t refused;
         uint32_t serial_steals;
         char div_before[768];
+        uint64_t stream_id; uint64_t parent_stream; uint32_t forks; uint32_t fork_mode;
         ...;
     } llft_ctl_t;
+    enum llft_fork_mode { LLFT_FORKS_UNRECORDED, LLFT_FORKS_REPLICATED, ... };
+    #define LLFT_CHILD_SLOTS ...
 
     uint64_t llft_shm_bytes(uint64_t slots);
     int llft_shm_format(void *base, uint64_t mapped, uint64_t slots, uint32_t role, uint32_t replica);

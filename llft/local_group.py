@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llft import rundir
 from llft.determinizer.catchup import CatchUpFeeder
+from llft.determinizer.forked import ForkedStreams
 from llft.follow import STALL_S, FollowWatch
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import (BackupSink, PrimarySource, SavedStreamSource, SavedStreamWriter,
@@ -59,6 +60,7 @@ class GroupOptions:
     order: str = "llft"           # --order: the backend that carries the records (llft/ordering/)
     mailbox_copies: int = 3       # --order mailbox: copies of the mailbox (n; n − 1 may fail)
     mailbox_protocol: int = 1     # --order mailbox: 1 (crash failures) or 2 (timing failures too)
+    replicate_forks: bool = False # --fork replicate: what the program forks is replicated (determinizer/forked.py)
 
 HISTORY_FILE = "history.orderinfo"   # the group's OrderInfo since it started (--respawn)
 INPUT_DIR = "input"                  # every client connection's bytes (--respawn)
@@ -94,6 +96,7 @@ class LocalGroup:
         self.follow = FollowWatch(options.stall_alarm)
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
         self.replacements = Replacements(self)   # --respawn, --keep, --checkpoint-every
+        self.forked = ForkedStreams(self, run_dir) if options.replicate_forks else None
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -102,11 +105,14 @@ class LocalGroup:
             os.unlink(path)  # left by an earlier run with our pid
         stream = StreamFile(path, create=True, slots=self.opts.ring_slots, role=role, replica=k)
         stream.set_timeouts(stall_ms=self.opts.stall_timeout_ms, end_grace_ms=self.opts.end_grace_ms)
+        stream.forks_replicated = self.opts.replicate_forks
         out_dir = self.run_dir / f"replica-{k}"
         out_dir.mkdir(exist_ok=True)
         r = Replica(k, stream, out_dir, private_files=self.opts.private_files,
                     serialize=self.opts.serialize)
         self.replicas.append(r)
+        if self.forked is not None:
+            r.channel.on_stream = functools.partial(self.forked.handed_over, r)
         self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
             self.sinks[k] = BackupSink(k, stream, r.alive)
@@ -183,6 +189,7 @@ class LocalGroup:
             "failovers": self.failovers,
             "outgoing": dict(self.outgoing.stats, errors=self.outgoing.errors),
             "order": dict(self.ordering.counters(), backend=self.ordering.name) if self.ordering else None,
+            "forked": self.forked.state() if self.forked else None,
         })
 
     # -- run to completion -----------------------------------------------
@@ -207,6 +214,8 @@ class LocalGroup:
         for r in list(self.replicas):
             self._relay(r)
             watch_exit(r, self.exited.set)
+            if self.forked is not None:
+                r.channel.attach()
         self.gateway = None
         if primary is not None:
             self.gateway = Gateway(self.plane, self.relays, self.relays[0], self.opts.port_map, self.opts.host,
@@ -229,6 +238,8 @@ class LocalGroup:
         primary = self.primary() or primary
         if primary is not None:
             self.source.finish()
+        if self.forked is not None:
+            self.forked.close()
         self.forwarder.join(timeout=10)
         for feeder in self.feeders.values():
             feeder.join(timeout=5)
@@ -250,6 +261,8 @@ class LocalGroup:
                                "fenced": failed.fenced_at, "detected": time.monotonic()})
         failed.role = "failed"
         new.role = "primary"
+        if self.forked is not None:
+            self.forked.fail_over(failed, new)
         new_source = PrimarySource(new.stream)
         promoted = self.forwarder.fail_over(new_source, self.sinks[new.index])
         self.source.finish()
@@ -273,6 +286,8 @@ class LocalGroup:
         r.role = "failed"
         self.follow.forget(r.index)
         self.sinks[r.index].dead = True
+        if self.forked is not None:
+            self.forked.backup_failed(r.index)
         self.ordering.remove(self.sinks[r.index], crashed=True)
         if self.gateway is not None:
             self.gateway.remove_relay(self._relay_of(r))
@@ -350,6 +365,8 @@ class LocalGroup:
                 self.write_state("running")
                 next_state = time.monotonic() + 1
                 self._check_serial_steals(primary)
+                if self.forked is not None:
+                    self.forked.tidy()
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:

@@ -140,9 +140,16 @@ class StreamFile:
     The controller creates one per replica (create=True); the preload library
     in the replica attaches to it through $LLFT_SHM."""
 
-    def __init__(self, path, *, create=False, slots=DEFAULT_SLOTS, role=ROLE_BACKUP, replica=0):
+    def __init__(self, path, *, create=False, slots=DEFAULT_SLOTS, role=ROLE_BACKUP, replica=0, fd=None):
         self.path = os.fspath(path)
-        if create:
+        self.named = fd is None   # a file of that name (unlink removes it), or a memfd of a forked process's
+        if fd is not None:
+            try:
+                size = os.fstat(fd).st_size
+                self._mm = mmap.mmap(fd, size)
+            except (OSError, ValueError) as e:
+                raise StreamError(f"{self.path}: {e}") from None
+        elif create:
             if slots < lib.LLFT_MAX_GROUP or slots & (slots - 1):
                 raise StreamError(f"ring size {slots} must be a power of two >= {lib.LLFT_MAX_GROUP}")
             size = lib.llft_shm_bytes(slots)
@@ -192,6 +199,20 @@ class StreamFile:
     @property
     def attached_pid(self) -> int:
         return self.ctl.attached_pid
+
+    @property
+    def stream_id(self) -> int:
+        """0: a replica's own process; else the id of a process it forked."""
+        return self.ctl.stream_id
+
+    @property
+    def forks_replicated(self) -> bool:
+        return self.ctl.fork_mode == lib.LLFT_FORKS_REPLICATED
+
+    @forks_replicated.setter
+    def forks_replicated(self, on: bool):
+        """What the program forks gets a stream of its own (native/fork_stream.c)."""
+        self.ctl.fork_mode = lib.LLFT_FORKS_REPLICATED if on else lib.LLFT_FORKS_UNRECORDED
 
     @property
     def records(self) -> int:
@@ -378,6 +399,8 @@ class StreamFile:
         self._mm = None
 
     def unlink(self):
+        if not self.named:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -437,17 +460,20 @@ def address_text(family: int, raw: bytes) -> str:
 
 CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")
 CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT = lib.LLFT_CHAN_LISTEN, lib.LLFT_CHAN_DGRAM, lib.LLFT_CHAN_CONNECT
+CHAN_STREAM = lib.LLFT_CHAN_STREAM
 LISTENER_ANY_PORT = lib.LLFT_LISTENER_ANY_PORT
 
 
 @dataclass(frozen=True)
 class ChannelMessage:
     """What a replica's shim sends on its channel with a socket's other end."""
-    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT
+    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_STREAM
     port: int
     family: int
-    type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket
+    type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket; CHAN_STREAM: the role
     addr: str        # the address the program bound
+    stream: int = 0  # CHAN_STREAM: the forked process's stream id...
+    parent: int = 0  # ...and its parent's
 
 
 def parse_channel_message(raw: bytes) -> ChannelMessage:
@@ -456,6 +482,12 @@ def parse_channel_message(raw: bytes) -> ChannelMessage:
     if len(raw) != CHANNEL_MSG_SIZE:
         raise ValueError(f"{len(raw)} bytes, not {CHANNEL_MSG_SIZE}")
     m = ffi.from_buffer("llft_channel_msg_t *", raw)
+    if m.kind == CHAN_STREAM:
+        ids = bytes(m.addr)
+        if m.type not in (ROLE_PRIMARY, ROLE_BACKUP):
+            raise ValueError(f"a stream of role {m.type}")
+        return ChannelMessage(m.kind, 0, 0, m.type, "", int.from_bytes(ids[:8], "little"),
+                              int.from_bytes(ids[8:], "little"))
     if m.kind not in (CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT):
         raise ValueError(f"kind {m.kind}")
     if m.kind != CHAN_CONNECT and m.family not in (socket.AF_INET, socket.AF_INET6):

@@ -218,16 +218,19 @@ void llft_diverge(const struct llft_thread *t, uint16_t want_op, const llft_rec_
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     llft_ctl_t *c = llft_ctl;
-    char text[sizeof c->div_text + 256];
+    char text[sizeof c->div_text + 256], process[48] = "";
+    if (c && c->stream_id) /* a process the replica forked (fork_stream.c) */
+        snprintf(process, sizeof process, " (forked process %llx, pid %d)", (unsigned long long)c->stream_id,
+                 (int)syscall(SYS_getpid));
     if (got)
         snprintf(text, sizeof text,
-                 "replica %u thread %u call #%u: called %s; the primary's next record for this thread is "
+                 "replica %u%s thread %u call #%u: called %s; the primary's next record for this thread is "
                  "%s (call #%u, object %#llx, turn %llu, result %lld): %s",
-                 c ? c->replica : 0, t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op),
+                 c ? c->replica : 0, process, t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op),
                  llft_op_name(got->op), got->tn, (unsigned long long)got->obj,
                  (unsigned long long)got->turn, (long long)got->ret, what);
     else
-        snprintf(text, sizeof text, "replica %u thread %u call #%u (%s): %s", c ? c->replica : 0,
+        snprintf(text, sizeof text, "replica %u%s thread %u call #%u (%s): %s", c ? c->replica : 0, process,
                  t ? t->tid : 0, t ? t->tn + 1 : 0, llft_op_name(want_op), what);
     char before[sizeof c->div_before];
     calls_before(t, got, before, sizeof before);

@@ -57,12 +57,17 @@ static struct {
     char *alt_stack;
 } df;
 
-/* Shared with the waiting child: its fate. */
+/* Shared with the waiting children: each one's fate, in a word of its
+ * own (gate), so that a child let go still reads LET_GO when its parent
+ * has already forked and held the next one. */
+#define GATE_WORDS 1024
+static uint32_t *gates;
 static uint32_t *gate;
+static uint32_t gates_used;
 
 int llft_daemon_gate_at(unsigned long lo)
 {
-    return gate && (unsigned long)gate == lo;
+    return gates && (unsigned long)gates == lo;
 }
 
 struct mapping_of {
@@ -122,8 +127,9 @@ static __attribute__((noinline)) int copy_stack(void)
 
 static int prepare(void)
 {
-    if (!gate && !(gate = map(4096, 1)))
+    if (!gates && !(gates = map(GATE_WORDS * sizeof *gates, 1)))
         return -1;
+    gate = &gates[gates_used++ % GATE_WORDS];
     if (!df.alt_stack && !(df.alt_stack = map(ALT_STACK_BYTES, 0)))
         return -1;
     return copy_stack();
@@ -277,7 +283,8 @@ EXPORT pid_t setsid(void)
 
 /* Waits the parent's path may make for its child (a prefork master's):
  * the held child is let go first (it would never end), and each is a
- * switch point under --serialize, as pthread_join is. */
+ * switch point under --serialize, as pthread_join is (the wait family:
+ * wrap_wait.c). */
 #define SETTLING(ret, name, params, args)                                      \
     DEFINE_REAL(name)                                                          \
     EXPORT ret name params                                                     \
@@ -287,11 +294,6 @@ EXPORT pid_t setsid(void)
         LLFT_SWITCH_POINT(ret, REAL(name) args);                               \
     }
 
-SETTLING(pid_t, wait, (int *status), (status))
-SETTLING(pid_t, waitpid, (pid_t pid, int *status, int options), (pid, status, options))
-SETTLING(pid_t, wait3, (int *status, int options, struct rusage *usage), (status, options, usage))
-SETTLING(pid_t, wait4, (pid_t pid, int *status, int options, struct rusage *usage), (pid, status, options, usage))
-SETTLING(int, waitid, (idtype_t type, id_t id, siginfo_t *info, int options), (type, id, info, options))
 SETTLING(int, pause, (void), ())
 SETTLING(int, sigsuspend, (const sigset_t *mask), (mask))
 

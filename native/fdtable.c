@@ -60,8 +60,14 @@ void llft_fd_channel(int a, int b)
         llft_fds[b].channel = c;
 }
 
+/* Under --fork replicate the child is a replica's process too: what it
+ * writes is the same at every replica, and a pipe to it is the replica's
+ * own IPC, read for real (a backup's read then waits for its own child,
+ * as the primary's did). */
 void llft_fds_shared_with_child(void)
 {
+    if (llft_ctl && llft_ctl->fork_mode == LLFT_FORKS_REPLICATED)
+        return;
     for (int fd = 0; fd < LLFT_FD_MAX; fd++)
         if (llft_fds[fd].kind == FD_IPC)
             llft_fds[fd].kind = FD_CHILD_IPC;

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 7u
+#define LLFT_ABI_VERSION 8u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -24,6 +24,13 @@
 enum llft_role {
     LLFT_ROLE_OFF = 0, LLFT_ROLE_PRIMARY = 1, LLFT_ROLE_BACKUP = 2, LLFT_ROLE_COPY = 3, LLFT_ROLE_DEMOTING = 4
 };
+
+/* What a replica's forked processes are (llft-run --fork). */
+enum llft_fork_mode {
+    LLFT_FORKS_UNRECORDED = 0,    /* they run unrecorded; one that reaches a client is refused (wrap_fork.c) */
+    LLFT_FORKS_REPLICATED = 1     /* each has a record stream of its own (fork_stream.c) */
+};
+#define LLFT_CHILD_SLOTS (1u << 15) /* a forked process's ring: 2 MiB */
 
 /* Exit codes of a replica stopped by the shim itself. */
 #define LLFT_EXIT_DIVERGED 86
@@ -85,7 +92,12 @@ enum llft_op {
     LLFT_OP_CHILD_READ = 87,     /* read() of a pipe shared with a process the program forked: its bytes */
     LLFT_OP_SERIAL_TURN = 88,    /* --serialize: the thread takes the replica's turn (turn: its order) */
     LLFT_OP_SIGNAL_SELF = 89,    /* raise, or kill of its own process: val: the signal */
-    LLFT_OP_MAX = 90
+    LLFT_OP_FORK = 90,           /* fork (--fork replicate): ret: the child's pid at the primary, or -1;
+                                  * val: the child's stream id; aux: this process's n-th fork */
+    LLFT_OP_WAIT = 91,           /* wait, waitpid, wait3, wait4, waitid: ret; val: the status; aux: which
+                                  * call; data: the rusage or siginfo it filled */
+    LLFT_OP_GETPPID = 92,        /* val: the parent's pid as the program sees it */
+    LLFT_OP_MAX = 93
 };
 
 /* What the controller writes first on each connection it hands to a
@@ -115,8 +127,12 @@ typedef struct llft_conn_header {
  *   DGRAM    a UDP socket the program bound (a SOCK_DGRAM pair): client
  *            datagrams in, replies out, each headed by llft_conn_header_t;
  *   CONNECT  an outgoing connection (a SOCK_STREAM pair) on which the shim
- *            writes an llft_connect_request_t first. */
-enum llft_channel_kind { LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3 };
+ *            writes an llft_connect_request_t first;
+ *   STREAM   the record stream of a process the program forked (--fork
+ *            replicate): the fd is the child's stream file (a memfd); type
+ *            is its role, addr[0..8) its stream id and addr[8..16) its
+ *            parent's (native/fork_stream.c). */
+enum llft_channel_kind { LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3, LLFT_CHAN_STREAM = 4 };
 typedef struct llft_channel_msg {
     uint32_t kind;                /* enum llft_channel_kind */
     uint16_t port;                /* LISTEN, DGRAM: host byte order */
@@ -260,6 +276,16 @@ typedef struct llft_ctl {
                                    * its turn up (serialize.c) */
     char     div_before[768];     /* the diverged thread's calls just before, as the primary recorded
                                    * them, newest first, a call per line (divergence.txt) */
+    uint64_t stream_id;           /* 0: the replica's own process; else a process it forked
+                                   * (native/fork_stream.c): the same id at every replica */
+    uint64_t parent_stream;       /* the stream id of the process that forked this one */
+    uint32_t forks;               /* forks this process (and the images it exec'd) made so far */
+    uint32_t fork_mode;           /* enum llft_fork_mode: set by the controller, inherited by children */
+    int32_t  program_pid;         /* the pid the program sees (the primary's), once it differs from this
+                                   * process's own (wrap_process.c): kept here across an exec */
+    int32_t  parent_program;      /* a forked process's parent: its pid as the program sees it... */
+    int32_t  parent_local;        /* ...and as this process's kernel does */
+    int32_t  _pad_pids;
     uint64_t q_census __attribute__((aligned(8))); /* the quiesce's census: its number (high 32
                                    * bits) and how many threads answered it (low 32), in one word so
                                    * that a late answer to an earlier census is never counted */

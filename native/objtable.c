@@ -86,6 +86,14 @@ struct llft_obj *llft_obj_at(const void *addr, uint64_t new_id)
     llft_exit_now(LLFT_EXIT_NOSTREAM);
 }
 
+/* A forked process's stream starts with no object known: the parent's
+ * identities are (T, N) of the parent's stream, and would meet the
+ * child's own (fork_stream.c).  The pages go back zeroed. */
+void llft_obj_forget_all(void)
+{
+    madvise(table_get(), sizeof(struct llft_obj) * OBJ_SLOTS, MADV_DONTNEED);
+}
+
 /* Each object in the table (a copy of the primary becoming a backup:
  * demote.c). */
 void llft_obj_each(void (*visit)(const struct llft_obj *o))

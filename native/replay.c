@@ -413,6 +413,11 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
         if (LOAD(&llft_stream_ended, ACQ)) {
             int replayed = all_replayed();
             int all = replayed && LOAD(&stopped, SEQ) == LOAD(&live_threads, SEQ);
+            /* A forked process's stream ends without a status (the
+             * controller is not its parent): its parent's wait replays
+             * the primary's, and this process's own is nobody's. */
+            if (all && primary_status < 0 && llft_ctl->stream_id)
+                primary_status = 0;
             if (all && primary_status >= 0) {
                 llft_log("llft: replica %u replayed the primary's whole stream; its %u threads stopped where "
                          "the primary's were when it exited (in a call it never finished, or before their "

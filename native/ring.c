@@ -60,7 +60,8 @@ static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_CONNECT] = "connect", [LLFT_OP_NEW_FD] = "new-fd", [LLFT_OP_BIND_PORT] = "bind-port",
     [LLFT_OP_CLOSE] = "close", [LLFT_OP_CHILD_READ] = "read(pipe from a forked child)",
     [LLFT_OP_SERIAL_TURN] = "the replica's turn (--serialize)",
-    [LLFT_OP_SIGNAL_SELF] = "raise",
+    [LLFT_OP_SIGNAL_SELF] = "raise", [LLFT_OP_FORK] = "fork", [LLFT_OP_WAIT] = "wait",
+    [LLFT_OP_GETPPID] = "getppid",
 };
 
 int llft_op_valid(int op)

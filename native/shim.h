@@ -222,6 +222,16 @@ void  llft_daemon_fork_settle(int waiting);
 void  llft_daemon_exit(void);          /* exit or _exit: goes on as the held child instead */
 void  llft_fork_child_check(void);     /* during a fork: a call in the child leaves the stream */
 int   llft_daemon_gate_at(unsigned long addr);
+
+/* ---- forked processes replicated (fork_stream.c) ---- */
+pid_t llft_fork_replicated(pid_t (*real_fork)(void));
+int   llft_fork_gates_at(unsigned long addr);
+/* The pid map of a replica that forked as a backup: the pid the program
+ * holds (the primary's child's) and this process's own child; either way
+ * unchanged when not in it. */
+pid_t llft_pid_local(pid_t program);
+pid_t llft_pid_program(pid_t local);
+void  llft_pid_forget(pid_t program);
 /* Calls visit(line, arg) for each line of /proc/self/maps, read with raw
  * calls (the program's read is the shim's), until it returns nonzero
  * (wrap_fork.c). */

@@ -4,6 +4,8 @@
  * order while threads on different objects run concurrently. */
 #include "replay_queues.h"
 
+#include <sys/mman.h>
+
 #include <stdio.h>
 #include <time.h>
 
@@ -157,6 +159,15 @@ void llft_turnstiles_reserve(void)
     turnstiles = llft_map_anon(sizeof(struct turnstile) * TS_SLOTS, "turnstiles");
     overflow = llft_map_anon(sizeof(struct overflow) * OVERFLOW_SLOTS, "turnstiles");
     ts_used = llft_map_anon(sizeof(uint32_t) * TS_SLOTS, "turnstiles");
+}
+
+/* A forked process's stream (fork_stream.c): no turn taken yet. */
+void llft_turnstiles_forget_all(void)
+{
+    madvise(turnstiles, sizeof(struct turnstile) * TS_SLOTS, MADV_DONTNEED);
+    madvise(overflow, sizeof(struct overflow) * OVERFLOW_SLOTS, MADV_DONTNEED);
+    madvise(ts_used, sizeof(uint32_t) * TS_SLOTS, MADV_DONTNEED);
+    ts_nused = 0;
 }
 
 /* Dispatcher, for a record that takes a turn: note which thread took the

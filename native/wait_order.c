@@ -3,6 +3,8 @@
  * there. */
 #include "replay_queues.h"
 
+#include <sys/mman.h>
+
 #include "atomics.h"
 
 /* ---- waits follow the primary's order --------------------------------
@@ -69,4 +71,10 @@ void llft_wait_for_earlier_calls(struct llft_thread *t, const llft_rec_t *e)
 void llft_wait_notes_reserve(void)
 {
     snaps = llft_map_anon(sizeof(struct snap) * SNAPS, "wait notes");
+}
+
+void llft_wait_notes_forget_all(void)
+{
+    madvise(snaps, sizeof(struct snap) * SNAPS, MADV_DONTNEED);
+    snap_head = 0;
 }

@@ -1,4 +1,6 @@
-/* fork and vfork.  A forked child is not a replica: it runs unrecorded.
+/* fork and vfork.  Under --fork replicate a forked child is replicated
+ * with its parent, on a record stream of its own (fork_stream.c).
+ * Otherwise a forked child is not a replica: it runs unrecorded.
  * It may run what it execs, or work on its own files and pipes (what the
  * program reads back from it is recorded whole: FD_CHILD_IPC); a client
  * connection, listener or UDP socket it inherited is the replicas' alone,
@@ -72,7 +74,8 @@ static int note_if_shared(const char *line, void *out)
 {
     unsigned long lo;
     char perms[8] = "", path[64] = "";
-    if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) < 2 || llft_daemon_gate_at(lo))
+    if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) < 2 || llft_daemon_gate_at(lo) ||
+        llft_fork_gates_at(lo))
         return 0;
     const char *kind = shared_kind(perms, path);
     if (kind)
@@ -83,6 +86,9 @@ static int note_if_shared(const char *line, void *out)
 DEFINE_REAL(fork)
 EXPORT pid_t fork(void)
 {
+    if (llft_ctl && llft_ctl->fork_mode == LLFT_FORKS_REPLICATED && llft_self.state == TS_TRACKED &&
+        !llft_self.depth)
+        return llft_fork_replicated(REAL(fork));
     if (llft_ctl) {
         shared_memory[0] = 0;
         llft_each_mapping(note_if_shared, shared_memory);

@@ -22,7 +22,28 @@ DEFINE_REAL(getrusage)
 DEFINE_REAL(times)
 DEFINE_REAL(clock)
 
-static pid_t primary_pid; /* backup: the pid the primary's getpid() returned */
+/* The pid the primary's getpid() returned, at a backup (0: none yet),
+ * kept in the control block so that an image the replica execs goes on
+ * with it; and a process forked under --fork replicate keeps there its
+ * parent's pid as the program sees it, and as this process's kernel does
+ * (fork_stream.c). */
+static inline pid_t primary_pid(void)
+{
+    return llft_ctl ? __atomic_load_n(&llft_ctl->program_pid, __ATOMIC_RELAXED) : 0;
+}
+
+void llft_process_forked(llft_ctl_t *c, pid_t program_pid, pid_t parent_program_pid)
+{
+    c->program_pid = program_pid;
+    c->parent_program = parent_program_pid;
+    c->parent_local = (pid_t)syscall(SYS_getppid);
+}
+
+pid_t llft_program_pid(void)
+{
+    pid_t p = primary_pid();
+    return p ? p : (pid_t)syscall(SYS_getpid);
+}
 
 EXPORT pid_t getpid(void)
 {
@@ -31,13 +52,13 @@ EXPORT pid_t getpid(void)
     if (role == LLFT_ROLE_BACKUP) {
         llft_rec_t e;
         if (!llft_replay_next(t, LLFT_OP_GETPID, &e)) {
-            __atomic_store_n(&primary_pid, (pid_t)e.ret, __ATOMIC_RELAXED);
+            __atomic_store_n(&llft_ctl->program_pid, (pid_t)e.ret, __ATOMIC_RELAXED);
             return (pid_t)e.ret;
         }
         role = LLFT_ROLE_PRIMARY;
     }
     if (role == LLFT_ROLE_PRIMARY) {
-        pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED);
+        pid_t p = primary_pid();
         if (!p)
             p = REAL(getpid)();
         llft_record(t, LLFT_OP_GETPID, 0, 0, p, 0, p);
@@ -77,14 +98,42 @@ static int signal_self(int (*send)(pid_t pid, int sig), pid_t pid, int sig)
 
 static int send_kill(pid_t pid, int sig) { return REAL(kill)(pid, sig); }
 
+/* A pid the program holds for a process it forked is the primary's
+ * child's: a backup's (or a backup's since taken over) signals its own. */
 EXPORT int kill(pid_t pid, int sig)
 {
-    pid_t p = __atomic_load_n(&primary_pid, __ATOMIC_RELAXED), self = (pid_t)syscall(SYS_getpid);
+    pid_t p = primary_pid(), self = (pid_t)syscall(SYS_getpid);
+    pid_t parent_program = llft_ctl ? llft_ctl->parent_program : 0, parent_local = llft_ctl ? llft_ctl->parent_local : 0;
     if (p && (pid == p || pid == -p))
         pid = pid > 0 ? self : -self;
     if (pid == self && sig != 0)
         return signal_self(send_kill, pid, sig);
+    if (pid > 0)
+        pid = llft_pid_local(pid);
+    else if (pid == -parent_program && parent_program)
+        pid = -parent_local;
+    if (pid == parent_program && parent_program)
+        pid = parent_local;
     return REAL(kill)(pid, sig);
+}
+
+/* getppid() of a forked process: its parent as the program knows it,
+ * while that parent lives. */
+static int64_t fill_ppid(void *buf, uint64_t n, uint64_t unused)
+{
+    (void)unused;
+    pid_t real = (pid_t)syscall(SYS_getppid);
+    *(pid_t *)buf = real == llft_ctl->parent_local ? llft_ctl->parent_program : real;
+    return (int64_t)n;
+}
+
+EXPORT pid_t getppid(void)
+{
+    pid_t p;
+    if (!llft_ctl || !llft_ctl->parent_program)
+        return (pid_t)syscall(SYS_getppid);
+    llft_recorded_call(LLFT_OP_GETPPID, 0, &p, sizeof p, fill_ppid);
+    return p;
 }
 
 /* raise() is tgkill of the calling thread. */

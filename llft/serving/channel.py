@@ -5,8 +5,9 @@ end down at start (LLFT_CHANNEL).  Through it the replica's shim hands over
 the controller's end of each socket the program serves or connects with: a
 TCP listener (a stream pair: one byte and the connection's fd per client
 connection), a UDP port (a datagram pair), an outgoing connection (a stream
-pair).  Nothing is named, so no other process on the host can reach the
-program's sockets, nor pose as the controller to it.  Anything on the
+pair).  Under --fork replicate a process the program forks hands over
+its record stream the same way.  Nothing is named, so no other process on
+the host can reach the program's sockets, nor pose as the controller to it.  Anything on the
 channel that is not one well-formed message with one socket is counted and
 dropped."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import os
 import socket
 
-from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_LISTEN, CHANNEL_MSG_SIZE, ChannelMessage, \
+from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_LISTEN, CHAN_STREAM, CHANNEL_MSG_SIZE, ChannelMessage, \
     parse_channel_message
 
 log = logging.getLogger("llft.channel")
@@ -51,6 +52,7 @@ class ProgramChannel:
         self.datagrams: dict[tuple[int, int], socket.socket] = {}   # (port, family) -> datagram socket
         self.on_connect = None     # (socket) -> None: an outgoing connection, its request first on it
         self.connects: list[socket.socket] = []   # those that came before on_connect was set
+        self.on_stream = None      # (message, fd) -> None: a forked process's record stream (we own the fd)
         self.drops = 0
         self.closed = False
         self.changed: asyncio.Event | None = None
@@ -95,13 +97,25 @@ class ProgramChannel:
                 if len(fds) != 1 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                     raise ValueError(f"{len(fds)} fds")
                 msg = parse_channel_message(data)
+                if msg.kind == CHAN_STREAM and self.on_stream is None:
+                    raise ValueError("a forked process's stream, without --fork replicate")
             except ValueError as e:
                 for fd in fds:
                     os.close(fd)
                 self.drops += 1
                 log.warning("replica %d: dropped a malformed message on its channel (%s)", self.index, e)
                 continue
-            self._take(msg, socket.socket(fileno=fds[0]))
+            if msg.kind == CHAN_STREAM:
+                self.on_stream(msg, fds[0])
+                continue
+            try:
+                sock = socket.socket(fileno=fds[0])
+            except OSError:
+                os.close(fds[0])
+                self.drops += 1
+                log.warning("replica %d: dropped a message on its channel that came without a socket", self.index)
+                continue
+            self._take(msg, sock)
 
     def _take(self, msg: ChannelMessage, sock: socket.socket):
         sock.setblocking(False)

@@ -1,0 +1,273 @@
+"""The record streams of the processes a replica forks (llft-run --fork
+replicate; native/fork_stream.c).
+
+Each forked process makes a stream of its own and hands it to the
+controller on its replica's channel, under an id every replica derives
+alike.  Per id, the primary's child's ring is the source and each
+backup's child's ring a sink, with a record pump of its own (the root
+stream's RecordForwarder) that keeps the stream's history, so that a
+backup's child, which exists only once its parent has replayed the fork,
+catches up from it whenever it comes (CatchUpFeeder).  A stream ends, for
+the backups, when the primary's child has exited while its replica lives
+(END); when the primary fails, every stream's successor is the
+successor's child of that id, promoted once it has replayed the failed
+child's records to their end, as the replica's own stream is."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import signal
+from pathlib import Path
+
+from llft.determinizer.catchup import CatchUpFeeder
+from llft.determinizer.forwarder import RecordForwarder
+from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
+from llft.members import process_state
+from llft.native import ROLE_PRIMARY, StreamError, StreamFile
+from llft.ordering.llmp.local import RingFeed
+
+log = logging.getLogger("llft.forked")
+
+
+def _running(pid: int) -> bool:
+    state = process_state(pid)
+    return state is not None and state not in "ZX"
+
+
+class _NoRecords:
+    """The source of a stream whose primary process never handed it over
+    (it died before its first call): it has ended, empty."""
+    exit_status = None
+
+    def read(self, max_slots: int) -> bytes:
+        return b""
+
+    def wait(self, timeout_ms: int) -> None:
+        pass
+
+    def finished(self) -> bool:
+        return True
+
+    def finish(self, exit_status=None):
+        pass
+
+    def leftover(self) -> int:
+        return 0
+
+
+class ForkedStream:
+    """One forked process, at every replica."""
+
+    def __init__(self, stream_id: int, parent: int, saved: Path):
+        self.id = stream_id
+        self.parent = parent
+        self.saved = saved
+        self.files: dict[int, StreamFile] = {}   # replica index -> its process's stream
+        self.sinks: dict[int, BackupSink] = {}
+        self.feeders: list[CatchUpFeeder] = []
+        self.forwarder: RecordForwarder | None = None
+        self.source = None
+        self.owner: int | None = None             # the replica whose process is the source
+        self.successor: int | None = None         # takes over once its process hands its stream over
+        self.pidfd: int | None = None             # the source's process (pidfds name one process for good)
+        self.on_promoted = None                   # (replica index) -> None
+
+    def start(self, source, owner: int | None):
+        self.source, self.owner = source, owner
+        self.forwarder = RecordForwarder(source, [], RingFeed(), SavedStreamWriter(self.saved))
+        self.forwarder.name = f"llft-fork-{self.id:016x}"
+        self.forwarder.start()
+        for sink in self.sinks.values():
+            self._catch_up(sink)
+
+    def _catch_up(self, sink: BackupSink):
+        feeder = CatchUpFeeder(self.forwarder, sink)
+        self.feeders.append(feeder)
+        feeder.start()
+
+    def add_backup(self, index: int, stream: StreamFile):
+        pid = stream.attached_pid
+        sink = BackupSink(index, stream, lambda: _running(pid))
+        self.sinks[index] = sink
+        if self.forwarder is not None:
+            self._catch_up(sink)
+        if self.successor == index:
+            self._promote(index)
+
+    def fence(self, wait_s: float = 1.0):
+        """The failed primary's process of this id: killed (a setsid one
+        escapes its replica's process group), and gone before its ring is
+        drained, so that nothing is written into it after."""
+        if self.pidfd is None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not select.select([self.pidfd], [], [], wait_s)[0]:
+            log.warning("the failed primary's forked process of stream %x did not end within %.1f s", self.id,
+                        wait_s)
+
+    def fail_over(self, successor: int):
+        """The primary failed (its processes are gone): the successor's
+        process of this id takes over, now or once it exists."""
+        if self.forwarder is not None and self.forwarder.ended:
+            return
+        if self.forwarder is None:
+            self.start(_NoRecords(), None)
+        self.successor = successor
+        if successor in self.sinks:
+            self._promote(successor)
+
+    def _promote(self, index: int):
+        self.successor = None
+        new_source = PrimarySource(self.files[index])
+        self.forwarder.fail_over(new_source, self.sinks.pop(index))
+        old, self.source, self.owner = self.source, new_source, index
+        old.finish()
+        if self.on_promoted is not None:
+            self.on_promoted(index)
+
+    def ended(self) -> bool:
+        return self.forwarder is not None and self.forwarder.ended and not any(f.is_alive() for f in self.feeders)
+
+    def watch(self, pid: int) -> int | None:
+        """A pidfd of the source's process pid (None if it is gone)."""
+        self.forget_pidfd()
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except OSError:
+            self.pidfd = None
+        return self.pidfd
+
+    def forget_pidfd(self):
+        if self.pidfd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self.pidfd)
+            except RuntimeError:
+                pass
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def close(self):
+        if self.source is not None:
+            self.source.finish()
+        if self.forwarder is not None:
+            self.forwarder.join(timeout=5)
+        for feeder in self.feeders:
+            feeder.join(timeout=5)
+        self.forget_pidfd()
+        if (self.forwarder is None or not self.forwarder.is_alive()) and not any(f.is_alive() for f in self.feeders):
+            for f in self.files.values():   # (a thread still at it would read freed memory)
+                f.close()
+
+
+class ForkedStreams:
+    """Every forked process's stream of one group on this host.  group
+    answers primary() (the Replica that is primary) and replicas."""
+
+    def __init__(self, group, run_dir: Path):
+        self.group = group
+        self.dir = run_dir / "forks"
+        self.streams: dict[int, ForkedStream] = {}
+        self.drops = 0
+
+    def handed_over(self, replica, msg, fd: int):
+        """A process of replica's forked under stream id msg.stream: its
+        stream file is fd (ours to close)."""
+        try:
+            stream = StreamFile(f"{replica.out_dir}/fork-{msg.stream:016x}", fd=fd)
+        except StreamError as e:
+            self.drops += 1
+            log.warning("replica %d: a forked process's stream is unusable: %s", replica.index, e)
+            return
+        finally:
+            os.close(fd)
+        if stream.stream_id != msg.stream:
+            self.drops += 1
+            log.warning("replica %d: a forked process's stream says it is %x, its message %x", replica.index,
+                        stream.stream_id, msg.stream)
+            stream.close()
+            return
+        self.dir.mkdir(exist_ok=True)
+        s = self.streams.get(msg.stream)
+        if s is None:
+            s = self.streams[msg.stream] = ForkedStream(msg.stream, msg.parent, self.dir / f"{msg.stream:016x}")
+            s.on_promoted = lambda index, s=s: self._watch_exit(s, self._replica(index), s.files[index].attached_pid)
+        if replica.index in s.files:
+            self.drops += 1
+            log.warning("replica %d handed over the stream %x twice; the second is ignored", replica.index,
+                        msg.stream)
+            stream.close()
+            return
+        s.files[replica.index] = stream
+        log.debug("replica %d: forked process %d has stream %x (parent %x, %s)", replica.index,
+                  stream.attached_pid, msg.stream, msg.parent, "primary" if msg.type == ROLE_PRIMARY else "backup")
+        if msg.type == ROLE_PRIMARY:
+            if s.forwarder is not None:
+                self.drops += 1
+                log.warning("replica %d: a second primary process for stream %x; ignored", replica.index, msg.stream)
+                return
+            s.start(PrimarySource(stream), replica.index)
+            self._watch_exit(s, replica, stream.attached_pid)
+        else:
+            s.add_backup(replica.index, stream)
+
+    def _replica(self, index: int):
+        return next(r for r in self.group.replicas if r.index == index)
+
+    def _watch_exit(self, s: ForkedStream, replica, pid: int):
+        """The primary's process of s ends the stream when it exits, unless
+        its replica was killed: a failed primary's processes are failed
+        over instead (fail_over)."""
+        loop = asyncio.get_running_loop()
+        fd = s.watch(pid)
+
+        def exited():
+            if fd is not None:
+                loop.remove_reader(fd)
+            killed = not replica.alive() and replica.status >= 128
+            if s.owner == replica.index and not killed:
+                s.source.finish()
+        if fd is None:
+            exited()
+        else:
+            loop.add_reader(fd, exited)
+
+    def fail_over(self, failed, successor):
+        """The group's primary failed and successor takes over: so does
+        each of its processes, once the failed one's are gone."""
+        failing = [s for s in self.streams.values() if s.owner in (failed.index, None)]
+        for s in failing:
+            s.fence()
+        for s in failing:
+            s.fail_over(successor.index)
+
+    def backup_failed(self, index: int):
+        for s in self.streams.values():
+            sink = s.sinks.get(index)
+            if sink is not None:
+                sink.dead = True
+
+    def tidy(self):
+        """Forgets the streams that have ended for everyone, every live
+        backup's process of it included (their saved history with them)."""
+        backups = [r.index for r in self.group.replicas if r.role == "backup" and r.alive()]
+        for sid in [sid for sid, s in self.streams.items()
+                    if s.ended() and all(k in s.files for k in backups)]:
+            s = self.streams.pop(sid)
+            s.close()
+            try:
+                s.saved.unlink()
+            except OSError:
+                pass
+
+    def close(self):
+        for s in self.streams.values():
+            s.close()
+        self.streams.clear()
+
+    def state(self) -> dict:
+        return {"streams": len(self.streams), "drops": self.drops}

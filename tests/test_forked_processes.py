@@ -1,0 +1,125 @@
+"""Processes a replicated program forks, replicated with it (llft-run
+--fork replicate; native/fork_stream.c, llft/determinizer/forked.py): each
+on a record stream of its own, its pid the primary's child's at every
+replica, its exit and its parent's waits in the primary's order, and
+failing over with the program."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import tool
+
+SH = shutil.which("sh") or "/bin/sh"
+
+
+def start(tmp_path, argv, replicas=3, extra=("--fork", "replicate")):
+    rd = tmp_path / "rd"
+    proc = subprocess.Popen([tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(rd), *extra, "--",
+                             *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, rd
+
+
+def outputs(rd, replicas) -> list[str]:
+    return [(rd / f"replica-{k}" / "stdout").read_text() for k in replicas]
+
+
+def check_fork_wait_output(out: str, n: int):
+    """fork_wait's lines say the same thing about each child from both
+    sides: the pid its parent got from fork() is its getpid() (and its
+    exec'd shell's $$), its getppid() is its parent's getpid(), and its
+    parent reaped it with the status it ended with."""
+    parent = int(re.search(r"^parent pid (\d+)", out, re.M).group(1))
+    pids = {int(i): int(p) for i, p in re.findall(r"^parent: child (\d+) is pid (\d+)$", out, re.M)}
+    assert sorted(pids) == list(range(n)), out
+    for i, pid, ppid in re.findall(r"^child (\d+) pid (\d+) ppid (\d+)", out, re.M):
+        assert (pids[int(i)], parent) == (int(pid), int(ppid)), out
+    shell = re.search(rf"^child {n - 1} exec'd a shell, pid (\d+) of (\d+), clock \d+$", out, re.M)
+    assert shell and (int(shell.group(1)), int(shell.group(2))) == (pids[n - 1], parent), out
+    assert "grandchild reaped exit" in out
+    reaped = dict((int(p), how) for p, how in re.findall(r"^parent: reaped (\d+), (.*)$", out, re.M))
+    assert reaped == {pids[i]: "killed by signal 15" if i == 1 else f"exit {10 + i}" for i in range(n - 1)}, out
+    assert f"parent: child {n - 1} exited 5" in out
+    assert out.endswith("parent: then wait() = -1 (No child processes)\n"), out
+
+
+def test_forked_processes_replay_on_streams_of_their_own(examples, tmp_path):
+    """fork_wait's children read the clock and the random device, share a
+    lock with a thread of their own, fork a grandchild and exec a shell
+    that forks `date`; each replica's stdout carries what its own children
+    printed, so the backups' equal the primary's only if every child was
+    replayed from its primary counterpart's stream."""
+    proc, rd = start(tmp_path, [examples / "fork_wait", 4])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    outs = outputs(rd, range(3))
+    assert outs[1] == outs[0] and outs[2] == outs[0], err
+    check_fork_wait_output(outs[0], 4)
+    state = json.loads((rd / "llft-run.json").read_text())
+    assert state["forked"]["drops"] == 0
+
+
+def test_unrecorded_children_differ_at_the_backups(examples, tmp_path):
+    """The check above can fail: without --fork replicate the children run
+    on their own at each replica, and the backups print other clocks and
+    random numbers (llft-run exits 86, the stdouts differing)."""
+    proc, rd = start(tmp_path, [examples / "fork_wait", 3], replicas=2, extra=())
+    proc.communicate(timeout=120)
+    assert proc.returncode == 86
+    a, b = outputs(rd, range(2))
+    assert a != b and a.count("\n") == b.count("\n")
+
+
+def test_a_shell_pipeline_of_forked_commands_is_the_same_everywhere(tmp_path):
+    """A shell forks a loop, a command substitution per line and `sort`,
+    which write to stdout themselves."""
+    script = 'for i in 1 2 3; do echo "$i $(date +%N) $(od -An -N4 -tu4 /dev/urandom)"; done | sort -r; exit 3'
+    proc, rd = start(tmp_path, [SH, "-c", script])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    outs = outputs(rd, range(3))
+    assert len(set(outs)) == 1 and [line.split()[0] for line in outs[0].splitlines()] == ["3", "2", "1"], outs
+
+
+def wait_for_line(path, text, proc, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and text in path.read_text():
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.01)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+@pytest.mark.parametrize("when", ["children running", "children gone"])
+def test_a_primary_killed_with_its_children_fails_over_with_them(when, examples, tmp_path):
+    """The primary is killed (with every process it forked) while its
+    children run, or once the last is reaped and the parent idles: the
+    successor's processes take over each on its own stream, and the group
+    ends as it would have, every survivor printing the same whole story."""
+    proc, rd = start(tmp_path, [examples / "fork_wait", 4, 300])
+    wait_for_line(rd / "llft-run.json", '"phase": "running"', proc)
+    primary = json.loads((rd / "llft-run.json").read_text())["replicas"][0]["pid"]
+    mark = "parent: child 0 is pid" if when == "children running" else "parent: reaped"
+    wait_for_line(rd / "replica-0" / "stdout", mark, proc)
+    os.kill(primary, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    a, b = outputs(rd, (1, 2))
+    assert a == b, err
+    check_fork_wait_output(a, 4)
+    state = json.loads((rd / "llft-run.json").read_text())
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+
+
+def test_fork_replicate_refuses_what_it_does_not_go_with_yet(tmp_path):
+    p = subprocess.run([tool("llft-run"), "--fork", "replicate", "--keep", "2", "--", SH, "-c", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "--fork replicate does not go with --keep" in p.stderr, p.stderr
