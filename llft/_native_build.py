@@ -46,7 +46,7 @@ ffibuilder.cdef("""
     typedef struct {
         uint32_t kind; uint16_t port; uint16_t family; uint32_t type; uint8_t addr[16]; uint32_t _pad;
     } llft_channel_msg_t;
-    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, LLFT_CHAN_STREAM, ... };
+    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, LLFT_CHAN_STREAM, LLFT_CHAN_INBOX, ... };
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t quiesce; uint64_t q_census;
@@ -78,6 +78,7 @@ ffibuilder.cdef("""
     int llft_rec_validate(const void *slot, uint64_t expected_seq);
     int llft_rec_check_fields(const void *slot);
     long llft_count_groups(const void *slots, long n);
+    long llft_scan_accepts(const void *slots, long n, uint64_t *ids, long max);
     int llft_op_valid(int op);
     const char *llft_op_name(int op);
     uint32_t llft_data_slots(uint64_t nbytes);

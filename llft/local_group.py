@@ -29,6 +29,7 @@ from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
 from llft.serving.plane_relay import PlaneRelay
+from llft.serving.routes import ConnectionRoutes
 from llft.serving.outgoing import OutgoingService
 from llft.replacements import Replacements
 from llft.stdout_check import stdout_problem
@@ -96,7 +97,8 @@ class LocalGroup:
         self.follow = FollowWatch(options.stall_alarm)
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
         self.replacements = Replacements(self)   # --respawn, --keep, --checkpoint-every
-        self.forked = ForkedStreams(self, run_dir) if options.replicate_forks else None
+        self.routes = ConnectionRoutes() if options.replicate_forks else None
+        self.forked = ForkedStreams(self, run_dir, self.routes) if options.replicate_forks else None
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:
@@ -146,6 +148,8 @@ class LocalGroup:
                             why)
         self.ordering = ordering_for(self.opts.order, self.run_id, self.opts)
         self.forwarder = RecordForwarder(self.source, self.sinks.values(), self.ordering, saver)
+        if self.routes is not None:
+            self.forwarder.on_chunk = functools.partial(self.routes.accepted, 0)
 
         self.env = dict(os.environ)
         for r in self.replicas:
@@ -202,7 +206,8 @@ class LocalGroup:
             return asyncio.run(self._serve())
 
     def _relay(self, r: Replica) -> PlaneRelay:
-        rl = PlaneRelay(r, self.plane, log_dir=(r.out_dir / "output") if self.opts.log_output else None)
+        rl = PlaneRelay(r, self.plane, log_dir=(r.out_dir / "output") if self.opts.log_output else None,
+                        routes=self.routes)
         self.relays.append(rl)
         self.tasks.append(asyncio.create_task(rl.run()))
         return rl
@@ -210,6 +215,8 @@ class LocalGroup:
     async def _serve(self) -> int:
         primary = self.replicas[0] if isinstance(self.source, PrimarySource) else None
         self.plane = DataPlane(self.inputs.dir if self.inputs is not None else None)
+        if self.routes is not None:
+            self.routes.serve()
         await self.outgoing.serve()
         for r in list(self.replicas):
             self._relay(r)
@@ -367,6 +374,7 @@ class LocalGroup:
                 self._check_serial_steals(primary)
                 if self.forked is not None:
                     self.forked.tidy()
+                    self._prune_routes()
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:
@@ -418,6 +426,13 @@ class LocalGroup:
                 pass
             self.exited.clear()
 
+    def _prune_routes(self):
+        """--fork replicate: the routes of the connections every live
+        backup has been handed are no longer needed."""
+        below = [rl.handed_below() for r, rl in zip(self.replicas, self.relays) if r.role == "backup" and r.alive()]
+        if below:
+            self.routes.prune(min(below))
+
     def _check_serial_steals(self, primary: Replica | None):
         """Under --serialize, said once: a thread ran on without a call that
         gives up its turn, and another ran beside it (native/serialize.c)."""
@@ -437,7 +452,7 @@ class LocalGroup:
         that holds a real port (llft/native_sockets.py): the group stops, as
         nothing may be served unreplicated."""
         for r in self.replicas:
-            why = r.unreplicable()
+            why = r.unreplicable() or (self.forked.refusal() if self.forked is not None else None)
             if why:
                 self.failed = why
                 log.info("%s; stopping the group", self.failed)   # llft-run says it on its stderr

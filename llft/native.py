@@ -134,6 +134,15 @@ def count_groups(raw) -> int:
     return groups
 
 
+def accepted_connections(raw) -> list[int]:
+    """The connection ids the successful accepts among raw's whole record
+    groups took (their ACCEPT records)."""
+    n = len(raw) // REC_SIZE
+    ids = ffi.new("uint64_t[]", max(n // 2, 1))
+    found = lib.llft_scan_accepts(ffi.from_buffer(raw), n, ids, max(n // 2, 1))
+    return list(ids[0:found])
+
+
 class StreamFile:
     """One replica's shared file: control block + OrderInfo ring.
 
@@ -460,19 +469,19 @@ def address_text(family: int, raw: bytes) -> str:
 
 CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")
 CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT = lib.LLFT_CHAN_LISTEN, lib.LLFT_CHAN_DGRAM, lib.LLFT_CHAN_CONNECT
-CHAN_STREAM = lib.LLFT_CHAN_STREAM
+CHAN_STREAM, CHAN_INBOX = lib.LLFT_CHAN_STREAM, lib.LLFT_CHAN_INBOX
 LISTENER_ANY_PORT = lib.LLFT_LISTENER_ANY_PORT
 
 
 @dataclass(frozen=True)
 class ChannelMessage:
     """What a replica's shim sends on its channel with a socket's other end."""
-    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_STREAM
+    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_STREAM, CHAN_INBOX
     port: int
     family: int
     type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket; CHAN_STREAM: the role
     addr: str        # the address the program bound
-    stream: int = 0  # CHAN_STREAM: the forked process's stream id...
+    stream: int = 0  # CHAN_STREAM, CHAN_INBOX: the (forked) process's stream id...
     parent: int = 0  # ...and its parent's
 
 
@@ -488,6 +497,8 @@ def parse_channel_message(raw: bytes) -> ChannelMessage:
             raise ValueError(f"a stream of role {m.type}")
         return ChannelMessage(m.kind, 0, 0, m.type, "", int.from_bytes(ids[:8], "little"),
                               int.from_bytes(ids[8:], "little"))
+    if m.kind == CHAN_INBOX:
+        return ChannelMessage(m.kind, 0, 0, 0, "", int.from_bytes(bytes(m.addr)[:8], "little"))
     if m.kind not in (CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT):
         raise ValueError(f"kind {m.kind}")
     if m.kind != CHAN_CONNECT and m.family not in (socket.AF_INET, socket.AF_INET6):

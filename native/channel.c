@@ -50,7 +50,7 @@ static int is_socket(int fd)
 
 /* fd moved up to the channel floor (out of the numbers the program's fds
  * take), or left where it is if it is there already or cannot move. */
-static int above_the_floor(int fd)
+int llft_above_the_floor(int fd)
 {
     int floor = channel_floor();
     if (fd >= floor)
@@ -73,7 +73,7 @@ void llft_channel_attach(llft_ctl_t *ctl)
         llft_log("llft: no channel to the controller (LLFT_CHANNEL): the program's sockets cannot be served");
         return;
     }
-    fd = above_the_floor(fd);
+    fd = llft_above_the_floor(fd);
     ctl->channel_fd = fd;
     __atomic_store_n(&llft_channel, fd, __ATOMIC_RELEASE);
 }
@@ -125,7 +125,7 @@ static void note_fd(const struct env_fd *var, int fd)
 
 void llft_stream_keep(int fd)
 {
-    fd = above_the_floor(fd);
+    fd = llft_above_the_floor(fd);
     note_fd(&STREAM_VAR, fd);
     __atomic_store_n(&llft_stream_fd, fd, __ATOMIC_RELEASE);
 }
@@ -147,7 +147,7 @@ void llft_library_keep(void)
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     long n = syscall(SYS_readlink, link, llft_library_path, sizeof llft_library_path - 1);
     llft_library_path[n > 0 ? n : 0] = 0;
-    fd = above_the_floor(fd);
+    fd = llft_above_the_floor(fd);
     note_fd(&LIBRARY_VAR, fd);
     __atomic_store_n(&llft_library_fd, fd, __ATOMIC_RELEASE);
 }
@@ -163,6 +163,8 @@ int llft_kept_move(int fd)
     } else if (fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE)) {
         note_fd(&LIBRARY_VAR, moved);
         __atomic_store_n(&llft_library_fd, moved, __ATOMIC_RELEASE);
+    } else if (fd == __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE)) {
+        __atomic_store_n(&llft_inbox, moved, __ATOMIC_RELEASE);
     } else {
         __atomic_store_n(&llft_channel, moved, __ATOMIC_RELEASE);
         if (llft_ctl)

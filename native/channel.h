@@ -31,14 +31,28 @@ void llft_library_keep(void);
  * outside this process. */
 extern char llft_library_path[256];
 
+/* Under --fork replicate, a backup process's inbox (fork_stream.c): its
+ * end of a pair on which the controller hands it the connections its
+ * primary counterpart accepted; -1 otherwise. */
+extern int llft_inbox;
+
 /* Whether fd is one the shim keeps (the channel, the stream file, the
- * library): the program's close of it is not carried out. */
+ * library, the inbox): the program's close of it is not carried out. */
 static inline int llft_is_kept(int fd)
 {
     return fd >= 0 && (fd == __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE) ||
                        fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE) ||
-                       fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE));
+                       fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE) ||
+                       fd == __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE));
 }
+
+/* fd moved up out of the numbers the program's fds take (or left where it
+ * is, if it cannot move); returns where it is. */
+int llft_above_the_floor(int fd);
+
+/* Under --fork replicate, at a backup: this process's inbox, made and
+ * handed to the controller (at attach, and as a forked process goes on). */
+void llft_inbox_open(const llft_ctl_t *ctl);
 
 /* The program wants a kept fd's number (dup2 over it): that fd moves to
  * another.  0, or -1. */

@@ -23,10 +23,46 @@
 #include "fdtable.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/* ---- the inbox: where a backup process gets its connections --------- *
+ * At the primary, whichever process accepts a connection from the
+ * listener they share records it in its own stream.  A backup's processes
+ * must each get the very connections their counterparts accepted, so
+ * each has an inbox of its own, a pair like a listener's, on which the
+ * controller hands it those (llft/serving/routes.py); its replayed
+ * accepts take them from there (wrap_socket.c). */
+int llft_inbox = -1;
+
+void llft_inbox_open(const llft_ctl_t *ctl)
+{
+    int pair[2];
+    if (syscall(SYS_socketpair, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        llft_log("llft: cannot make this process's inbox: %s", strerror(errno));
+        return;
+    }
+    int mine = llft_above_the_floor(pair[0]);
+    syscall(SYS_fcntl, mine, F_SETFD, FD_CLOEXEC); /* an exec'd image makes one of its own */
+    llft_channel_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = LLFT_CHAN_INBOX;
+    memcpy(m.addr, &ctl->stream_id, 8);
+    int err = llft_channel_send(&m, pair[1]);
+    syscall(SYS_close, pair[1]);
+    if (err) {
+        syscall(SYS_close, mine);
+        llft_log("llft: cannot hand this process's inbox to the controller: %s", strerror(err));
+        return;
+    }
+    int old = __atomic_exchange_n(&llft_inbox, mine, __ATOMIC_ACQ_REL);
+    if (old >= 0 && old != mine)
+        syscall(SYS_close, old);
+}
 
 /* ---- the pid map: program pid <-> this process's own child ---------- */
 #define PIDS 1024
@@ -135,6 +171,7 @@ struct fork_plan {
 void llft_obj_forget_all(void);         /* objtable.c */
 void llft_turnstiles_forget_all(void);  /* turnstile.c */
 void llft_wait_notes_forget_all(void);  /* wait_order.c */
+void llft_early_forget(void);           /* wrap_socket.c */
 void llft_process_forked(llft_ctl_t *c, pid_t program_pid, pid_t parent_program); /* wrap_process.c */
 pid_t llft_program_pid(void);           /* wrap_process.c */
 
@@ -203,6 +240,7 @@ static void child_goes_on(const struct fork_plan *plan)
     llft_turnstiles_forget_all();
     llft_wait_notes_forget_all();
     llft_replay_restart(0);
+    llft_early_forget();
     memset(pids, 0, sizeof pids);
     llft_process_forked(c, plan->role == LLFT_ROLE_BACKUP ? plan->program_pid : 0, plan->parent_program);
     struct llft_thread *t = &llft_self;
@@ -217,8 +255,25 @@ static void child_goes_on(const struct fork_plan *plan)
     llft_ring = llft_shm_ring(base);
     llft_forked_from = NULL;
     __atomic_store_n(&llft_ctl, c, __ATOMIC_RELEASE);
-    if (plan->role == LLFT_ROLE_BACKUP)
+    if (plan->role == LLFT_ROLE_BACKUP) {
+        llft_inbox_open(c);
         llft_replay_setup();
+    } else {
+        int inbox = __atomic_exchange_n(&llft_inbox, -1, __ATOMIC_ACQ_REL); /* a taken-over parent's */
+        if (inbox >= 0)
+            syscall(SYS_close, inbox);
+    }
+}
+
+/* What only a replica's first process may do under --fork replicate, as
+ * yet: a port of its own would not be served (the gateway follows the
+ * first process's), and the outgoing connection and port numbers it
+ * would take count on from its parent's. */
+void llft_forked_may_not(const char *what)
+{
+    if (llft_ctl && llft_ctl->stream_id)
+        llft_refuse("a process the program forked (pid %d) %s: under --fork replicate, only the program's first "
+                    "process may do so yet", (int)syscall(SYS_getpid), what);
 }
 
 void llft_fds_shared_with_child(void); /* fdtable.c */

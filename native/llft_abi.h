@@ -131,8 +131,13 @@ typedef struct llft_conn_header {
  *   STREAM   the record stream of a process the program forked (--fork
  *            replicate): the fd is the child's stream file (a memfd); type
  *            is its role, addr[0..8) its stream id and addr[8..16) its
- *            parent's (native/fork_stream.c). */
-enum llft_channel_kind { LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3, LLFT_CHAN_STREAM = 4 };
+ *            parent's (native/fork_stream.c);
+ *   INBOX    under --fork replicate, a backup process's own listener for
+ *            every connection its primary counterpart accepted (a
+ *            SOCK_STREAM pair used as LISTEN's): addr[0..8) its stream id. */
+enum llft_channel_kind {
+    LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3, LLFT_CHAN_STREAM = 4, LLFT_CHAN_INBOX = 5
+};
 typedef struct llft_channel_msg {
     uint32_t kind;                /* enum llft_channel_kind */
     uint16_t port;                /* LISTEN, DGRAM: host byte order */

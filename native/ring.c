@@ -123,6 +123,25 @@ long llft_count_groups(const void *slots, long n)
     return groups;
 }
 
+/* The connection ids of the successful accepts among whole record groups
+ * (llft_count_groups's input): up to max into ids; returns how many. */
+long llft_scan_accepts(const void *slots, long n, uint64_t *ids, long max)
+{
+    long found = 0;
+    for (long i = 0; i < n && found < max;) {
+        const llft_rec_t *h = (const llft_rec_t *)((const char *)slots + i * LLFT_REC_SIZE);
+        if (h->nslots < 1)
+            break;
+        if (h->op == LLFT_OP_ACCEPT && h->ret >= 0 && h->nslots > 1 && i + 1 < n) {
+            const llft_data_t *d = (const llft_data_t *)((const char *)h + LLFT_REC_SIZE);
+            if (d->len >= sizeof(uint64_t))
+                memcpy(&ids[found++], d->bytes, sizeof(uint64_t));
+        }
+        i += h->nslots;
+    }
+    return found;
+}
+
 /* ---- shared file layout -------------------------------------------- */
 
 llft_ctl_t *llft_shm_ctl(void *base) { return base; }

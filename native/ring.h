@@ -17,6 +17,9 @@ void     llft_rec_seal(void *slot);
 int      llft_rec_validate(const void *slot, uint64_t expected_seq);
 int      llft_rec_check_fields(const void *slot);
 long     llft_count_groups(const void *slots, long n);
+/* The connection ids of the successful accepts among whole record groups:
+ * up to max into ids; returns how many (llft/serving/routes.py). */
+long     llft_scan_accepts(const void *slots, long n, uint64_t *ids, long max);
 int      llft_op_valid(int op);
 const char *llft_op_name(int op);
 uint32_t llft_data_slots(uint64_t nbytes);

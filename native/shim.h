@@ -225,6 +225,8 @@ int   llft_daemon_gate_at(unsigned long addr);
 
 /* ---- forked processes replicated (fork_stream.c) ---- */
 pid_t llft_fork_replicated(pid_t (*real_fork)(void));
+/* Refuses (llft_refuse) what a forked process may not do yet. */
+void  llft_forked_may_not(const char *what);
 int   llft_fork_gates_at(unsigned long addr);
 /* The pid map of a replica that forked as a backup: the pid the program
  * holds (the primary's child's) and this process's own child; either way

@@ -162,6 +162,7 @@ int llft_connect(int fd, const struct sockaddr *addr, socklen_t len)
         errno = pending;
         return -1;
     }
+    llft_forked_may_not("made an outgoing connection");
     llft_connect_request_t rq;
     int err = parse_target(addr, len, &rq);
     if (err) {

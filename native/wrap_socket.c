@@ -260,6 +260,7 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 static int publish_listener(int fd, uint32_t type)
 {
     const struct llft_fd *f = &llft_fds[fd];
+    llft_forked_may_not((type & 0xff) == SOCK_DGRAM ? "bound a UDP port" : "listened on a TCP port");
     int err = llft_hand_over(fd, (type & 0xff) == SOCK_DGRAM ? LLFT_CHAN_DGRAM : LLFT_CHAN_LISTEN, type);
     if (err) {
         llft_log("llft: port %u cannot be served: the controller's channel failed (error %d)", f->port, err);
@@ -398,6 +399,14 @@ static int take_early(int lfd, uint64_t conn_id, llft_conn_header_t *h)
     return fd;
 }
 
+/* A forked process starts with none: its parent's are its parent's. */
+void llft_early_forget(void)
+{
+    for (int i = 0; i < nearly; i++)
+        REAL(close)(early[i].fd);
+    nearly = 0;
+}
+
 static int keep_early(int lfd, int fd, const llft_conn_header_t *h)
 {
     fd = llft_park_fd(fd); /* (system calls: not under the lock) */
@@ -493,17 +502,21 @@ static int accept_replay(struct llft_thread *t, int lfd, struct sockaddr *addr, 
         llft_conn_header_t want, h;
         llft_replay_data(t, &want, sizeof want);
         struct turnstile *ts = llft_turn_wait(t, &e);
-        int fd = take_early(lfd, want.conn_id, &h);
+        /* Under --fork replicate the connection comes to this process's
+         * inbox, whichever listener it was for (fork_stream.c). */
+        int inbox = __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE);
+        int from = inbox >= 0 ? inbox : lfd, key = inbox >= 0 ? -1 : lfd;
+        int fd = take_early(key, want.conn_id, &h);
         if (fd >= 0)
             accept_mode(fd, flags);
         while (fd < 0) {
-            fd = accept_blocking(lfd, flags);
+            fd = accept_blocking(from, flags);
             if (fd < 0 || llft_read_exact(fd, &h, sizeof h, 0) != 0)
                 llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED, "no connection to accept here (error %d)",
                              errno);
             if (h.conn_id == want.conn_id)
                 break;
-            if (!keep_early(lfd, fd, &h))
+            if (!keep_early(key, fd, &h))
                 llft_diverge(t, LLFT_OP_ACCEPT, &e, LLFT_EXIT_DIVERGED,
                              "%d connections came here before connection %llu, which the primary accepted",
                              EARLY_MAX, (unsigned long long)want.conn_id);

@@ -123,3 +123,69 @@ def test_fork_replicate_refuses_what_it_does_not_go_with_yet(tmp_path):
     p = subprocess.run([tool("llft-run"), "--fork", "replicate", "--keep", "2", "--", SH, "-c", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "--fork replicate does not go with --keep" in p.stderr, p.stderr
+
+
+def check_worker_counts(results: dict, nlines: int):
+    """prefork_server's workers each count the lines they served, one
+    connection at a time: a connection's replies count on by one from
+    where its worker was (a request applied twice skips one, a lost one
+    never comes), and over all replies, each count is had by no more
+    workers than the one before it."""
+    every = []
+    for i, got in results.items():
+        assert [r.split(" ", 1)[1] for r in got] == [f"c{i}-{j}" for j in range(nlines)]
+        counts = [int(r.split()[0]) for r in got]
+        assert counts == list(range(counts[0], counts[0] + nlines)), f"client {i}: a request applied twice: {counts}"
+        every += counts
+    had = [every.count(v) for v in range(1, max(every) + 1)]
+    assert had == sorted(had, reverse=True), "some count was skipped by a worker"
+
+
+def shut_down_workers(group, workers: int):
+    """SHUTDOWN on one connection per worker: each that gets one exits, and
+    the master, its waits done, exits too."""
+    from serving import line_client
+    for _ in range(workers):
+        with group.connect() as s:
+            assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+
+
+@pytest.mark.parametrize("kills", [0, 1, 2])
+def test_a_server_that_forks_workers_serves_and_fails_over(kills, examples, tmp_path):
+    """prefork_server: the master binds and forks two workers that accept
+    on its listener (nginx's and apache prefork's model).  Each backup
+    worker is handed the very connections its counterpart accepted; the
+    primary is killed under load, after the k-th reply, and the
+    successor's workers go on; nothing is lost or applied twice, and the
+    survivors' outputs are equal."""
+    from serving import Progress, ServingGroup, kill_after, line_clients
+    group = ServingGroup(tmp_path / "rd", [examples / "prefork_server", 7000, 2], extra=["--fork", "replicate"])
+    nclients, nlines = 4, 150
+    progress = Progress()
+    at = [nclients * nlines * (k + 1) // (kills + 2) for k in range(kills)]
+    results = line_clients(group, nclients, lambda i: [f"c{i}-{j}" for j in range(nlines)],
+                           kill_after(group, progress, *at), pause=0.001, progress=progress)
+    check_worker_counts(results, nlines)
+    shut_down_workers(group, 2)
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed"] * kills + ["primary"] + ["backup"] * (2 - kills)
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    for r in survivors[1:]:
+        assert r["outputs"] == survivors[0]["outputs"], "surviving replicas disagree"
+
+
+@pytest.mark.parametrize("what, code", [
+    ("listened on a TCP port", "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()"),
+    ("bound a UDP port", "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind(('127.0.0.1', 0))"),
+])
+def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, code, real_python, tmp_path):
+    """The gateway serves the ports of the program's first process: a
+    forked one's own port would not be served, and is refused in one line
+    rather than left unreachable."""
+    program = f"import os, socket, time\nif os.fork() == 0:\n    {code}\n    time.sleep(30)\nos.wait()\n"
+    p = subprocess.run([tool("llft-run"), "--replicas", "2", "--fork", "replicate", "--run-dir", str(tmp_path / "rd"),
+                        "--", real_python, "-c", program], capture_output=True, text=True, timeout=90)
+    assert p.returncode == 1, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
+    assert line and f"a process the program forked (pid" in line[0] and what in line[0], p.stderr

@@ -15,6 +15,7 @@ child's records to their end, as the replica's own stream is."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import select
@@ -74,10 +75,11 @@ class ForkedStream:
         self.pidfd: int | None = None             # the source's process (pidfds name one process for good)
         self.on_promoted = None                   # (replica index) -> None
 
-    def start(self, source, owner: int | None):
+    def start(self, source, owner: int | None, on_chunk=None):
         self.source, self.owner = source, owner
         self.forwarder = RecordForwarder(source, [], RingFeed(), SavedStreamWriter(self.saved))
         self.forwarder.name = f"llft-fork-{self.id:016x}"
+        self.forwarder.on_chunk = on_chunk
         self.forwarder.start()
         for sink in self.sinks.values():
             self._catch_up(sink)
@@ -116,7 +118,7 @@ class ForkedStream:
         if self.forwarder is not None and self.forwarder.ended:
             return
         if self.forwarder is None:
-            self.start(_NoRecords(), None)
+            self.start(_NoRecords(), None)   # (no record, so no accept to route)
         self.successor = successor
         if successor in self.sinks:
             self._promote(successor)
@@ -168,8 +170,9 @@ class ForkedStreams:
     """Every forked process's stream of one group on this host.  group
     answers primary() (the Replica that is primary) and replicas."""
 
-    def __init__(self, group, run_dir: Path):
+    def __init__(self, group, run_dir: Path, routes):
         self.group = group
+        self.routes = routes   # which process accepted each connection (llft/serving/routes.py)
         self.dir = run_dir / "forks"
         self.streams: dict[int, ForkedStream] = {}
         self.drops = 0
@@ -210,7 +213,7 @@ class ForkedStreams:
                 self.drops += 1
                 log.warning("replica %d: a second primary process for stream %x; ignored", replica.index, msg.stream)
                 return
-            s.start(PrimarySource(stream), replica.index)
+            s.start(PrimarySource(stream), replica.index, functools.partial(self.routes.accepted, s.id))
             self._watch_exit(s, replica, stream.attached_pid)
         else:
             s.add_backup(replica.index, stream)
@@ -244,6 +247,15 @@ class ForkedStreams:
             s.fence()
         for s in failing:
             s.fail_over(successor.index)
+
+    def refusal(self) -> str | None:
+        """What a forked process did that llft cannot replicate (its shim
+        says so in its control block), or None."""
+        for s in self.streams.values():
+            for f in s.files.values():
+                if f.ctl is not None and f.refused:
+                    return f"cannot replicate the program: {f.divergence}"
+        return None
 
     def backup_failed(self, index: int):
         for s in self.streams.values():

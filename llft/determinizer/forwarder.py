@@ -42,6 +42,7 @@ class RecordForwarder(threading.Thread):
         self.lock = threading.Lock()   # guards the saver, ended and joins (catch-ups add sinks under it)
         self.ended = False
         self.promoting = False   # a failover is under way: from fail_over until PROMOTE is written
+        self.on_chunk = None     # (chunk) -> None, for each chunk forwarded (llft/serving/routes.py)
 
     def fail_over(self, new_source, promoted_sink) -> threading.Event:
         """The source failed: once its last records are forwarded, promoted_sink
@@ -130,4 +131,6 @@ class RecordForwarder(threading.Thread):
             self.ordering.send(chunk)
             self.sent += groups
             self.sent_to = position
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)
         self.ordering.deliver()

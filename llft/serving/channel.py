@@ -18,8 +18,8 @@ import logging
 import os
 import socket
 
-from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_LISTEN, CHAN_STREAM, CHANNEL_MSG_SIZE, ChannelMessage, \
-    parse_channel_message
+from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_INBOX, CHAN_LISTEN, CHAN_STREAM, CHANNEL_MSG_SIZE, \
+    ChannelMessage, parse_channel_message
 
 log = logging.getLogger("llft.channel")
 
@@ -50,6 +50,7 @@ class ProgramChannel:
         self.ours.setblocking(False)
         self.listeners: dict[tuple[int, int], socket.socket] = {}   # (port, family) -> stream socket
         self.datagrams: dict[tuple[int, int], socket.socket] = {}   # (port, family) -> datagram socket
+        self.inboxes: dict[int, socket.socket] = {}   # --fork replicate, a backup: stream id -> its process's inbox
         self.on_connect = None     # (socket) -> None: an outgoing connection, its request first on it
         self.connects: list[socket.socket] = []   # those that came before on_connect was set
         self.on_stream = None      # (message, fd) -> None: a forked process's record stream (we own the fd)
@@ -129,6 +130,11 @@ class ProgramChannel:
             if old is not None:
                 old.close()
             self.datagrams[(msg.port, msg.family)] = sock
+        elif msg.kind == CHAN_INBOX:
+            old = self.inboxes.pop(msg.stream, None)
+            if old is not None:
+                old.close()   # the process exec'd: its new image has an inbox of its own
+            self.inboxes[msg.stream] = sock
         elif msg.kind == CHAN_CONNECT:
             if self.on_connect is not None:
                 self.on_connect(sock)
@@ -150,12 +156,13 @@ class ProgramChannel:
         if self.attached and not self.closed:
             self._close()
         self.closed = True
-        for s in [*self.listeners.values(), *self.datagrams.values(), *self.connects]:
+        for s in [*self.listeners.values(), *self.datagrams.values(), *self.inboxes.values(), *self.connects]:
             s.close()
         for t in self.tasks:
             t.cancel()
         self.listeners.clear()
         self.datagrams.clear()
+        self.inboxes.clear()
         self.connects.clear()
         self.ours.close()
         if self.theirs.fileno() >= 0:
@@ -194,8 +201,10 @@ class ProgramChannel:
         except asyncio.TimeoutError:
             pass
 
-    async def hand_connection(self, port: int, header: bytes, alive) -> socket.socket | None:
-        """A new connection to the program's listener for `port`: the
+    async def hand_connection(self, port: int, header: bytes, alive, stream: int | None = None
+                              ) -> socket.socket | None:
+        """A new connection to the program's listener for `port` (or, with
+        stream, to that process's inbox: --fork replicate at a backup): the
         program's end handed over with its first byte, the header written on
         it first; our end, non-blocking.  Waits until the program listens,
         and while its queue is full; None if the replica is gone first."""
@@ -205,9 +214,13 @@ class ProgramChannel:
             if self.handing_held:
                 await asyncio.sleep(BACKLOG_RETRY_S)
                 continue
-            lsock = next((s for (p, _f), s in self.listeners.items() if p == port), None)
+            if stream is not None:
+                lsock = self.inboxes.get(stream)
+            else:
+                lsock = next((s for (p, _f), s in self.listeners.items() if p == port), None)
             if lsock is None:
-                if self.listeners and not told and asyncio.get_running_loop().time() - since > WRONG_PORT_NOTICE_S:
+                if (stream is None and self.listeners and not told
+                        and asyncio.get_running_loop().time() - since > WRONG_PORT_NOTICE_S):
                     told = True   # (a gateway's --program-port, most likely)
                     log.warning("a client connection for port %d waits: the program listens on %s, not on %d",
                                 port, ", ".join(str(p) for p, _f in self.listeners), port)
@@ -223,8 +236,7 @@ class ProgramChannel:
                 continue
             except OSError:
                 ours.close()
-                if self.listeners.get(self._key(lsock)) is lsock:
-                    del self.listeners[self._key(lsock)]   # the program closed that listener
+                self._forget(lsock)   # the program closed that listener (the process, that inbox)
                 lsock.close()
                 continue
             finally:
@@ -233,5 +245,7 @@ class ProgramChannel:
             return ours
         return None
 
-    def _key(self, sock):
-        return next((k for k, s in self.listeners.items() if s is sock), None)
+    def _forget(self, sock):
+        for table in (self.listeners, self.inboxes):
+            for key in [k for k, s in table.items() if s is sock]:
+                del table[key]
