@@ -188,4 +188,4 @@ def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, co
                         "--", real_python, "-c", program], capture_output=True, text=True, timeout=90)
     assert p.returncode == 1, p.stderr
     line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
-    assert line and f"a process the program forked (pid" in line[0] and what in line[0], p.stderr
+    assert line and "a process the program forked (pid" in line[0] and what in line[0], p.stderr
