@@ -41,6 +41,7 @@ PRELOAD_SOURCES = [
     "native/daemon_fork.c",
     "native/fork_stream.c",
     "native/wrap_wait.c",
+    "native/fd_passing.c",
     "native/quiesce.c",
     "native/demote.c",
 ]

@@ -62,6 +62,7 @@ ffibuilder.cdef("""
         uint32_t serial_steals;
         char div_before[768];
         uint64_t stream_id; uint64_t parent_stream; uint32_t forks; uint32_t fork_mode;
+        char shared_memory[96];
         ...;
     } llft_ctl_t;
     enum llft_fork_mode { LLFT_FORKS_UNRECORDED, LLFT_FORKS_REPLICATED, ... };

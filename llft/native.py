@@ -215,6 +215,11 @@ class StreamFile:
         return self.ctl.stream_id
 
     @property
+    def shared_memory(self) -> str:
+        """A forked process's: the memory its parent shared with it, as a phrase ("" if none)."""
+        return ffi.string(self.ctl.shared_memory).decode(errors="replace")
+
+    @property
     def forks_replicated(self) -> bool:
         return self.ctl.fork_mode == lib.LLFT_FORKS_REPLICATED
 

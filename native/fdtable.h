@@ -136,6 +136,12 @@ int llft_new_fds(int n, int (*make)(void *ctx, int *fds), void *ctx, int cloexec
  * its own (parked) there in that turn (fdtable.c). */
 void llft_fd_numbered(struct llft_thread *t, int fd);
 int llft_place_numbered(struct llft_thread *t, int fd, int cloexec);
+
+/* Descriptors passed with a sendmsg or recvmsg (fd_passing.c). */
+struct msghdr;
+void llft_number_received_fds(struct llft_thread *t, struct msghdr *msg);
+int  llft_replay_recvmsg_fds(struct llft_thread *t, int fd, struct msghdr *msg, int flags, ssize_t *res);
+int  llft_replay_sendmsg_fds(struct llft_thread *t, int fd, const struct msghdr *msg, int flags, ssize_t *res);
 /* A file the program opens (or dups), made by make(ctx) outside the
  * numbering lock and numbered after the fact: at a backup under the
  * primary's number (fdtable.c). */

@@ -162,6 +162,7 @@ static uint64_t stream_id(uint64_t parent, uint32_t n)
 }
 
 struct fork_plan {
+    char shared[96];        /* the memory the parent shares with it (llft_shared_memory) */
     uint64_t stream;        /* the child's stream id */
     int role;               /* LLFT_ROLE_PRIMARY or LLFT_ROLE_BACKUP */
     pid_t program_pid;      /* the child's pid as the program sees it (the primary's child's) */
@@ -208,6 +209,8 @@ static void child_goes_on(const struct fork_plan *plan)
     memcpy(c->clock_last_ns, parent->clock_last_ns, sizeof c->clock_last_ns);
     c->stream_id = plan->stream;
     c->parent_stream = parent->stream_id;
+    memcpy(c->shared_memory, plan->shared, sizeof c->shared_memory);
+    c->shared_memory[sizeof c->shared_memory - 1] = 0;
     c->attached_pid = (int32_t)syscall(SYS_getpid);
 
     /* The stream file takes the parent's kept number: an exec attaches to
@@ -285,7 +288,8 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void))
     /* Not LLFT_CALL: a daemon's parent resumes in this frame as its child
      * (daemon_fork.c), and would leave the call twice. */
     int role = llft_mode(&t);
-    struct fork_plan plan = {0, role, 0, llft_program_pid()};
+    struct fork_plan plan = {.role = role, .parent_program = llft_program_pid()};
+    strncpy(plan.shared, llft_shared_memory(), sizeof plan.shared - 1);
     int how;
     pid_t p;
     if (!gates_ready()) {

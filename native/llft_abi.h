@@ -291,6 +291,8 @@ typedef struct llft_ctl {
     int32_t  parent_program;      /* a forked process's parent: its pid as the program sees it... */
     int32_t  parent_local;        /* ...and as this process's kernel does */
     int32_t  _pad_pids;
+    char     shared_memory[96];   /* a forked process: the first memory its parent shared with it, as a
+                                   * phrase ("" if none): its writes there are not ordered */
     uint64_t q_census __attribute__((aligned(8))); /* the quiesce's census: its number (high 32
                                    * bits) and how many threads answered it (low 32), in one word so
                                    * that a late answer to an earlier census is never counted */

@@ -225,6 +225,10 @@ int   llft_daemon_gate_at(unsigned long addr);
 
 /* ---- forked processes replicated (fork_stream.c) ---- */
 pid_t llft_fork_replicated(pid_t (*real_fork)(void));
+/* The first memory this process maps shared with the processes it forks
+ * (an anonymous shared mapping, a System V segment), as a phrase, or ""
+ * (wrap_fork.c). */
+const char *llft_shared_memory(void);
 /* Refuses (llft_refuse) what a forked process may not do yet. */
 void  llft_forked_may_not(const char *what);
 int   llft_fork_gates_at(unsigned long addr);

@@ -83,16 +83,21 @@ static int note_if_shared(const char *line, void *out)
     return kind != NULL;
 }
 
+const char *llft_shared_memory(void)
+{
+    shared_memory[0] = 0;
+    llft_each_mapping(note_if_shared, shared_memory);
+    return shared_memory;
+}
+
 DEFINE_REAL(fork)
 EXPORT pid_t fork(void)
 {
     if (llft_ctl && llft_ctl->fork_mode == LLFT_FORKS_REPLICATED && llft_self.state == TS_TRACKED &&
         !llft_self.depth)
         return llft_fork_replicated(REAL(fork));
-    if (llft_ctl) {
-        shared_memory[0] = 0;
-        llft_each_mapping(note_if_shared, shared_memory);
-    }
+    if (llft_ctl)
+        llft_shared_memory();
     /* The child leaves the record stream there (llft_forked_from). */
     int how;
     pid_t p = llft_daemon_fork(REAL(fork), &how);

@@ -307,13 +307,18 @@ SWITCHING(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, f
     if (role == LLFT_ROLE_OFF)
         return REAL(recvmsg)(fd, msg, flags);
     ssize_t r;
-    if (role == LLFT_ROLE_BACKUP &&
-        !replay_transfer(t, LLFT_OP_READ, fd, msg->msg_iov, (int)msg->msg_iovlen, flags & MSG_PEEK, &r)) {
-        msg->msg_controllen = 0; /* ancillary data is not replicated */
+    int fds_too = msg->msg_controllen && !(flags & MSG_PEEK); /* descriptors may come: fd_passing.c */
+    if (role == LLFT_ROLE_BACKUP && fds_too && !llft_replay_recvmsg_fds(t, fd, msg, flags, &r)) {
+        /* (what came with the bytes is this replica's own) */
+    } else if (role == LLFT_ROLE_BACKUP && !fds_too &&
+               !replay_transfer(t, LLFT_OP_READ, fd, msg->msg_iov, (int)msg->msg_iovlen, flags & MSG_PEEK, &r)) {
+        msg->msg_controllen = 0;
         msg->msg_flags = 0;
     } else {
         r = PRIMARY_TRANSFER(t, LLFT_OP_READ, fd, REAL(recvmsg)(fd, msg, flags), recvmsg_call(fd, msg, flags));
         r = record_transfer(t, LLFT_OP_READ, fd, r, errno, msg->msg_iovlen ? msg->msg_iov[0].iov_base : NULL);
+        if (r > 0 && fds_too)
+            llft_number_received_fds(t, msg);
     }
     if (r >= 0)
         no_peer_address(fd, msg->msg_name, &msg->msg_namelen);
@@ -385,7 +390,11 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
         return llft_dgram_sendmsg(fd, msg, flags);
     LLFT_CALL(t);
     int role = transfer_mode(fd, &t);
-    REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
+    if (msg->msg_controllen) { /* descriptors may go with the bytes: fd_passing.c */
+        REPLAY_OR_PROMOTE(role, llft_replay_sendmsg_fds(t, fd, msg, flags, &res_))
+    } else {
+        REPLAY_OR_PROMOTE(role, replay_transfer(t, LLFT_OP_WRITE, fd, msg->msg_iov, (int)msg->msg_iovlen, 0, &res_))
+    }
     if (role == LLFT_ROLE_PRIMARY) {
         ssize_t r = PRIMARY_TRANSFER(t, LLFT_OP_WRITE, fd, REAL(sendmsg)(fd, msg, flags | MSG_NOSIGNAL),
                                      sendmsg(fd, msg, flags));

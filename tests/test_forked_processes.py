@@ -189,3 +189,82 @@ def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, co
     assert p.returncode == 1, p.stderr
     line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
     assert line and "a process the program forked (pid" in line[0] and what in line[0], p.stderr
+
+
+NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+
+
+def nginx_conf(tmp_path, port: int, *lines: str):
+    """nginx in its default process model (a master, two workers), in
+    the foreground; each replica writes its logs in its own files."""
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "index.html").write_text("hello from nginx\n")
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text("\n".join(lines) + f"""
+master_process on;
+worker_processes 2;
+pid {tmp_path}/logs/nginx.pid;
+error_log {tmp_path}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{
+  access_log {tmp_path}/logs/access.log;
+  client_body_temp_path {tmp_path}/body;
+  proxy_temp_path {tmp_path}/proxy;
+  fastcgi_temp_path {tmp_path}/fastcgi;
+  uwsgi_temp_path {tmp_path}/uwsgi;
+  scgi_temp_path {tmp_path}/scgi;
+  server {{ listen 127.0.0.1:{port}; root {tmp_path}/www; }}
+}}
+""")
+    return conf
+
+
+def http_clients(group, nclients: int, requests: int, progress):
+    """Keep-alive clients, each GETting / on one connection; every answer
+    must be the page (none may fail)."""
+    import http.client
+    from serving import concurrently
+    kill = kill_after_progress(group, progress)
+
+    def client(i):
+        c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        for _ in range(requests):
+            c.request("GET", "/")
+            r = c.getresponse()
+            assert (r.status, r.read()) == (200, b"hello from nginx\n")
+            progress.tick()
+        c.close()
+    concurrently(client, nclients, kill)
+
+
+def kill_after_progress(group, progress):
+    from serving import kill_after
+    return kill_after(group, progress, *getattr(progress, "kill_at", ()))
+
+
+@pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
+@pytest.mark.parametrize("kills", [0, 1])
+def test_nginx_with_its_master_and_workers_serves_and_fails_over(kills, tmp_path):
+    """nginx as it is deployed: a master that forks two workers, which
+    accept on its listener, pass each other their channels (SCM_RIGHTS)
+    and share memory with it (its accept mutex and counters: named in a
+    warning).  Keep-alive clients, the primary killed after the k-th
+    answer: no request fails, the survivors' outputs are equal, and the
+    group stops cleanly, leaving nothing behind."""
+    from serving import Progress, ServingGroup
+    conf = nginx_conf(tmp_path, 7418, "daemon off;", "user root;")
+    group = ServingGroup(tmp_path / "rd", [NGINX, "-c", conf, "-p", tmp_path], extra=["--fork", "replicate"])
+    progress = Progress()
+    progress.kill_at = [4 * 150 * (k + 1) // (kills + 2) for k in range(kills)]
+    http_clients(group, 4, 150, progress)
+    time.sleep(1.2)   # the state file is written every second
+    state = json.loads((group.run_dir / "llft-run.json").read_text())
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert [r["role"] for r in state["replicas"]] == ["failed"] * kills + ["primary"] + ["backup"] * (2 - kills)
+    assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
+    assert sum(o.get("connections", 1) for o in survivors[0]["outputs"].values()) >= 4
+    assert "an anonymous shared mapping" in state["forked"]["shared_memory"], "nginx's shared memory is not named"
+    group.stop()
+    from test_processes import no_process_left
+    no_process_left(str(conf))

@@ -176,6 +176,7 @@ class ForkedStreams:
         self.dir = run_dir / "forks"
         self.streams: dict[int, ForkedStream] = {}
         self.drops = 0
+        self.shared_memory: str | None = None   # said once: the first memory processes were found to share
 
     def handed_over(self, replica, msg, fd: int):
         """A process of replica's forked under stream id msg.stream: its
@@ -208,6 +209,12 @@ class ForkedStreams:
         s.files[replica.index] = stream
         log.debug("replica %d: forked process %d has stream %x (parent %x, %s)", replica.index,
                   stream.attached_pid, msg.stream, msg.parent, "primary" if msg.type == ROLE_PRIMARY else "backup")
+        if msg.type == ROLE_PRIMARY and stream.shared_memory and self.shared_memory is None:
+            self.shared_memory = stream.shared_memory
+            log.warning("the program's processes share memory (%s, mapped before process %d was forked): what one "
+                        "writes there and another reads is not ordered by llft, and a backup that reads otherwise "
+                        "than its primary diverges and is reported (docs/forked-processes.md)",
+                        stream.shared_memory, stream.attached_pid)
         if msg.type == ROLE_PRIMARY:
             if s.forwarder is not None:
                 self.drops += 1
@@ -282,4 +289,4 @@ class ForkedStreams:
         self.streams.clear()
 
     def state(self) -> dict:
-        return {"streams": len(self.streams), "drops": self.drops}
+        return {"streams": len(self.streams), "drops": self.drops, "shared_memory": self.shared_memory}
