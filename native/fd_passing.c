@@ -114,30 +114,48 @@ static int write_step(int fd, void *buf, size_t n, int unused)
     return llft_write_exact(fd, buf, n);
 }
 
-int llft_replay_recvmsg_fds(struct llft_thread *t, int fd, struct msghdr *msg, int flags, ssize_t *res)
+/* A backup's transfer of the primary's byte count through fd, with what
+ * rides with it: one real call (recvmsg or sendmsg) of at most those
+ * bytes, then the rest plain.  0, or LLFT_PROMOTED. */
+static int replay_with_control(struct llft_thread *t, uint16_t op, int fd, struct msghdr *msg, int flags,
+                               ssize_t *res)
 {
     llft_rec_t e;
-    if (llft_replay_head(t, LLFT_OP_READ, fd, &e, res))
+    if (llft_replay_head(t, op, fd, &e, res))
         return LLFT_PROMOTED;
     if (e.ret <= 0) {
-        msg->msg_controllen = 0;
+        if (op == LLFT_OP_READ)
+            msg->msg_controllen = 0;
         return 0;
     }
+    int reading = op == LLFT_OP_READ;
     struct iovec cut[MAX_IOV];
     struct msghdr m = *msg;
     m.msg_iov = cut;
     m.msg_iovlen = (size_t)iov_prefix(msg->msg_iov, (int)msg->msg_iovlen, (size_t)e.ret, cut);
     struct turnstile *ts = llft_turn_wait(t, &e);
-    ssize_t got = whole_call(recv_call, fd, &m, flags & ~MSG_DONTWAIT, POLLIN);
-    int err = got <= 0 ? (got == 0 ? ECONNRESET : errno)
-                       : rest_exact(msg->msg_iov, (int)msg->msg_iovlen, (size_t)got, (size_t)e.ret, llft_read_exact, fd);
+    ssize_t moved = reading ? whole_call(recv_call, fd, &m, flags & ~MSG_DONTWAIT, POLLIN)
+                            : whole_call(send_call, fd, &m, (flags & ~MSG_DONTWAIT) | MSG_NOSIGNAL, POLLOUT);
+    int err = moved < 0 ? errno : moved == 0 && reading ? ECONNRESET
+            : rest_exact(msg->msg_iov, (int)msg->msg_iovlen, (size_t)moved, (size_t)e.ret,
+                         reading ? llft_read_exact : write_step, fd);
     llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
     if (err)
-        llft_diverge(t, LLFT_OP_READ, &e, LLFT_EXIT_DIVERGED,
-                     "could not receive the %lld bytes the primary did here, with what came with them (error %d)",
-                     (long long)e.ret, err);
-    msg->msg_controllen = m.msg_controllen;
-    msg->msg_flags = m.msg_flags;
+        llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED,
+                     "could not %s the %lld bytes the primary did here, with what went with them (error %d)",
+                     reading ? "receive" : "send", (long long)e.ret, err);
+    if (reading) {
+        msg->msg_controllen = m.msg_controllen;
+        msg->msg_flags = m.msg_flags;
+    }
+    return 0;
+}
+
+int llft_replay_recvmsg_fds(struct llft_thread *t, int fd, struct msghdr *msg, int flags, ssize_t *res)
+{
+    int r = replay_with_control(t, LLFT_OP_READ, fd, msg, flags, res);
+    if (r || *res <= 0)
+        return r;
     int *slots[64];
     int n = received_fds(msg, slots, 64);
     for (int i = 0; i < n; i++) {
@@ -149,23 +167,6 @@ int llft_replay_recvmsg_fds(struct llft_thread *t, int fd, struct msghdr *msg, i
 
 int llft_replay_sendmsg_fds(struct llft_thread *t, int fd, const struct msghdr *msg, int flags, ssize_t *res)
 {
-    llft_rec_t e;
-    if (llft_replay_head(t, LLFT_OP_WRITE, fd, &e, res))
-        return LLFT_PROMOTED;
-    if (e.ret <= 0)
-        return 0;
-    struct iovec cut[MAX_IOV];
     struct msghdr m = *msg;
-    m.msg_iov = cut;
-    m.msg_iovlen = (size_t)iov_prefix(msg->msg_iov, (int)msg->msg_iovlen, (size_t)e.ret, cut);
-    struct turnstile *ts = llft_turn_wait(t, &e);
-    ssize_t put = whole_call(send_call, fd, &m, (flags & ~MSG_DONTWAIT) | MSG_NOSIGNAL, POLLOUT);
-    int err = put < 0 ? errno
-                      : rest_exact(msg->msg_iov, (int)msg->msg_iovlen, (size_t)put, (size_t)e.ret, write_step, fd);
-    llft_turn_done(t, ts, llft_fd_object(fd), e.turn);
-    if (err)
-        llft_diverge(t, LLFT_OP_WRITE, &e, LLFT_EXIT_DIVERGED,
-                     "could not send the %lld bytes the primary did here, with what went with them (error %d)",
-                     (long long)e.ret, err);
-    return 0;
+    return replay_with_control(t, LLFT_OP_WRITE, fd, &m, flags, res);
 }
