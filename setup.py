@@ -42,6 +42,7 @@ PRELOAD_SOURCES = [
     "native/fork_stream.c",
     "native/wrap_wait.c",
     "native/fd_passing.c",
+    "native/wrap_signal.c",
     "native/quiesce.c",
     "native/demote.c",
 ]

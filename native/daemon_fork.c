@@ -281,21 +281,9 @@ EXPORT pid_t setsid(void)
     return REAL(setsid)();
 }
 
-/* Waits the parent's path may make for its child (a prefork master's):
- * the held child is let go first (it would never end), and each is a
- * switch point under --serialize, as pthread_join is (the wait family:
- * wrap_wait.c). */
-#define SETTLING(ret, name, params, args)                                      \
-    DEFINE_REAL(name)                                                          \
-    EXPORT ret name params                                                     \
-    {                                                                          \
-        if (llft_fork_held)                                                    \
-            llft_daemon_fork_settle(0);                                        \
-        LLFT_SWITCH_POINT(ret, REAL(name) args);                               \
-    }
-
-SETTLING(int, pause, (void), ())
-SETTLING(int, sigsuspend, (const sigset_t *mask), (mask))
+/* The waits the parent's path may make for its child (a prefork
+ * master's) let a held child go first: the wait family (wrap_wait.c),
+ * sigsuspend and pause (wrap_signal.c). */
 
 /* glibc's daemon(3) forks inside libc, past the fork wrapper: it is done
  * here as glibc does it, through that wrapper, so that it is followed. */

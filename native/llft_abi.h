@@ -97,7 +97,10 @@ enum llft_op {
     LLFT_OP_WAIT = 91,           /* wait, waitpid, wait3, wait4, waitid: ret; val: the status; aux: which
                                   * call; data: the rusage or siginfo it filled */
     LLFT_OP_GETPPID = 92,        /* val: the parent's pid as the program sees it */
-    LLFT_OP_MAX = 93
+    LLFT_OP_SIGNAL = 93,         /* --fork replicate: the program's handler of signal val ran here (before
+                                  * this thread's next call); data: its siginfo_t (wrap_signal.c) */
+    LLFT_OP_SIGSUSPEND = 94,     /* sigsuspend or pause returned (aux: 1 for pause) */
+    LLFT_OP_MAX = 95
 };
 
 /* What the controller writes first on each connection it hands to a

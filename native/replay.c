@@ -14,6 +14,7 @@
 #include "replay_queues.h"
 
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sched.h>
 #include <string.h>
@@ -529,13 +530,36 @@ void llft_replay_restart(uint32_t last_tid)
     spin_unlock(&dispatch_lock);
 }
 
+/* The thread's next record is the primary's SIGNAL (wrap_signal.c),
+ * taken: the program's handler runs here, now, as it ran there before
+ * the thread's next call.  Called with depth raised; leaves it lowered. */
+static void replay_signal(struct llft_thread *t, const llft_rec_t *e)
+{
+    if (UNLIKELY(e->tn != t->tn + 1))
+        llft_diverge(t, LLFT_OP_SIGNAL, e, LLFT_EXIT_NOSTREAM, "the stream lacks calls #%u..#%u of this thread",
+                     t->tn + 1, e->tn - 1);
+    t->tn = e->tn;
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (e->nslots > 1)
+        llft_replay_data(t, &info, sizeof info);
+    t->stamp = __atomic_fetch_add(&llft_ctl->records, 1, RLX) + 1;
+    t->depth--;
+    llft_signal_replayed(e, &info);
+}
+
 int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     own_queue(t);
-    t->depth++;
-    if (pop_wait(t, op, out, 1) == LLFT_PROMOTED) {
-        t->depth--;
-        return LLFT_PROMOTED;
+    for (;;) {
+        t->depth++;
+        if (pop_wait(t, op, out, 1) == LLFT_PROMOTED) {
+            t->depth--;
+            return LLFT_PROMOTED;
+        }
+        if (LIKELY(out->op != LLFT_OP_SIGNAL || op == LLFT_OP_SIGNAL))
+            break;
+        replay_signal(t, out);
     }
     if (UNLIKELY(out->op != op)) {
         /* The primary's thread ended here (pthread_exit from deep inside a
@@ -562,8 +586,15 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 int llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out)
 {
     own_queue(t);
-    t->depth++;
-    int r = pop_wait(t, op, out, 0);
+    int r;
+    for (;;) {
+        t->depth++;
+        r = pop_wait(t, op, out, 0);
+        if (r == LLFT_PROMOTED || out->op != LLFT_OP_SIGNAL || op == LLFT_OP_SIGNAL)
+            break;
+        pop_wait(t, op, out, 1); /* a handler runs first, wherever the call goes */
+        replay_signal(t, out);
+    }
     t->depth--;
     if (r == LLFT_PROMOTED)
         return LLFT_PROMOTED;

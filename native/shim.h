@@ -344,6 +344,9 @@ void llft_replay_thread_end(struct llft_thread *t);
 void llft_replay_at_exit(struct llft_thread *t);
 void llft_replay_exec_failed(void);
 void llft_replay_signal_sent(void);   /* a backup sent the signal the primary sent itself: its successors may replay */
+/* A backup thread reached the primary's SIGNAL record e: the program's
+ * handler runs (wrap_signal.c). */
+void llft_signal_replayed(const llft_rec_t *e, siginfo_t *info);
 void llft_python_threads_start(void); /* python_gil.c */
 
 /* ---- group clock (wrap_time.c) ---- */

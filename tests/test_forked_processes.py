@@ -268,3 +268,34 @@ def test_nginx_with_its_master_and_workers_serves_and_fails_over(kills, tmp_path
     group.stop()
     from test_processes import no_process_left
     no_process_left(str(conf))
+
+
+DNSMASQ = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin")
+
+
+@pytest.mark.skipif(not DNSMASQ, reason="dnsmasq not installed (scripts/setup.sh installs it)")
+def test_dnsmasq_forking_a_child_per_tcp_query_fails_over(tmp_path):
+    """dnsmasq -k forks a child for each TCP query, which answers it and
+    exits; its parent learns of that from a SIGCHLD handler that calls
+    getpid(), wherever it interrupts the parent.  Each backup runs that
+    handler where the primary's ran (its own SIGCHLD does nothing), so
+    the replicas agree; answered over UDP and TCP before and after the
+    primary is killed."""
+    from serving import kill_primary
+    from test_processes import HOST_ANSWER, dnsmasq_argv, end, tcp_dns, udp_dns
+    port = 7423
+    proc = subprocess.Popen([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir",
+                             str(tmp_path / "rd"), "--", *map(str, dnsmasq_argv(tmp_path, port, "-k"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answers = [udp_dns(port, "box.test")] + [tcp_dns(port, "box.test") for _ in range(5)]
+        kill_primary(tmp_path / "rd")
+        answers += [udp_dns(port, "box.test")] + [tcp_dns(port, "box.test") for _ in range(5)]
+        assert all(a.endswith(HOST_ANSWER) for a in answers), answers
+        time.sleep(1.2)   # the state file is written every second
+        state = json.loads((tmp_path / "rd" / "llft-run.json").read_text())
+    finally:
+        err = end(proc)
+    assert "cannot replicate" not in err and "diverged" not in err, err
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], err
+    assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
