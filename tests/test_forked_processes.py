@@ -244,8 +244,8 @@ def kill_after_progress(group, progress):
 
 
 @pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
-@pytest.mark.parametrize("kills", [0, 1])
-def test_nginx_with_its_master_and_workers_serves_and_fails_over(kills, tmp_path):
+@pytest.mark.parametrize("daemon, kills", [("off", 0), ("off", 1), ("on", 1)])
+def test_nginx_with_its_master_and_workers_serves_and_fails_over(daemon, kills, tmp_path):
     """nginx as it is deployed: a master that forks two workers, which
     accept on its listener, pass each other their channels (SCM_RIGHTS)
     and share memory with it (its accept mutex and counters: named in a
@@ -253,7 +253,7 @@ def test_nginx_with_its_master_and_workers_serves_and_fails_over(kills, tmp_path
     answer: no request fails, the survivors' outputs are equal, and the
     group stops cleanly, leaving nothing behind."""
     from serving import Progress, ServingGroup
-    conf = nginx_conf(tmp_path, 7418, "daemon off;", "user root;")
+    conf = nginx_conf(tmp_path, 7418, f"daemon {daemon};", "user root;")
     group = ServingGroup(tmp_path / "rd", [NGINX, "-c", conf, "-p", tmp_path], extra=["--fork", "replicate"])
     progress = Progress()
     progress.kill_at = [4 * 150 * (k + 1) // (kills + 2) for k in range(kills)]
