@@ -313,6 +313,13 @@ class LocalGroup:
         self.lost.append(f"replica {r.index} diverged: {what}")
         r.problems.append(what)
         self._backup_failed(r, "diverged")
+        shared = self.forked.shared_memory if self.forked is not None else None
+        if shared:
+            # Its processes read each other's writes in memory llft does not order.
+            self.failed = (f"cannot replicate the program: its processes share memory ({shared}), which llft does "
+                           f"not order, and a backup diverged (replica {r.index}: {what})")
+            log.info("%s; stopping the group", self.failed)
+            self.stop()
 
     def _check_following(self):
         for r in self.replicas:
@@ -375,6 +382,7 @@ class LocalGroup:
                 if self.forked is not None:
                     self.forked.tidy()
                     self._prune_routes()
+                    self._check_forked_divergence()
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:
@@ -425,6 +433,17 @@ class LocalGroup:
             except asyncio.TimeoutError:
                 pass
             self.exited.clear()
+
+    def _check_forked_divergence(self):
+        """--fork replicate: a backup one of whose processes diverged is
+        lost, as if the backup itself had (its other processes are ended)."""
+        for index, streams in self.forked.diverged_backups().items():
+            r = next((x for x in self.replicas if x.index == index), None)
+            if r is None or r.role != "backup":
+                continue
+            r.forked_streams = streams
+            r.signal(signal.SIGKILL)
+            self._backup_lost(r)
 
     def _prune_routes(self):
         """--fork replicate: the routes of the connections every live

@@ -52,6 +52,7 @@ class Replica:
     private_files: bool = False         # in its own view of the files, kept in files_dir
     serialize: bool = False             # --serialize: its threads take turns (native/serialize.c)
     checkpointing: bool = False         # frozen by CRIU for a checkpoint of it: not a timing fault
+    forked_streams: list = field(default_factory=list)   # --fork replicate: its processes' streams, when one diverged
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -156,9 +157,10 @@ class Replica:
         """What stopped this backup, kept in its dir (divergence.txt) with
         its backtrace, whatever the program did with its stderr."""
         before = ""
-        if self.stream.diverged:
-            what, where = self.stream.divergence, self.stream.divergence_where
-            before = self.stream.divergence_before
+        stream = next((f for f in [self.stream, *self.forked_streams] if f.diverged), None)
+        if stream is not None:   # (a process it forked, with --fork replicate)
+            what, where = stream.divergence, stream.divergence_where
+            before = stream.divergence_before
         else:
             what, where = f"exited with status {self.status} while its primary ran (see its stderr)", ""
         report = self.out_dir / "divergence.txt"

@@ -299,3 +299,85 @@ def test_dnsmasq_forking_a_child_per_tcp_query_fails_over(tmp_path):
     assert "cannot replicate" not in err and "diverged" not in err, err
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], err
     assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
+
+
+APACHE = shutil.which("apache2") or shutil.which("apache2", path="/usr/sbin")
+APACHE_MODULES = "/usr/lib/apache2/modules"
+
+
+@pytest.mark.skipif(not APACHE, reason="apache2 not installed (scripts/setup.sh installs it)")
+def test_apache_prefork_serves_alike_or_is_refused_naming_its_shared_memory(tmp_path):
+    """apache's prefork model: a master that forks servers, and forks more
+    or ends some as bursts of clients come and go, deciding by the
+    scoreboard its servers write in memory they share with it, which llft
+    does not order.  A backup's master that read it otherwise than the
+    primary's and forked elsewhere stops the group, in one line naming
+    that memory; until then, and if it never happens, every answer is the
+    page and the replicas' outputs are equal.  Never served unreplicated."""
+    import tempfile
+    from pathlib import Path
+    www = Path(tempfile.mkdtemp(prefix="llft-apache-"))   # its servers run as nobody: a page they can read
+    www.chmod(0o755)
+    (www / "index.html").write_text("hello from apache\n")
+    (www / "index.html").chmod(0o644)
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "httpd.conf"
+    conf.write_text(f"""ServerRoot {tmp_path}
+LoadModule mpm_prefork_module {APACHE_MODULES}/mod_mpm_prefork.so
+LoadModule authz_core_module {APACHE_MODULES}/mod_authz_core.so
+Listen 127.0.0.1:7432
+ServerName localhost
+PidFile {tmp_path}/logs/httpd.pid
+ErrorLog {tmp_path}/logs/error.log
+DocumentRoot {www}
+StartServers 2
+MinSpareServers 1
+MaxSpareServers 3
+User nobody
+Group nogroup
+Mutex file:{tmp_path}/logs
+""")
+    try:
+        bursts_until_refused(tmp_path, conf)
+    finally:
+        shutil.rmtree(www)
+
+
+def bursts_until_refused(tmp_path, conf):
+    import http.client
+    import threading
+    from serving import ServingGroup
+    group = ServingGroup(tmp_path / "rd", [APACHE, "-f", conf, "-DFOREGROUND"], extra=["--fork", "replicate"])
+    answers, failures = [], []
+
+    def client():
+        try:
+            for _ in range(10):
+                c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+                c.request("GET", "/index.html")
+                r = c.getresponse()
+                answers.append((r.status, r.read()))
+                c.close()
+        except OSError as e:       # the group stopped: its clients' connections end
+            failures.append(e)
+    for _ in range(8):
+        threads = [threading.Thread(target=client) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if group.proc.poll() is not None:
+            break
+        time.sleep(1.5)            # the servers idle: the master ends some
+    assert answers and all(a == (200, b"hello from apache\n") for a in answers), answers[:3]
+    time.sleep(1.2)                # the state file is written every second
+    state = json.loads((group.run_dir / "llft-run.json").read_text())
+    group.stop()
+    if group.proc.returncode == 1:   # refused: said in one line, the program's shared memory named
+        err = group.proc.stderr.read()
+        line = [ln for ln in err.splitlines() if "cannot replicate the program" in ln]
+        assert line and "processes share memory (an anonymous shared mapping" in line[0], err
+    else:                            # served alike all along
+        assert not failures, failures[:3]
+        assert [r["role"] for r in state["replicas"]] == ["primary", "backup", "backup"]
+        assert state["replicas"][1]["outputs"] == state["replicas"][0]["outputs"]

@@ -264,6 +264,16 @@ class ForkedStreams:
                     return f"cannot replicate the program: {f.divergence}"
         return None
 
+    def diverged_backups(self) -> dict[int, list]:
+        """Backups one of whose forked processes stopped on a divergence:
+        replica index -> those processes' streams."""
+        out: dict[int, list] = {}
+        for s in self.streams.values():
+            for index, f in s.files.items():
+                if index in s.sinks and f.ctl is not None and f.diverged:
+                    out.setdefault(index, []).append(f)
+        return out
+
     def backup_failed(self, index: int):
         for s in self.streams.values():
             sink = s.sinks.get(index)
