@@ -404,6 +404,8 @@ class LocalGroup:
                     primary = successor
                     self.replacements.respawn()
                     continue
+                if self._daemon_left_behind(primary):
+                    break
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish(primary.status)
             gone = [r for r in self.replicas if r.role == "backup" and not r.alive() and not self.source.finished()]
@@ -433,6 +435,21 @@ class LocalGroup:
             except asyncio.TimeoutError:
                 pass
             self.exited.clear()
+
+    def _daemon_left_behind(self, primary: Replica) -> bool:
+        """--fork replicate: the program's first process exited, leaving a
+        process it forked running in a session of its own (a daemon whose
+        parent waited for its word, then exited).  The group would end with
+        the first process: refused in one line, as without --fork replicate."""
+        pid = self.forked.daemon_of(primary) if self.forked is not None else None
+        if pid is None:
+            return False
+        self.failed = (f"cannot replicate the program: its first process exited, leaving process {pid}, which it "
+                       "forked, running in a session of its own (a daemon whose parent waited for its word): run "
+                       "the server in the foreground (lighttpd -D, dnsmasq -d)")
+        log.info("%s; stopping the group", self.failed)
+        self.stop()
+        return True
 
     def _check_forked_divergence(self):
         """--fork replicate: a backup one of whose processes diverged is

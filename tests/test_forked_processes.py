@@ -381,3 +381,28 @@ def bursts_until_refused(tmp_path, conf):
         assert not failures, failures[:3]
         assert [r["role"] for r in state["replicas"]] == ["primary", "backup", "backup"]
         assert state["replicas"][1]["outputs"] == state["replicas"][0]["outputs"]
+
+
+LIGHTTPD = shutil.which("lighttpd") or shutil.which("lighttpd", path="/usr/sbin")
+
+
+@pytest.mark.skipif(not LIGHTTPD, reason="lighttpd not installed (scripts/setup.sh installs it)")
+def test_a_daemon_whose_parent_waits_for_its_word_is_refused_with_the_foreground_advice(tmp_path):
+    """lighttpd without -D forks; its child starts a session of its own,
+    says it is ready on a pipe, and the parent exits: the group would end
+    with the first process, its server with it.  Refused in one line
+    that says to run it in the foreground, nothing left running."""
+    from serving import free_port
+    from test_private_files import LIGHTTPD_CONF
+    from test_processes import no_process_left
+    (tmp_path / "www").mkdir()
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "lighttpd.conf"
+    conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
+    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir", str(tmp_path / "rd"),
+                        "--", LIGHTTPD, "-f", str(conf)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
+    assert line and "its first process exited, leaving process" in line[0], p.stderr
+    assert "run the server in the foreground (lighttpd -D" in line[0]
+    no_process_left(str(conf))

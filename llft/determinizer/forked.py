@@ -37,6 +37,15 @@ def _running(pid: int) -> bool:
     return state is not None and state not in "ZX"
 
 
+def _session(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[3])
+
+
 class _NoRecords:
     """The source of a stream whose primary process never handed it over
     (it died before its first call): it has ended, empty."""
@@ -262,6 +271,17 @@ class ForkedStreams:
             for f in s.files.values():
                 if f.ctl is not None and f.refused:
                     return f"cannot replicate the program: {f.divergence}"
+        return None
+
+    def daemon_of(self, replica) -> int | None:
+        """A process of replica's (as primary) still running in a session
+        other than the replica's, or None."""
+        for s in self.streams.values():
+            if s.owner != replica.index or s.source is None or s.forwarder is None or s.forwarder.ended:
+                continue
+            pid = s.files[replica.index].attached_pid
+            if _running(pid) and _session(pid) not in (None, replica.pid):
+                return pid
         return None
 
     def diverged_backups(self) -> dict[int, list]:
