@@ -27,7 +27,7 @@ from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
 from llft.members import process_state
 from llft.native import ROLE_PRIMARY, StreamError, StreamFile
-from llft.ordering.llmp.local import RingFeed
+from llft.ordering.backend import ordering_for
 
 log = logging.getLogger("llft.forked")
 
@@ -86,7 +86,8 @@ class ForkedStream:
 
     def start(self, source, owner: int | None, on_chunk=None):
         self.source, self.owner = source, owner
-        self.forwarder = RecordForwarder(source, [], RingFeed(), SavedStreamWriter(self.saved))
+        # (each process's records go straight from ring to ring, whatever --order says)
+        self.forwarder = RecordForwarder(source, [], ordering_for("llft", "", None), SavedStreamWriter(self.saved))
         self.forwarder.name = f"llft-fork-{self.id:016x}"
         self.forwarder.on_chunk = on_chunk
         self.forwarder.start()
