@@ -25,8 +25,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -107,9 +109,14 @@ static void pid_note(pid_t program, pid_t local)
              "primary's pid", PIDS);
 }
 
-/* ---- the gates: a child waits until its parent has recorded the fork -- */
+/* ---- the gates: a child waits until its parent has its fork on record --
+ * At the primary, until the parent has recorded FORK; at a backup, until
+ * the parent has taken the primary's FORK, which says the pid the program
+ * sees for the child (what the primary's fork returned): the parent
+ * leaves it beside the gate. */
 #define GATES 64
-static uint32_t *gates; /* shared with the children: gates[n % GATES] >= n + 1 once fork n is recorded */
+static uint32_t *gates; /* shared with the children: gates[n % GATES] >= n + 1 once fork n is on record */
+static int32_t *gate_pids; /* ...and the pid the program sees for that child */
 
 int llft_fork_gates_at(unsigned long addr)
 {
@@ -123,13 +130,15 @@ static int gates_ready(void)
     void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if ((long)p < 0 && (long)p > -4096)
         return 0;
+    gate_pids = (int32_t *)((uint32_t *)p + GATES);
     gates = p;
     return 1;
 }
 
-static void gate_open(uint32_t n)
+static void gate_open(uint32_t n, pid_t program_pid)
 {
     uint32_t *g = &gates[n % GATES];
+    __atomic_store_n(&gate_pids[n % GATES], program_pid, __ATOMIC_RELAXED);
     uint32_t seen = __atomic_load_n(g, __ATOMIC_ACQUIRE);
     while (seen < n + 1 &&
            !__atomic_compare_exchange_n(g, &seen, n + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
@@ -137,9 +146,10 @@ static void gate_open(uint32_t n)
     llft_futex_wake(g);
 }
 
-/* In the primary's child: until the parent's FORK is committed.  A parent
- * that died first never recorded it: this process is no replica's. */
-static void gate_wait(uint32_t n, pid_t parent)
+/* In the child: until its parent has its fork on record; returns the pid
+ * the program sees for this process.  A parent that died first never
+ * recorded it: this process is no replica's. */
+static pid_t gate_wait(uint32_t n, pid_t parent)
 {
     uint32_t *g = &gates[n % GATES];
     uint32_t seen;
@@ -148,6 +158,7 @@ static void gate_wait(uint32_t n, pid_t parent)
             llft_exit_now(0);
         llft_futex_wait(g, seen, 100);
     }
+    return __atomic_load_n(&gate_pids[n % GATES], __ATOMIC_RELAXED);
 }
 
 /* ---- the child's own stream ------------------------------------------ */
@@ -281,7 +292,34 @@ void llft_forked_may_not(const char *what)
 
 void llft_fds_shared_with_child(void); /* fdtable.c */
 
-/* fork() of a thread llft tracks, under --fork replicate. */
+/* Backup, the parent: the primary's FORK of this n-th fork, which came
+ * after the calls the program's fork handlers made in the parent (the
+ * fork itself runs them: an allocator's locks).  0, or LLFT_PROMOTED. */
+static int fork_replayed(struct llft_thread *t, uint32_t n, pid_t p, pid_t *program_pid)
+{
+    llft_rec_t e;
+    if (llft_replay_next(t, LLFT_OP_FORK, &e))
+        return LLFT_PROMOTED;
+    if (e.ret < 0) { /* it failed at the primary: so does it here */
+        syscall(SYS_kill, p, SIGKILL);
+        while (syscall(SYS_wait4, p, NULL, __WALL, NULL) < 0 && errno == EINTR)
+            ;
+        errno = e.err;
+        *program_pid = -1;
+        return 0;
+    }
+    if (e.aux != n)
+        llft_diverge(t, LLFT_OP_FORK, &e, LLFT_EXIT_DIVERGED, "this process's fork #%u was its fork #%u at the "
+                     "primary (its threads forked in another order)", n + 1, e.aux + 1);
+    pid_note((pid_t)e.ret, p);
+    *program_pid = (pid_t)e.ret;
+    return 0;
+}
+
+/* fork() of a thread llft tracks, under --fork replicate.  Every replica
+ * forks its n-th fork under the same stream id; the primary's parent
+ * records FORK once the fork has returned, and a backup's parent takes it
+ * then (the child goes on meanwhile, its own stream waiting for it). */
 pid_t llft_fork_replicated(pid_t (*real_fork)(void))
 {
     struct llft_thread *t;
@@ -291,54 +329,38 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void))
     struct fork_plan plan = {.role = role, .parent_program = llft_program_pid()};
     strncpy(plan.shared, llft_shared_memory(), sizeof plan.shared - 1);
     int how;
-    pid_t p;
     if (!gates_ready()) {
         errno = ENOMEM;
         return -1;
     }
-    if (role == LLFT_ROLE_BACKUP) {
-        llft_rec_t e;
-        if (!llft_replay_next(t, LLFT_OP_FORK, &e)) {
-            if (e.ret < 0) {
-                errno = e.err;
-                return -1;
-            }
-            if (e.aux + 1 > llft_ctl->forks)
-                llft_ctl->forks = e.aux + 1;
-            plan.stream = (uint64_t)e.val;
-            plan.program_pid = (pid_t)e.ret;
-            p = llft_daemon_fork(real_fork, &how);
-            if (how == LLFT_FORK_RESUMED)
-                return 0;
-            if (p == 0) {
-                child_goes_on(&plan);
-                return 0;
-            }
-            if (p < 0)
-                llft_diverge(t, LLFT_OP_FORK, &e, LLFT_EXIT_DIVERGED, "this backup cannot fork: %s",
-                             strerror(errno));
-            pid_note((pid_t)e.ret, p);
-            if (how == LLFT_FORK_PLAIN)
-                llft_fds_shared_with_child();
-            return (pid_t)e.ret;
-        }
-        role = plan.role = LLFT_ROLE_PRIMARY; /* taken over */
-    }
     uint32_t n = __atomic_fetch_add(&llft_ctl->forks, 1, __ATOMIC_SEQ_CST);
     plan.stream = stream_id(llft_ctl->stream_id, n);
     pid_t self = (pid_t)syscall(SYS_getpid);
-    p = llft_daemon_fork(real_fork, &how);
+    pid_t p = llft_daemon_fork(real_fork, &how);
     if (how == LLFT_FORK_RESUMED)
         return 0;
     if (p == 0) {
-        gate_wait(n, self);
+        plan.program_pid = gate_wait(n, self);
         child_goes_on(&plan);
         return 0;
     }
     int err = errno;
+    if (role == LLFT_ROLE_BACKUP) {
+        if (p < 0)
+            llft_diverge(t, LLFT_OP_FORK, NULL, LLFT_EXIT_DIVERGED, "this backup cannot fork: %s", strerror(err));
+        pid_t program_pid;
+        if (!fork_replayed(t, n, p, &program_pid)) {
+            gate_open(n, program_pid);
+            if (program_pid > 0 && how == LLFT_FORK_PLAIN)
+                llft_fds_shared_with_child();
+            return program_pid;
+        }
+        /* Taken over before the record: the child goes on as the primary's
+         * of its stream (the controller promotes it, llft/determinizer/forked.py). */
+    }
     llft_record_aux(t, LLFT_OP_FORK, 0, 0, p, p < 0 ? err : 0, (int64_t)plan.stream, n);
     llft_wait_committed(t);
-    gate_open(n);
+    gate_open(n, p);
     if (p > 0 && how == LLFT_FORK_PLAIN)
         llft_fds_shared_with_child();
     errno = err;

@@ -100,7 +100,8 @@ enum llft_op {
     LLFT_OP_SIGNAL = 93,         /* --fork replicate: the program's handler of signal val ran here (before
                                   * this thread's next call); data: its siginfo_t (wrap_signal.c) */
     LLFT_OP_SIGSUSPEND = 94,     /* sigsuspend or pause returned (aux: 1 for pause) */
-    LLFT_OP_MAX = 95
+    LLFT_OP_KILL = 95,           /* --fork replicate: kill of another process: val: the signal */
+    LLFT_OP_MAX = 96
 };
 
 /* What the controller writes first on each connection it hands to a

@@ -62,6 +62,7 @@ static const char *const op_names[LLFT_OP_MAX] = {
     [LLFT_OP_SERIAL_TURN] = "the replica's turn (--serialize)",
     [LLFT_OP_SIGNAL_SELF] = "raise", [LLFT_OP_FORK] = "fork", [LLFT_OP_WAIT] = "wait",
     [LLFT_OP_GETPPID] = "getppid", [LLFT_OP_SIGNAL] = "a signal handler", [LLFT_OP_SIGSUSPEND] = "sigsuspend",
+    [LLFT_OP_KILL] = "kill",
 };
 
 int llft_op_valid(int op)

@@ -98,22 +98,44 @@ static int signal_self(int (*send)(pid_t pid, int sig), pid_t pid, int sig)
 
 static int send_kill(pid_t pid, int sig) { return REAL(kill)(pid, sig); }
 
-/* A pid the program holds for a process it forked is the primary's
- * child's: a backup's (or a backup's since taken over) signals its own. */
+/* Under --fork replicate, a signal to another process is the primary's
+ * to send: a backup returns what its kill returned and sends nothing,
+ * since each of its processes replays its own fate (its handlers run from
+ * the primary's records, and its stream ends where the primary's process
+ * ended).  A pid the program holds for a process it forked is the
+ * primary's child's: a replica that took over signals its own. */
+static int kill_other(pid_t pid, int sig)
+{
+    LLFT_CALL(t);
+    int role = llft_call_mode(&t);
+    if (role == LLFT_ROLE_BACKUP) {
+        llft_rec_t e;
+        if (!llft_replay_next(t, LLFT_OP_KILL, &e)) {
+            errno = e.err;
+            return (int)e.ret;
+        }
+        role = LLFT_ROLE_PRIMARY;
+    }
+    pid_t parent_program = llft_ctl->parent_program, parent_local = llft_ctl->parent_local;
+    pid_t to = pid > 0 ? llft_pid_local(pid) : pid;
+    if (parent_program && (to == parent_program || to == -parent_program))
+        to = to > 0 ? parent_local : -parent_local;
+    int r = REAL(kill)(to, sig), err = errno;
+    if (role == LLFT_ROLE_PRIMARY)
+        llft_record(t, LLFT_OP_KILL, 0, 0, r, r < 0 ? err : 0, sig);
+    errno = err;
+    return r;
+}
+
 EXPORT int kill(pid_t pid, int sig)
 {
     pid_t p = primary_pid(), self = (pid_t)syscall(SYS_getpid);
-    pid_t parent_program = llft_ctl ? llft_ctl->parent_program : 0, parent_local = llft_ctl ? llft_ctl->parent_local : 0;
     if (p && (pid == p || pid == -p))
         pid = pid > 0 ? self : -self;
     if (pid == self && sig != 0)
         return signal_self(send_kill, pid, sig);
-    if (pid > 0)
-        pid = llft_pid_local(pid);
-    else if (pid == -parent_program && parent_program)
-        pid = -parent_local;
-    if (pid == parent_program && parent_program)
-        pid = parent_local;
+    if (llft_ctl && llft_ctl->fork_mode == LLFT_FORKS_REPLICATED)
+        return kill_other(pid, sig);
     return REAL(kill)(pid, sig);
 }
 
