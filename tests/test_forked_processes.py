@@ -70,7 +70,7 @@ def test_unrecorded_children_differ_at_the_backups(examples, tmp_path):
     """The check above can fail: without --fork replicate the children run
     on their own at each replica, and the backups print other clocks and
     random numbers (llft-run exits 86, the stdouts differing)."""
-    proc, rd = start(tmp_path, [examples / "fork_wait", 3], replicas=2, extra=())
+    proc, rd = start(tmp_path, [examples / "fork_wait", 3], replicas=2, extra=("--fork", "unrecorded"))
     proc.communicate(timeout=120)
     assert proc.returncode == 86
     a, b = outputs(rd, range(2))

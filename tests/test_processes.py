@@ -21,9 +21,9 @@ SH = shutil.which("sh") or "/bin/sh"
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
-def llft_run(tmp_path, *argv, replicas=3, timeout=60):
-    return subprocess.run([tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(tmp_path / "rd"), "--",
-                           *map(str, argv)], capture_output=True, text=True, timeout=timeout)
+def llft_run(tmp_path, *argv, replicas=3, timeout=60, extra=()):
+    return subprocess.run([tool("llft-run"), "--replicas", str(replicas), "--run-dir", str(tmp_path / "rd"), *extra,
+                           "--", *map(str, argv)], capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_shell_that_forks_then_execs_runs_to_its_end(tmp_path):
@@ -115,12 +115,13 @@ def no_process_left(marker: str):
     raise AssertionError(f"left running: {[p.pid for p in left]}")
 
 
-def test_a_server_that_forks_workers_is_refused_in_one_line(examples, tmp_path):
+def test_a_server_that_forks_workers_is_refused_with_fork_unrecorded(examples, tmp_path):
     """prefork_server (nginx's and apache prefork's process model): its
-    workers accept on the inherited listener.  Refused, with what it did,
-    and nothing of it left running."""
+    workers accept on the inherited listener.  With --fork unrecorded
+    (they are replicated otherwise: test_forked_processes.py) refused,
+    with what it did, and nothing of it left running."""
     port = "7417"
-    p = llft_run(tmp_path, examples / "prefork_server", port, 2)
+    p = llft_run(tmp_path, examples / "prefork_server", port, 2, extra=["--fork", "unrecorded"])
     assert p.returncode == 1, p.stderr
     line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
     assert line and "forked" in line[0] and "accepted a client connection" in line[0], p.stderr
@@ -128,7 +129,7 @@ def test_a_server_that_forks_workers_is_refused_in_one_line(examples, tmp_path):
 
 
 @pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
-def test_nginx_with_its_default_master_and_workers_is_refused(tmp_path):
+def test_nginx_with_its_default_master_and_workers_is_refused_with_fork_unrecorded(tmp_path):
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
     conf = tmp_path / "nginx.conf"
@@ -148,7 +149,7 @@ http {{
   server {{ listen 127.0.0.1:7418; root {tmp_path}/www; }}
 }}
 """)
-    p = llft_run(tmp_path, NGINX, "-c", conf, "-p", tmp_path)
+    p = llft_run(tmp_path, NGINX, "-c", conf, "-p", tmp_path, extra=["--fork", "unrecorded"])
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
     no_process_left(str(conf))
@@ -187,9 +188,10 @@ APACHE_MODULES = "/usr/lib/apache2/modules"
 
 
 @pytest.mark.skipif(not APACHE, reason="apache2 not installed (scripts/setup.sh installs it)")
-def test_apache_prefork_is_refused_in_one_line(tmp_path):
+def test_apache_prefork_is_refused_in_one_line_with_fork_unrecorded(tmp_path):
     """apache's prefork children accept on the listener their parent bound
-    (and share a scoreboard in shared memory): refused, never served."""
+    (and share a scoreboard in shared memory): with --fork unrecorded,
+    refused, never served (replicated otherwise: test_forked_processes.py)."""
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
     conf = tmp_path / "httpd.conf"
@@ -206,7 +208,7 @@ User nobody
 Group nogroup
 Mutex file:{tmp_path}/logs
 """)
-    p = llft_run(tmp_path, APACHE, "-f", conf, "-DFOREGROUND")
+    p = llft_run(tmp_path, APACHE, "-f", conf, "-DFOREGROUND", extra=["--fork", "unrecorded"])
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
     assert "sharing with it an anonymous shared mapping" in p.stderr, "the scoreboard is not named"
@@ -249,8 +251,8 @@ def udp_dns(port: int, name: str, within: float = 20.0) -> bytes:
                 assert time.monotonic() < end, "no UDP answer"
 
 
-def run_dnsmasq(tmp_path, port: int, *mode: str) -> subprocess.Popen:
-    return subprocess.Popen([tool("llft-run"), "--replicas", "3", "--run-dir", str(tmp_path / "rd"), "--",
+def run_dnsmasq(tmp_path, port: int, *mode: str, extra=()) -> subprocess.Popen:
+    return subprocess.Popen([tool("llft-run"), "--replicas", "3", "--run-dir", str(tmp_path / "rd"), *extra, "--",
                              *map(str, dnsmasq_argv(tmp_path, port, *mode))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -288,12 +290,13 @@ def test_dnsmasq_in_the_foreground_answers_udp_and_tcp_across_a_failover(tmp_pat
 
 
 @pytest.mark.skipif(not DNSMASQ, reason="dnsmasq not installed (scripts/setup.sh installs it)")
-def test_dnsmasq_forking_a_child_per_tcp_query_is_refused(tmp_path):
+def test_dnsmasq_forking_a_child_per_tcp_query_is_refused_with_fork_unrecorded(tmp_path):
     """dnsmasq without -d (here -k, in the foreground) forks a child for
-    each TCP query, which would answer it unreplicated: refused at the
-    first TCP query, the UDP service before it intact."""
+    each TCP query, which with --fork unrecorded would answer it
+    unreplicated: refused at the first TCP query, the UDP service before it
+    intact (replicated otherwise: test_forked_processes.py)."""
     port = 7421
-    proc = run_dnsmasq(tmp_path, port, "-k")
+    proc = run_dnsmasq(tmp_path, port, "-k", extra=["--fork", "unrecorded"])
     try:
         assert udp_dns(port, "box.test").endswith(HOST_ANSWER)
         assert tcp_dns(port, "box.test") == b"", "a forked child answered a client unreplicated"

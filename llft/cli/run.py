@@ -171,13 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mailbox-protocol", type=int, choices=(1, 2), default=1,
                    help="with --order mailbox: 1 tolerates crashed processes and copies (the default), 2 also "
                         "receivers with timing failures, deciding by majority")
-    p.add_argument("--fork", choices=("unrecorded", "replicate"), default="unrecorded",
-                   help="what becomes of the processes the program forks.  unrecorded (the default): they run "
-                        "unrecorded at each replica (a shell's commands, redis's background saves), and one that "
-                        "would serve a client is refused.  replicate: each is replicated with the program, on a "
-                        "record stream of its own, its exit and its parent's waits in the primary's order, and "
-                        "fails over with it (docs/forked-processes.md).  On one host, with --order llft, and "
-                        "without --keep, --respawn, --serialize or --mode semi-passive, for now")
+    p.add_argument("--fork", choices=("unrecorded", "replicate"),
+                   help="what becomes of the processes the program forks.  replicate (the default, where the "
+                        "other options allow it): each is replicated with the program, on a record stream of its "
+                        "own, its exit, its parent's waits and its signal handlers in the primary's order, the "
+                        "connections it accepted handed to it at each backup, and fails over with it (nginx's "
+                        "master and workers, prefork servers, dnsmasq's TCP children; docs/forked-processes.md).  "
+                        "unrecorded (the default with --join, --keep, --respawn, --serialize, --mode "
+                        "semi-passive, --order mailbox or --replay-from, which replicate does not go with yet): "
+                        "they run unrecorded at each replica, and one that would serve a client is refused")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
@@ -280,14 +282,16 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     if args.respawn and (args.replay_from is not None or args.join):
         raise UsageError(f"--{'keep' if args.keep else 'respawn'} replaces replicas of a group on this host: "
                          "not with --replay-from or --join")
-    if args.fork == "replicate":
-        clash = [name for name, on in (("--join", args.join), ("--keep", args.keep is not None),
-                                       ("--respawn", args.respawn), ("--serialize", args.serialize),
-                                       ("--mode semi-passive", args.mode == "semi-passive"),
-                                       ("--order mailbox", args.order == "mailbox"),
-                                       ("--replay-from", args.replay_from is not None)) if on]
-        if clash:
-            raise UsageError(f"--fork replicate does not go with {', '.join(clash)} yet")
+    clash = [name for name, on in (("--join", args.join), ("--keep", args.keep is not None),
+                                   ("--respawn", args.respawn), ("--serialize", args.serialize),
+                                   ("--mode semi-passive", args.mode == "semi-passive"),
+                                   ("--order mailbox", args.order == "mailbox"),
+                                   ("--replay-from", args.replay_from is not None)) if on]
+    if args.fork == "replicate" and clash:
+        raise UsageError(f"--fork replicate does not go with {', '.join(clash)} yet")
+    args.fork_chosen = args.fork is not None
+    if args.fork is None:
+        args.fork = "unrecorded" if clash else "replicate"
     if args.replay_from is not None and not args.replay_from.is_file():
         raise UsageError(f"--replay-from {args.replay_from}: no such file")
     args.port_map = {}
@@ -363,10 +367,11 @@ def main(argv=None) -> int:
     setup_logging(args.log_level, run_dir / "llft.log")
     become_subreaper()   # a daemon the program forks is ended with the group (llft/process_tree.py)
     why = races_by_design(program)
-    if why and not args.serialize and not args.no_serialize and args.fork == "replicate":
+    if why and not args.serialize and not args.no_serialize and args.fork_chosen and args.fork == "replicate":
         log.warning("%s; --fork replicate does not go with --serialize yet: its threads run at once", why)
     elif why and not args.serialize and not args.no_serialize:
         args.serialize = True
+        args.fork = "unrecorded"   # (replicate does not go with --serialize yet)
         log.warning("%s: running it with --serialize (--no-serialize runs its threads at once)", why)
     advice = known_race(program, serialize=args.serialize)
     if advice:
