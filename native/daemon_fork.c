@@ -2,8 +2,9 @@
  * child goes on as the server (redis's daemonize, memcached -d, nginx's
  * `daemon on`: fork; the parent calls exit or _exit; the child setsid()s).
  * The replica is the parent, whose record stream ends with its exit, and a
- * forked child runs unrecorded (wrap_fork.c).  So the replica follows the
- * program into its child by not leaving: it goes on as the child itself.
+ * forked child runs unrecorded (wrap_fork.c) or on a stream of its own
+ * (fork_stream.c).  So the replica follows the program into its child by
+ * not leaving: it goes on as the child itself.
  *
  * The fork is real, but the child waits, before it returns to the
  * program, until the parent's next move:

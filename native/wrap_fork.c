@@ -110,7 +110,8 @@ EXPORT pid_t fork(void)
  * called through the shim would be recorded (or replayed) as the parent's
  * own calls, as dash's child recorded its exec of /bin/true in its
  * parent's stream and a backup's consumed its parent's record.  A fork is
- * what POSIX lets vfork be: the child then runs unrecorded on its own. */
+ * what POSIX lets vfork be: the child then runs on its own (unrecorded,
+ * or on a stream of its own: fork_stream.c). */
 EXPORT pid_t vfork(void)
 {
     return fork();
@@ -124,8 +125,9 @@ void llft_forked_use(int fd, const char *what)
     const char *how = llft_fork_waited_for
                           ? "; it is the background copy of a daemon whose parent waited for it: run the server in "
                             "the foreground (lighttpd -D, dnsmasq -d)"
-                          : "; run the server in its single-process mode";
-    llft_refuse("a process the program forked (pid %d) %s (fd %d)%s%s: llft replicates a program's threads, "
-                "not the processes it forks to serve clients%s",
+                          : "; run the server in its single-process mode, or without the options that leave forked "
+                            "processes unrecorded (docs/forked-processes.md)";
+    llft_refuse("a process the program forked (pid %d) %s (fd %d)%s%s: under --fork unrecorded llft "
+                "replicates a program's threads, not the processes it forks to serve clients%s",
                 (int)syscall(SYS_getpid), what, fd, shared_memory[0] ? ", sharing with it " : "", shared_memory, how);
 }
