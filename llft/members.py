@@ -16,14 +16,21 @@ def start_time(pid: int) -> float | None:
         return None
 
 
-def process_state(pid: int) -> str | None:
-    """pid's state letter in /proc (R, S, T, Z...), or None if it is gone."""
+def process_stat(pid: int) -> list[str] | None:
+    """pid's fields in /proc/PID/stat after its name (state, ppid, pgrp,
+    session, ...), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2]
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def process_state(pid: int) -> str | None:
+    """pid's state letter in /proc (R, S, T, Z...), or None if it is gone."""
+    fields = process_stat(pid)
+    return fields[0] if fields else None
 
 
 def stopped(pid: int | None) -> bool:

@@ -130,25 +130,8 @@ def test_a_server_that_forks_workers_is_refused_with_fork_unrecorded(examples, t
 
 @pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
 def test_nginx_with_its_default_master_and_workers_is_refused_with_fork_unrecorded(tmp_path):
-    (tmp_path / "www").mkdir()
-    (tmp_path / "logs").mkdir()
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(f"""daemon off;
-master_process on;
-worker_processes 2;
-pid {tmp_path}/nginx.pid;
-error_log {tmp_path}/logs/error.log;
-events {{ worker_connections 64; }}
-http {{
-  access_log {tmp_path}/logs/access.log;
-  client_body_temp_path {tmp_path}/body;
-  proxy_temp_path {tmp_path}/proxy;
-  fastcgi_temp_path {tmp_path}/fastcgi;
-  uwsgi_temp_path {tmp_path}/uwsgi;
-  scgi_temp_path {tmp_path}/scgi;
-  server {{ listen 127.0.0.1:7418; root {tmp_path}/www; }}
-}}
-""")
+    from test_forked_processes import nginx_conf
+    conf = nginx_conf(tmp_path, 7418, "daemon off;")
     p = llft_run(tmp_path, NGINX, "-c", conf, "-p", tmp_path, extra=["--fork", "unrecorded"])
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr

@@ -25,7 +25,7 @@ from pathlib import Path
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
-from llft.members import process_state
+from llft.members import process_stat, process_state
 from llft.native import ROLE_PRIMARY, StreamError, StreamFile
 from llft.ordering.backend import ordering_for
 
@@ -38,12 +38,8 @@ def _running(pid: int) -> bool:
 
 
 def _session(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[3])
+    fields = process_stat(pid)
+    return int(fields[3]) if fields else None
 
 
 class _NoRecords:
