@@ -305,6 +305,21 @@ APACHE = shutil.which("apache2") or shutil.which("apache2", path="/usr/sbin")
 APACHE_MODULES = "/usr/lib/apache2/modules"
 
 
+def apache_conf(tmp_path, port: int, docroot, *lines: str):
+    """apache in its prefork model, two servers to start with, running as
+    nobody; its logs in tmp_path/logs."""
+    (tmp_path / "logs").mkdir()
+    conf = tmp_path / "httpd.conf"
+    conf.write_text("\n".join([f"ServerRoot {tmp_path}",
+                               f"LoadModule mpm_prefork_module {APACHE_MODULES}/mod_mpm_prefork.so",
+                               f"LoadModule authz_core_module {APACHE_MODULES}/mod_authz_core.so",
+                               f"Listen 127.0.0.1:{port}", "ServerName localhost",
+                               f"PidFile {tmp_path}/logs/httpd.pid", f"ErrorLog {tmp_path}/logs/error.log",
+                               f"DocumentRoot {docroot}", "StartServers 2", "User nobody", "Group nogroup",
+                               f"Mutex file:{tmp_path}/logs", *lines, ""]))
+    return conf
+
+
 @pytest.mark.skipif(not APACHE, reason="apache2 not installed (scripts/setup.sh installs it)")
 def test_apache_prefork_serves_alike_or_is_refused_naming_its_shared_memory(tmp_path):
     """apache's prefork model: a master that forks servers, and forks more
@@ -320,23 +335,7 @@ def test_apache_prefork_serves_alike_or_is_refused_naming_its_shared_memory(tmp_
     www.chmod(0o755)
     (www / "index.html").write_text("hello from apache\n")
     (www / "index.html").chmod(0o644)
-    (tmp_path / "logs").mkdir()
-    conf = tmp_path / "httpd.conf"
-    conf.write_text(f"""ServerRoot {tmp_path}
-LoadModule mpm_prefork_module {APACHE_MODULES}/mod_mpm_prefork.so
-LoadModule authz_core_module {APACHE_MODULES}/mod_authz_core.so
-Listen 127.0.0.1:7432
-ServerName localhost
-PidFile {tmp_path}/logs/httpd.pid
-ErrorLog {tmp_path}/logs/error.log
-DocumentRoot {www}
-StartServers 2
-MinSpareServers 1
-MaxSpareServers 3
-User nobody
-Group nogroup
-Mutex file:{tmp_path}/logs
-""")
+    conf = apache_conf(tmp_path, 7432, www, "MinSpareServers 1", "MaxSpareServers 3")
     try:
         bursts_until_refused(tmp_path, conf)
     finally:

@@ -167,7 +167,6 @@ def test_what_a_replica_forked_goes_with_it_and_with_the_group(examples, tmp_pat
 
 
 APACHE = shutil.which("apache2") or shutil.which("apache2", path="/usr/sbin")
-APACHE_MODULES = "/usr/lib/apache2/modules"
 
 
 @pytest.mark.skipif(not APACHE, reason="apache2 not installed (scripts/setup.sh installs it)")
@@ -175,22 +174,9 @@ def test_apache_prefork_is_refused_in_one_line_with_fork_unrecorded(tmp_path):
     """apache's prefork children accept on the listener their parent bound
     (and share a scoreboard in shared memory): with --fork unrecorded,
     refused, never served (replicated otherwise: test_forked_processes.py)."""
+    from test_forked_processes import apache_conf
     (tmp_path / "www").mkdir()
-    (tmp_path / "logs").mkdir()
-    conf = tmp_path / "httpd.conf"
-    conf.write_text(f"""ServerRoot {tmp_path}
-LoadModule mpm_prefork_module {APACHE_MODULES}/mod_mpm_prefork.so
-LoadModule authz_core_module {APACHE_MODULES}/mod_authz_core.so
-Listen 127.0.0.1:7419
-ServerName localhost
-PidFile {tmp_path}/logs/httpd.pid
-ErrorLog {tmp_path}/logs/error.log
-DocumentRoot {tmp_path}/www
-StartServers 2
-User nobody
-Group nogroup
-Mutex file:{tmp_path}/logs
-""")
+    conf = apache_conf(tmp_path, 7419, tmp_path / "www")
     p = llft_run(tmp_path, APACHE, "-f", conf, "-DFOREGROUND", extra=["--fork", "unrecorded"])
     assert p.returncode == 1, p.stderr
     assert "cannot replicate the program: a process the program forked" in p.stderr, p.stderr
