@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 
 from llft._native import ffi, lib
@@ -134,12 +135,18 @@ def count_groups(raw) -> int:
     return groups
 
 
+_scan = threading.local()   # each record pump's scratch for accepted_connections
+
+
 def accepted_connections(raw) -> list[int]:
     """The connection ids the successful accepts among raw's whole record
     groups took (their ACCEPT records)."""
     n = len(raw) // REC_SIZE
-    ids = ffi.new("uint64_t[]", max(n // 2, 1))
-    found = lib.llft_scan_accepts(ffi.from_buffer(raw), n, ids, max(n // 2, 1))
+    cap = max(n // 2, 1)   # (an ACCEPT takes two slots)
+    ids = getattr(_scan, "ids", None)
+    if ids is None or len(ids) < cap:
+        ids = _scan.ids = ffi.new("uint64_t[]", max(cap, 2048))
+    found = lib.llft_scan_accepts(ffi.from_buffer(raw), n, ids, cap)
     return list(ids[0:found])
 
 
