@@ -192,6 +192,16 @@ def orders(ctx, replicas: int, rounds: int, count: int, size: int = 1024):
                         rounds, count, size)
 
 
+def fork_modes(ctx, replicas: int, rounds: int, count: int, size: int = 1024):
+    """Issue 16: what replicating forked processes (llft-run's default)
+    costs a server that forks none: its backups are handed each connection
+    once the primary's accept of it is forwarded, and every forwarded chunk
+    is scanned for accepts.  Side by side with --fork unrecorded and the
+    unreplicated server."""
+    groups_side_by_side(ctx, "serving/fork_modes", {f"fork-{m}": (f"fork-{m}", replicas, ["--fork", m])
+                                                    for m in ("unrecorded", "replicate")}, rounds, count, size)
+
+
 def throughput(ctx, clients, replicas: int, rounds: int, secs: float, size: int = 1024):
     """LLFT Fig. 13, with the ceiling (module doc)."""
     ctx.plan(len(clients) * rounds * 3)

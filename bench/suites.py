@@ -50,6 +50,9 @@ WORKLOADS = {
     "orders": ("serving:orders", {
         "paper": dict(replicas=3, rounds=5, count=1000),
         "smoke": dict(replicas=3, rounds=1, count=100)}),
+    "fork_modes": ("serving:fork_modes", {
+        "paper": dict(replicas=3, rounds=5, count=1000),
+        "smoke": dict(replicas=3, rounds=1, count=100)}),
     "order_failover": ("failover:failovers", {
         "paper": dict(plan="orders", trials=5, replicas=[3], clients=[2]),
         "smoke": dict(plan="orders", trials=1, replicas=[3], clients=[1])}),

@@ -405,3 +405,24 @@ def test_a_daemon_whose_parent_waits_for_its_word_is_refused_with_the_foreground
     assert line and "its first process exited, leaving process" in line[0], p.stderr
     assert "run the server in the foreground (lighttpd -D" in line[0]
     no_process_left(str(conf))
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, examples, tmp_path):
+    """fork_counter forks a child per client connection, and each child
+    asks the parent over a pipe for the next count of each line: llft-run
+    replicates it as it is (no option), the primary killed under load
+    after the k-th reply; every count is given once, each client's lines
+    answered in order, the survivors' outputs equal."""
+    from serving import ServingGroup, line_client
+    from test_failover import check_exactly_once, run_clients
+    group = ServingGroup(tmp_path / "rd", [examples / "fork_counter", 7000])
+    results = run_clients(group, nclients=4, nlines=150, kills=kills)
+    check_exactly_once(results, 4, 150)
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert len(survivors) == 3 - kills and all(r["status"] == 0 for r in survivors)
+    assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
