@@ -311,9 +311,18 @@ class ForkedStreams:
                 pass
 
     def close(self):
+        """The group has ended: every stream with it (their histories too)."""
         for s in self.streams.values():
             s.close()
+            try:
+                s.saved.unlink()
+            except OSError:
+                pass
         self.streams.clear()
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
 
     def state(self) -> dict:
         return {"streams": len(self.streams), "drops": self.drops, "shared_memory": self.shared_memory}
