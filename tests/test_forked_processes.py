@@ -64,6 +64,7 @@ def test_forked_processes_replay_on_streams_of_their_own(examples, tmp_path):
     check_fork_wait_output(outs[0], 4)
     state = json.loads((rd / "llft-run.json").read_text())
     assert state["forked"]["drops"] == 0
+    assert state["forked"]["shared_memory"] is None, "the shim's own mappings are not the program's to name"
 
 
 def test_unrecorded_children_differ_at_the_backups(examples, tmp_path):
