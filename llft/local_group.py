@@ -115,6 +115,7 @@ class LocalGroup:
         self.replicas.append(r)
         if self.forked is not None:
             r.channel.on_stream = functools.partial(self.forked.handed_over, r)
+            r.adopt = functools.partial(self._adopt_daemon, r)
         self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
             self.sinks[k] = BackupSink(k, stream, r.alive)
@@ -371,6 +372,11 @@ class LocalGroup:
         deadline = None
         next_state = time.monotonic() + 1
         frozen_since: dict[int, float] = {}
+        # --fork replicate: the primary's first process has exited and the
+        # replica goes on as a daemon it forked (_adopt_daemon); the first
+        # processes' stream has ended, the program has not.
+        daemon_era = False
+        adopted = 0
         # (Semi-passive: a primary's death leaves no replica alive, and the
         # group goes on with a copy of its checkpoint.)
         while any(r.alive() for r in self.replicas) or (self.opts.semi_passive and not self.source.finished()):
@@ -392,7 +398,14 @@ class LocalGroup:
                 self.failed = self.gateway.errors[0]  # clients could never reach the group
                 self.stop()
                 break
-            if primary is not None and not primary.alive() and not self.source.finished():
+            if primary is not None and primary.adopted and not daemon_era:
+                daemon_era = True
+                self.source.finish(primary.first_status)   # the backups' first processes exit as it did
+            if sum(1 for r in self.replicas if r.adopted) != adopted:
+                adopted = sum(1 for r in self.replicas if r.adopted)
+                self.write_state("running")   # their pids, for llft-status and llft-kill
+            running = daemon_era or not self.source.finished()
+            if primary is not None and not primary.alive() and running:
                 if primary.status < 128 and self._check_unreplicable():
                     break   # the shim stopped it, saying why: not the program's own end
                 # Killed by a signal: a fault.  An exit is the program's own end.
@@ -404,11 +417,10 @@ class LocalGroup:
                     primary = successor
                     self.replacements.respawn()
                     continue
-                if self._daemon_left_behind(primary):
-                    break
                 log.info("primary exited with status %d", primary.status)
                 self.source.finish(primary.status)
-            gone = [r for r in self.replicas if r.role == "backup" and not r.alive() and not self.source.finished()]
+                daemon_era = running = False
+            gone = [r for r in self.replicas if r.role == "backup" and not r.alive() and running]
             # A backup that could not bind the port its primary holds natively.
             if any(r.status < 128 for r in gone) and self._check_unreplicable():
                 break
@@ -417,12 +429,12 @@ class LocalGroup:
                     self._backup_failed(r, f"was killed (status {r.status})")
                 else:
                     self._backup_lost(r)
-            if primary is not None and not self.source.finished():
+            if primary is not None and running and not daemon_era:
                 self._check_following()
             self.replacements.respawn()
             self.replacements.check_caught_up()
             self.replacements.store_due()
-            if deadline is None and self.source.finished():
+            if deadline is None and not running:
                 deadline = time.monotonic() + self.opts.backup_exit_timeout
             if deadline is not None and time.monotonic() > deadline:
                 for r in self.replicas:
@@ -436,20 +448,20 @@ class LocalGroup:
                 pass
             self.exited.clear()
 
-    def _daemon_left_behind(self, primary: Replica) -> bool:
-        """--fork replicate: the program's first process exited, leaving a
-        process it forked running in a session of its own (a daemon whose
-        parent waited for its word, then exited).  The group would end with
-        the first process: refused in one line, as without --fork replicate."""
-        pid = self.forked.daemon_of(primary) if self.forked is not None else None
+    def _adopt_daemon(self, r: Replica, first: int) -> int | None:
+        """--fork replicate: r's first process (pid first) exited on its
+        own, leaving a process it forked running in a session of its own (a
+        daemon whose parent waited for its word, then exited: lighttpd
+        without -D): r goes on as that process, whose stream the backups
+        replay as any forked process's, and fails over with it."""
+        pid = self.forked.daemon_of(r, first)
         if pid is None:
-            return False
-        self.failed = (f"cannot replicate the program: its first process exited, leaving process {pid}, which it "
-                       "forked, running in a session of its own (a daemon whose parent waited for its word): run "
-                       "the server in the foreground (lighttpd -D, dnsmasq -d)")
-        log.info("%s; stopping the group", self.failed)
-        self.stop()
-        return True
+            return None
+        log.info("replica %d's first process exited; the replica goes on as process %d, which it forked and "
+                 "which runs in a session of its own (a daemon)", r.index, pid)
+        if self.plane is not None and r in self.replicas and self.relays:
+            self.plane.set_pid(self._relay_of(r).slot, pid)
+        return pid
 
     def _check_forked_divergence(self):
         """--fork replicate: a backup one of whose processes diverged is

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
-from llft.members import start_time, stopped
+from llft.members import process_state, start_time, stopped
 from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr,
                          ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
@@ -53,6 +53,12 @@ class Replica:
     serialize: bool = False             # --serialize: its threads take turns (native/serialize.c)
     checkpointing: bool = False         # frozen by CRIU for a checkpoint of it: not a timing fault
     forked_streams: list = field(default_factory=list)   # --fork replicate: its processes' streams, when one diverged
+    # --fork replicate: (its first process's pid) -> a process of the replica
+    # that goes on as it once that process has exited (a daemon whose parent
+    # waited for its word), or None; adopted: that process, once it has.
+    adopt: Callable[[int], int | None] | None = None
+    adopted: int | None = None
+    first_status: int | None = None      # its first process's exit status, once adopted
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
@@ -65,7 +71,7 @@ class Replica:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
+        return self.adopted or (self.proc.pid if self.proc else None)
 
     def start(self, argv: list[str], base_env: dict[str, str]):
         env = dict(base_env)
@@ -111,11 +117,19 @@ class Replica:
         return bypass_message(self.index, self.pid, ports) if ports else None
 
     def poll(self) -> int | None:
-        if self.status is None and self.proc is not None:
+        if self.status is None and self.adopted is not None:
+            self.status = adopted_status(self.adopted)
+        elif self.status is None and self.proc is not None:
             rc = self.proc.poll()
             if rc is not None:
-                self.status = rc if rc >= 0 else 128 - rc
-                end_process_group(self.pid)   # what it forked goes with it
+                status = rc if rc >= 0 else 128 - rc
+                end_process_group(self.proc.pid)   # what it forked goes with it (a daemon has a session of its own)
+                daemon = self.adopt(self.proc.pid) if self.adopt is not None and status < 128 else None
+                if daemon:
+                    self.adopted, self.first_status = daemon, status
+                    self.started = start_time(daemon)
+                else:
+                    self.status = status
         return self.status
 
     def alive(self) -> bool:
@@ -221,6 +235,21 @@ class RestoredReplica(Replica):
 
     def state(self) -> dict:
         return dict(super().state(), cloned_from=self.source, checkpoint=self.checkpoint)
+
+
+def adopted_status(pid: int) -> int | None:
+    """The exit status (as a shell reports it) of a process a replica went
+    on as: llft-run is the subreaper of what the replicas leave, so it is
+    llft-run's child to reap; None while it runs."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:   # not ours after all: all that can be told is whether it runs
+        state = process_state(pid)
+        return None if state is not None and state not in "ZX" else 0
+    if got == 0:
+        return None
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
 
 
 def stop_replicas(replicas: Iterable[Replica], grace: float = 3.0):

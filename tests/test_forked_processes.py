@@ -275,18 +275,21 @@ DNSMASQ = shutil.which("dnsmasq") or shutil.which("dnsmasq", path="/usr/sbin")
 
 
 @pytest.mark.skipif(not DNSMASQ, reason="dnsmasq not installed (scripts/setup.sh installs it)")
-def test_dnsmasq_forking_a_child_per_tcp_query_fails_over(tmp_path):
+@pytest.mark.parametrize("mode", [["-k"], []])
+def test_dnsmasq_forking_a_child_per_tcp_query_fails_over(mode, tmp_path):
     """dnsmasq -k forks a child for each TCP query, which answers it and
     exits; its parent learns of that from a SIGCHLD handler that calls
     getpid(), wherever it interrupts the parent.  Each backup runs that
     handler where the primary's ran (its own SIGCHLD does nothing), so
     the replicas agree; answered over UDP and TCP before and after the
-    primary is killed."""
+    primary is killed.  Without -k it daemonizes as well, its parent
+    waiting for the child's word: each replica goes on as that child.
+    Its default configuration, as it is deployed."""
     from serving import kill_primary
     from test_processes import HOST_ANSWER, dnsmasq_argv, end, tcp_dns, udp_dns
-    port = 7423
-    proc = subprocess.Popen([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir",
-                             str(tmp_path / "rd"), "--", *map(str, dnsmasq_argv(tmp_path, port, "-k"))],
+    port = 7423 + len(mode)
+    proc = subprocess.Popen([tool("llft-run"), "--replicas", "3", "--run-dir",
+                             str(tmp_path / "rd"), "--", *map(str, dnsmasq_argv(tmp_path, port, *mode))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         answers = [udp_dns(port, "box.test")] + [tcp_dns(port, "box.test") for _ in range(5)]
@@ -387,24 +390,35 @@ LIGHTTPD = shutil.which("lighttpd") or shutil.which("lighttpd", path="/usr/sbin"
 
 
 @pytest.mark.skipif(not LIGHTTPD, reason="lighttpd not installed (scripts/setup.sh installs it)")
-def test_a_daemon_whose_parent_waits_for_its_word_is_refused_with_the_foreground_advice(tmp_path):
-    """lighttpd without -D forks; its child starts a session of its own,
-    says it is ready on a pipe, and the parent exits: the group would end
-    with the first process, its server with it.  Refused in one line
-    that says to run it in the foreground, nothing left running."""
-    from serving import free_port
-    from test_private_files import LIGHTTPD_CONF
-    from test_processes import no_process_left
+def test_a_daemon_whose_parent_waits_for_its_word_goes_on_as_the_replica(tmp_path):
+    """lighttpd without -D forks; its child starts a session of its own and
+    says on a pipe it is ready, and the parent exits.  Each replica goes on
+    as that child (llft-status shows its pid), serves, and fails over
+    under keep-alive load, then again with the group idle."""
+    import http.client
+    from serving import ServingGroup, free_port, kill_primary
+    from test_private_files import LIGHTTPD_CONF, pages_under_a_kill
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
+    page = b"<h1>llft</h1>\n" * 50
+    (tmp_path / "www" / "index.html").write_bytes(page)
     conf = tmp_path / "lighttpd.conf"
     conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
-    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir", str(tmp_path / "rd"),
-                        "--", LIGHTTPD, "-f", str(conf)], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1, p.stderr
-    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
-    assert line and "its first process exited, leaving process" in line[0], p.stderr
-    assert "run the server in the foreground (lighttpd -D" in line[0]
+    group = ServingGroup(tmp_path / "rd", [LIGHTTPD, "-f", conf])
+    served = pages_under_a_kill(group, page)
+    assert all(s == [True] * 100 for s in served.values()), served
+    kill_primary(group.run_dir)             # idle: every connection has closed
+    for _ in range(20):
+        c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
+        c.request("GET", "/")
+        r = c.getresponse()
+        assert (r.status, r.read()) == (200, page)
+        c.close()
+    time.sleep(1.2)   # the state file is written every second
+    state = json.loads((group.run_dir / "llft-run.json").read_text())
+    assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"], group.stderr
+    group.stop()
+    from test_processes import no_process_left
     no_process_left(str(conf))
 
 

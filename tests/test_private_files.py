@@ -259,16 +259,17 @@ index-file.names = ("index.html")
 
 
 @pytest.mark.skipif(not LIGHTTPD, reason="lighttpd not installed (scripts/setup.sh installs it)")
-def test_lighttpd_daemonizing_is_refused_with_the_foreground_advice(tmp_path):
+def test_lighttpd_daemonizing_is_refused_with_the_foreground_advice_with_fork_unrecorded(tmp_path):
     """lighttpd without -D daemonizes, its parent waiting on a pipe for the
-    child's word before it exits: the child, not the replica, would serve.
-    Refused in one line that says to run it in the foreground."""
+    child's word before it exits: with --fork unrecorded the child, not the
+    replica, would serve.  Refused in one line that says to run it in the
+    foreground (replicated otherwise: test_forked_processes.py)."""
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
     conf = tmp_path / "lighttpd.conf"
     conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
-    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--run-dir", str(tmp_path / "rd"), "--",
-                        LIGHTTPD, "-f", str(conf)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--run-dir", str(tmp_path / "rd"), "--fork",
+                        "unrecorded", "--", LIGHTTPD, "-f", str(conf)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stderr
     line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
     assert line and "run the server in the foreground (lighttpd -D" in line[0], p.stderr

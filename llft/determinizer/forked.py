@@ -270,14 +270,15 @@ class ForkedStreams:
                     return f"cannot replicate the program: {f.divergence}"
         return None
 
-    def daemon_of(self, replica) -> int | None:
-        """A process of replica's (as primary) still running in a session
-        other than the replica's, or None."""
+    def daemon_of(self, replica, first: int) -> int | None:
+        """A process of replica's still running in a session other than its
+        first process's (pid first), or None."""
         for s in self.streams.values():
-            if s.owner != replica.index or s.source is None or s.forwarder is None or s.forwarder.ended:
+            f = s.files.get(replica.index)
+            if f is None or f.ctl is None:
                 continue
-            pid = s.files[replica.index].attached_pid
-            if _running(pid) and _session(pid) not in (None, replica.pid):
+            pid = f.attached_pid
+            if _running(pid) and _session(pid) not in (None, first):
                 return pid
         return None
 
