@@ -386,41 +386,6 @@ def bursts_until_refused(tmp_path, conf):
         assert state["replicas"][1]["outputs"] == state["replicas"][0]["outputs"]
 
 
-LIGHTTPD = shutil.which("lighttpd") or shutil.which("lighttpd", path="/usr/sbin")
-
-
-@pytest.mark.skipif(not LIGHTTPD, reason="lighttpd not installed (scripts/setup.sh installs it)")
-def test_a_daemon_whose_parent_waits_for_its_word_goes_on_as_the_replica(tmp_path):
-    """lighttpd without -D forks; its child starts a session of its own and
-    says on a pipe it is ready, and the parent exits.  Each replica goes on
-    as that child (llft-status shows its pid), serves, and fails over
-    under keep-alive load, then again with the group idle."""
-    import http.client
-    from serving import ServingGroup, free_port, kill_primary
-    from test_private_files import LIGHTTPD_CONF, pages_under_a_kill
-    (tmp_path / "www").mkdir()
-    (tmp_path / "logs").mkdir()
-    page = b"<h1>llft</h1>\n" * 50
-    (tmp_path / "www" / "index.html").write_bytes(page)
-    conf = tmp_path / "lighttpd.conf"
-    conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
-    group = ServingGroup(tmp_path / "rd", [LIGHTTPD, "-f", conf])
-    served = pages_under_a_kill(group, page)
-    assert all(s == [True] * 100 for s in served.values()), served
-    kill_primary(group.run_dir)             # idle: every connection has closed
-    for _ in range(20):
-        c = http.client.HTTPConnection("127.0.0.1", group.port, timeout=30)
-        c.request("GET", "/")
-        r = c.getresponse()
-        assert (r.status, r.read()) == (200, page)
-        c.close()
-    time.sleep(1.2)   # the state file is written every second
-    state = json.loads((group.run_dir / "llft-run.json").read_text())
-    assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"], group.stderr
-    group.stop()
-    from test_processes import no_process_left
-    no_process_left(str(conf))
-
 
 @pytest.mark.parametrize("kills", [1, 2])
 def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, examples, tmp_path):

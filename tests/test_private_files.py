@@ -276,19 +276,23 @@ def test_lighttpd_daemonizing_is_refused_with_the_foreground_advice_with_fork_un
 
 
 @pytest.mark.skipif(not LIGHTTPD, reason="lighttpd not installed (scripts/setup.sh installs it)")
-def test_lighttpd_serves_across_failovers_with_its_own_logs(tmp_path):
+@pytest.mark.parametrize("mode", [["-D"], []])
+def test_lighttpd_serves_across_failovers_with_its_own_logs(mode, tmp_path):
     """lighttpd derives its connection budget from the fd number
     open("/dev/null") returns and writes a pid file with O_EXCL: each
     backup must see the primary's numbers and its own files, or it stops
     accepting once it takes over.  Two kills: under keep-alive load, then
-    with the group idle right after every connection closed."""
+    with the group idle right after every connection closed.  In the
+    foreground (-D), and daemonized as deployed: it forks, its child starts
+    a session of its own and says on a pipe it is ready, and the parent
+    exits; each replica goes on as that child (docs/forked-processes.md)."""
     (tmp_path / "www").mkdir()
     (tmp_path / "logs").mkdir()
     page = b"<h1>llft</h1>\n" * 50
     (tmp_path / "www" / "index.html").write_bytes(page)
     conf = tmp_path / "lighttpd.conf"
     conf.write_text(LIGHTTPD_CONF.format(root=tmp_path, port=free_port()))
-    group = ServingGroup(tmp_path / "rd", [LIGHTTPD, "-D", "-f", conf])
+    group = ServingGroup(tmp_path / "rd", [LIGHTTPD, *mode, "-f", conf])
     served = pages_under_a_kill(group, page)
     assert all(s == [True] * 100 for s in served.values()), served
 
