@@ -195,11 +195,14 @@ def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, co
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
-def nginx_conf(tmp_path, port: int, *lines: str):
-    """nginx in its default process model (a master, two workers), in
-    the foreground; each replica writes its logs in its own files."""
-    (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "index.html").write_text("hello from nginx\n")
+def nginx_conf(tmp_path, port: int, *lines: str, www=None):
+    """nginx in its default process model (a master, two workers); each
+    replica writes its logs in its own files.  www: where its page is
+    (default: tmp_path/www)."""
+    www = www or tmp_path / "www"
+    www.mkdir(exist_ok=True)
+    (www / "index.html").write_text("hello from nginx\n")
+    (www / "index.html").chmod(0o644)
     (tmp_path / "logs").mkdir()
     conf = tmp_path / "nginx.conf"
     conf.write_text("\n".join(lines) + f"""
@@ -215,7 +218,7 @@ http {{
   fastcgi_temp_path {tmp_path}/fastcgi;
   uwsgi_temp_path {tmp_path}/uwsgi;
   scgi_temp_path {tmp_path}/scgi;
-  server {{ listen 127.0.0.1:{port}; root {tmp_path}/www; }}
+  server {{ listen 127.0.0.1:{port}; root {www}; }}
 }}
 """)
     return conf
@@ -245,16 +248,31 @@ def kill_after_progress(group, progress):
 
 
 @pytest.mark.skipif(not NGINX, reason="nginx not installed (scripts/setup.sh installs nginx-light)")
-@pytest.mark.parametrize("daemon, kills", [("off", 0), ("off", 1), ("on", 1)])
-def test_nginx_with_its_master_and_workers_serves_and_fails_over(daemon, kills, tmp_path):
+@pytest.mark.parametrize("daemon, kills, user", [("off", 0, "root"), ("off", 1, "root"), ("on", 1, "root"),
+                                                 ("off", 1, "www-data")])
+def test_nginx_with_its_master_and_workers_serves_and_fails_over(daemon, kills, user, tmp_path):
     """nginx as it is deployed: a master that forks two workers, which
     accept on its listener, pass each other their channels (SCM_RIGHTS)
     and share memory with it (its accept mutex and counters: named in a
     warning).  Keep-alive clients, the primary killed after the k-th
     answer: no request fails, the survivors' outputs are equal, and the
-    group stops cleanly, leaving nothing behind."""
+    group stops cleanly, leaving nothing behind.  With `daemon on` its
+    first process forks and exits at once: each replica goes on as the
+    child (native/daemon_fork.c).  With `user www-data` its workers drop
+    their privileges."""
+    import tempfile
+    from pathlib import Path
+    www = Path(tempfile.mkdtemp(prefix="llft-nginx-"))   # a page its workers can read as www-data
+    www.chmod(0o755)
+    try:
+        serve_nginx_under_kills(tmp_path, nginx_conf(tmp_path, 7418, f"daemon {daemon};", f"user {user};", www=www),
+                                kills)
+    finally:
+        shutil.rmtree(www)
+
+
+def serve_nginx_under_kills(tmp_path, conf, kills: int):
     from serving import Progress, ServingGroup
-    conf = nginx_conf(tmp_path, 7418, f"daemon {daemon};", "user root;")
     group = ServingGroup(tmp_path / "rd", [NGINX, "-c", conf, "-p", tmp_path], extra=["--fork", "replicate"])
     progress = Progress()
     progress.kill_at = [4 * 150 * (k + 1) // (kills + 2) for k in range(kills)]

@@ -117,6 +117,11 @@ class ForkedStream:
         if not select.select([self.pidfd], [], [], wait_s)[0]:
             log.warning("the failed primary's forked process of stream %x did not end within %.1f s", self.id,
                         wait_s)
+            return
+        try:   # its parent died first: llft-run, the subreaper, has it to reap
+            os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass   # (its parent's to reap)
 
     def fail_over(self, successor: int):
         """The primary failed (its processes are gone): the successor's
