@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import os
 import signal
@@ -158,6 +159,10 @@ class LocalGroup:
             log.info("replica %d (%s) started: pid %d", r.index, r.role, r.pid)
         self.forwarder.start()
         self.write_state("running")
+
+    def replica_at(self, index: int) -> Replica | None:
+        """The replica of that index (its precedence), or None."""
+        return next((r for r in self.replicas if r.index == index), None)
 
     def primary(self) -> Replica | None:
         """The replica whose role is primary (None while none is)."""
@@ -401,8 +406,9 @@ class LocalGroup:
             if primary is not None and primary.adopted and not daemon_era:
                 daemon_era = True
                 self.source.finish(primary.first_status)   # the backups' first processes exit as it did
-            if sum(1 for r in self.replicas if r.adopted) != adopted:
-                adopted = sum(1 for r in self.replicas if r.adopted)
+            now_adopted = sum(1 for r in self.replicas if r.adopted)
+            if now_adopted != adopted:
+                adopted = now_adopted
                 self.write_state("running")   # their pids, for llft-status and llft-kill
             running = daemon_era or not self.source.finished()
             if primary is not None and not primary.alive() and running:
@@ -467,7 +473,7 @@ class LocalGroup:
         """--fork replicate: a backup one of whose processes diverged is
         lost, as if the backup itself had (its other processes are ended)."""
         for index, streams in self.forked.diverged_backups().items():
-            r = next((x for x in self.replicas if x.index == index), None)
+            r = self.replica_at(index)
             if r is None or r.role != "backup":
                 continue
             r.forked_streams = streams
@@ -499,8 +505,8 @@ class LocalGroup:
         child reaching a client: the shim says so in the control block), or
         that holds a real port (llft/native_sockets.py): the group stops, as
         nothing may be served unreplicated."""
-        for r in self.replicas:
-            why = r.unreplicable() or (self.forked.refusal() if self.forked is not None else None)
+        forked = self.forked.refusal() if self.forked is not None else None
+        for why in itertools.chain([forked], (r.unreplicable() for r in self.replicas)):
             if why:
                 self.failed = why
                 log.info("%s; stopping the group", self.failed)   # llft-run says it on its stderr

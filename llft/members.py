@@ -33,6 +33,12 @@ def process_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
+def running(pid: int) -> bool:
+    """pid is a process that has not exited (not a zombie)."""
+    state = process_state(pid)
+    return state is not None and state not in "ZX"
+
+
 def stopped(pid: int | None) -> bool:
     """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
     state = process_state(pid) if pid is not None else None

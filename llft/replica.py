@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
-from llft.members import process_state, start_time, stopped
+from llft.members import running, start_time, stopped
 from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr,
                          ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
@@ -244,8 +244,7 @@ def adopted_status(pid: int) -> int | None:
     try:
         got, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:   # not ours after all: all that can be told is whether it runs
-        state = process_state(pid)
-        return None if state is not None and state not in "ZX" else 0
+        return None if running(pid) else 0
     if got == 0:
         return None
     code = os.waitstatus_to_exitcode(status)

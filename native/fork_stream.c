@@ -290,8 +290,6 @@ void llft_forked_may_not(const char *what)
                     "process may do so yet", (int)syscall(SYS_getpid), what);
 }
 
-void llft_fds_shared_with_child(void); /* fdtable.c */
-
 /* Backup, the parent: the primary's FORK of this n-th fork, which came
  * after the calls the program's fork handlers made in the parent (the
  * fork itself runs them: an allocator's locks).  0, or LLFT_PROMOTED. */
@@ -351,8 +349,6 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void))
         pid_t program_pid;
         if (!fork_replayed(t, n, p, &program_pid)) {
             gate_open(n, program_pid);
-            if (program_pid > 0 && how == LLFT_FORK_PLAIN)
-                llft_fds_shared_with_child();
             return program_pid;
         }
         /* Taken over before the record: the child goes on as the primary's
@@ -361,8 +357,6 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void))
     llft_record_aux(t, LLFT_OP_FORK, 0, 0, p, p < 0 ? err : 0, (int64_t)plan.stream, n);
     llft_wait_committed(t);
     gate_open(n, p);
-    if (p > 0 && how == LLFT_FORK_PLAIN)
-        llft_fds_shared_with_child();
     errno = err;
     return p;
 }

@@ -25,16 +25,11 @@ from pathlib import Path
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
-from llft.members import process_stat, process_state
+from llft.members import process_stat, running
 from llft.native import ROLE_PRIMARY, StreamError, StreamFile
 from llft.ordering.backend import ordering_for
 
 log = logging.getLogger("llft.forked")
-
-
-def _running(pid: int) -> bool:
-    state = process_state(pid)
-    return state is not None and state not in "ZX"
 
 
 def _session(pid: int) -> int | None:
@@ -66,9 +61,8 @@ class _NoRecords:
 class ForkedStream:
     """One forked process, at every replica."""
 
-    def __init__(self, stream_id: int, parent: int, saved: Path):
+    def __init__(self, stream_id: int, saved: Path):
         self.id = stream_id
-        self.parent = parent
         self.saved = saved
         self.files: dict[int, StreamFile] = {}   # replica index -> its process's stream
         self.sinks: dict[int, BackupSink] = {}
@@ -97,7 +91,7 @@ class ForkedStream:
 
     def add_backup(self, index: int, stream: StreamFile):
         pid = stream.attached_pid
-        sink = BackupSink(index, stream, lambda: _running(pid))
+        sink = BackupSink(index, stream, lambda: running(pid))
         self.sinks[index] = sink
         if self.forwarder is not None:
             self._catch_up(sink)
@@ -165,6 +159,7 @@ class ForkedStream:
             self.pidfd = None
 
     def close(self):
+        """Ends it for everyone, and forgets its history."""
         if self.source is not None:
             self.source.finish()
         if self.forwarder is not None:
@@ -175,11 +170,15 @@ class ForkedStream:
         if (self.forwarder is None or not self.forwarder.is_alive()) and not any(f.is_alive() for f in self.feeders):
             for f in self.files.values():   # (a thread still at it would read freed memory)
                 f.close()
+        try:
+            self.saved.unlink()
+        except OSError:
+            pass
 
 
 class ForkedStreams:
     """Every forked process's stream of one group on this host.  group
-    answers primary() (the Replica that is primary) and replicas."""
+    answers replicas and replica_at(index)."""
 
     def __init__(self, group, run_dir: Path, routes):
         self.group = group
@@ -209,8 +208,8 @@ class ForkedStreams:
         self.dir.mkdir(exist_ok=True)
         s = self.streams.get(msg.stream)
         if s is None:
-            s = self.streams[msg.stream] = ForkedStream(msg.stream, msg.parent, self.dir / f"{msg.stream:016x}")
-            s.on_promoted = lambda index, s=s: self._watch_exit(s, self._replica(index), s.files[index].attached_pid)
+            s = self.streams[msg.stream] = ForkedStream(msg.stream, self.dir / f"{msg.stream:016x}")
+            s.on_promoted = lambda index, s=s: self._watch_exit(s, self.group.replica_at(index), s.files[index].attached_pid)
         if replica.index in s.files:
             self.drops += 1
             log.warning("replica %d handed over the stream %x twice; the second is ignored", replica.index,
@@ -236,9 +235,6 @@ class ForkedStreams:
         else:
             s.add_backup(replica.index, stream)
 
-    def _replica(self, index: int):
-        return next(r for r in self.group.replicas if r.index == index)
-
     def _watch_exit(self, s: ForkedStream, replica, pid: int):
         """The primary's process of s ends the stream when it exits, unless
         its replica was killed: a failed primary's processes are failed
@@ -260,6 +256,7 @@ class ForkedStreams:
     def fail_over(self, failed, successor):
         """The group's primary failed and successor takes over: so does
         each of its processes, once the failed one's are gone."""
+        failed.channel.read_pending()   # every stream its processes handed over before they died
         failing = [s for s in self.streams.values() if s.owner in (failed.index, None)]
         for s in failing:
             s.fence()
@@ -283,7 +280,7 @@ class ForkedStreams:
             if f is None or f.ctl is None:
                 continue
             pid = f.attached_pid
-            if _running(pid) and _session(pid) not in (None, first):
+            if running(pid) and _session(pid) not in (None, first):
                 return pid
         return None
 
@@ -309,21 +306,12 @@ class ForkedStreams:
         backups = [r.index for r in self.group.replicas if r.role == "backup" and r.alive()]
         for sid in [sid for sid, s in self.streams.items()
                     if s.ended() and all(k in s.files for k in backups)]:
-            s = self.streams.pop(sid)
-            s.close()
-            try:
-                s.saved.unlink()
-            except OSError:
-                pass
+            self.streams.pop(sid).close()
 
     def close(self):
         """The group has ended: every stream with it (their histories too)."""
         for s in self.streams.values():
             s.close()
-            try:
-                s.saved.unlink()
-            except OSError:
-                pass
         self.streams.clear()
         try:
             self.dir.rmdir()
