@@ -2,8 +2,9 @@
  * connection (dnsmasq's and inetd's model), the count kept by the parent:
  * for each line a client sends, its child asks the parent over a pipe for
  * the next count and replies "<count> <line>".  The parent polls its
- * listener and every child's pipe, and reaps its children from a SIGCHLD
- * handler's flag; "SHUTDOWN" ends the server once every child has.  Under
+ * listener, every child's pipe and a pipe its SIGCHLD handler writes to
+ * (the self-pipe trick), and reaps its children when that one is
+ * readable; "SHUTDOWN" ends the server once every child has.  Under
  * llft every count is given once, across failovers
  * (tests/test_forked_processes.py). */
 #include <arpa/inet.h>
@@ -22,12 +23,14 @@
 
 #define MAX_CHILDREN 64
 
-static volatile sig_atomic_t reap;
+static int reap_pipe[2];
 
 static void on_child(int sig)
 {
     (void)sig;
-    reap = 1;
+    int saved = errno;
+    if (write(reap_pipe[1], "r", 1) < 0) { /* full: a reap is due already */ }
+    errno = saved;
 }
 
 /* A child: serves one client, each line counted by the parent. */
@@ -70,6 +73,8 @@ static void serve(int fd, int to_parent, int from_parent)
 int main(int argc, char **argv)
 {
     int lfd = listen_on(argc > 1 ? atoi(argv[1]) : 7000);
+    if (pipe(reap_pipe) != 0)
+        return 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_child;
@@ -78,11 +83,13 @@ int main(int argc, char **argv)
     int nkids = 0, stopping = 0;
     unsigned long long count = 0;
     while (!stopping || nkids > 0) {
-        struct pollfd p[MAX_CHILDREN + 1];
+        struct pollfd p[MAX_CHILDREN + 2];
         p[0] = (struct pollfd){.fd = stopping ? -1 : lfd, .events = POLLIN};
         for (int i = 0; i < nkids; i++)
             p[i + 1] = (struct pollfd){.fd = kids[i].from, .events = POLLIN};
-        int r = poll(p, (nfds_t)nkids + 1, 1000);
+        p[nkids + 1] = (struct pollfd){.fd = reap_pipe[0], .events = POLLIN};
+        int nkids_polled = nkids;
+        int r = poll(p, (nfds_t)nkids + 2, 1000);
         if (r < 0 && errno != EINTR)
             return 1;
         for (int i = nkids - 1; r > 0 && i >= 0; i--) {
@@ -118,8 +125,10 @@ int main(int argc, char **argv)
                 kids[nkids++] = (typeof(kids[0])){pid, up[0], down[1]};
             }
         }
-        if (reap) {
-            reap = 0;
+        if (r > 0 && (p[nkids_polled + 1].revents & POLLIN)) {
+            char drain[64];
+            if (read(reap_pipe[0], drain, sizeof drain) < 0)
+                return 5;
             while (waitpid(-1, NULL, WNOHANG) > 0)
                 ;
         }

@@ -80,6 +80,12 @@ class ProgramChannel:
         asyncio.get_running_loop().add_reader(self.ours.fileno(), self._readable)
         self._readable()
 
+    def read_pending(self):
+        """Takes every message the replica sent that is not read yet (a
+        failed replica's last ones: the streams its processes handed over)."""
+        if self.attached and not self.closed:
+            self._readable()
+
     def _readable(self):
         while not self.closed:
             try:
