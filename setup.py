@@ -40,6 +40,7 @@ PRELOAD_SOURCES = [
     "native/wrap_syscall.c",
     "native/daemon_fork.c",
     "native/fork_stream.c",
+    "native/replica_lease.c",
     "native/wrap_wait.c",
     "native/fd_passing.c",
     "native/wrap_signal.c",

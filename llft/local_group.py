@@ -459,7 +459,10 @@ class LocalGroup:
         own, leaving a process it forked running in a session of its own (a
         daemon whose parent waited for its word, then exited: lighttpd
         without -D): r goes on as that process, whose stream the backups
-        replay as any forked process's, and fails over with it."""
+        replay as any forked process's, and fails over with it.  (The
+        daemon handed its stream over before its word let the first process
+        exit: the channel is read to its end first.)"""
+        r.channel.read_pending()
         pid = self.forked.daemon_of(r, first)
         if pid is None:
             return None

@@ -39,6 +39,15 @@ def running(pid: int) -> bool:
     return state is not None and state not in "ZX"
 
 
+PF_EXITING = 0x4   # (include/linux/sched.h) set as a process starts to exit, before its files close
+
+
+def dying(pid: int) -> bool:
+    """pid has exited, or has started to: gone, a zombie, or exiting."""
+    fields = process_stat(pid)
+    return fields is None or fields[0] in "ZX" or bool(int(fields[6]) & PF_EXITING)
+
+
 def stopped(pid: int | None) -> bool:
     """pid is stopped (SIGSTOP, or held by a tracer: a debugger, CRIU)."""
     state = process_state(pid) if pid is not None else None

@@ -296,6 +296,7 @@ __attribute__((destructor)) static void llft_dtor(void) { at_exit(); }
 DEFINE_REAL(_exit)
 EXPORT void _exit(int status)
 {
+    llft_lease_leaving(1);
     llft_daemon_exit();
     at_exit();
     ((void (*)(int))REAL(_exit))(status);
@@ -308,6 +309,7 @@ EXPORT void _Exit(int status) { _exit(status); }
 DEFINE_REAL(exit)
 EXPORT void exit(int status)
 {
+    llft_lease_leaving(1);
     llft_daemon_exit();
     ((void (*)(int))REAL(exit))(status);
     __builtin_unreachable();

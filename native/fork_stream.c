@@ -127,8 +127,8 @@ static int gates_ready(void)
 {
     if (gates)
         return 1;
-    void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if ((long)p < 0 && (long)p > -4096)
+    void *p = llft_shared_page();
+    if (!p)
         return 0;
     gate_pids = (int32_t *)((uint32_t *)p + GATES);
     gates = p;
@@ -334,10 +334,14 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void))
     uint32_t n = __atomic_fetch_add(&llft_ctl->forks, 1, __ATOMIC_SEQ_CST);
     plan.stream = stream_id(llft_ctl->stream_id, n);
     pid_t self = (pid_t)syscall(SYS_getpid);
+    llft_lease_hold();
     pid_t p = llft_daemon_fork(real_fork, &how);
-    if (how == LLFT_FORK_RESUMED)
+    if (how == LLFT_FORK_RESUMED) {
+        llft_lease_forked(0);
         return 0;
+    }
     if (p == 0) {
+        llft_lease_forked(1);
         plan.program_pid = gate_wait(n, self);
         child_goes_on(&plan);
         return 0;

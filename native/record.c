@@ -36,6 +36,7 @@ void llft_record_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint64_t 
                      int64_t ret, int32_t err, int64_t val, uint32_t aux)
 {
     llft_ring_t *r = llft_ring;
+    llft_lease_check();
     t->depth++;
     uint64_t pos = llft_ring_reserve(r, 1, &t->cached_tail);
     t->ring_end = pos + 1;
@@ -59,6 +60,7 @@ void llft_record_data_aux(struct llft_thread *t, uint16_t op, uint64_t obj, uint
 {
     llft_ring_t *r = llft_ring;
     uint32_t nd = llft_data_slots(len);
+    llft_lease_check();
     t->depth++;
     uint64_t pos = llft_ring_reserve(r, 1 + nd, &t->cached_tail);
     t->ring_end = pos + 1 + nd;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +46,7 @@ struct llft_thread {
     uint8_t kicked;          /* ...which the census interrupted: the call is started again */
     uint32_t q_gen;          /* the census it answers */
     uint32_t q_slot;         /* 1 + its slot in the control block's list of threads to interrupt; 0: none */
+    uint64_t held_signals;   /* primary: signals that came while inside the shim, blocked until the call ends */
 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
@@ -128,11 +130,14 @@ static inline int llft_call_mode(struct llft_thread **tp)
         role = llft_quiesce_enter(t);
     return role;
 }
+void llft_signals_release(struct llft_thread *t); /* wrap_signal.c */
 static inline void llft_call_end(struct llft_thread **tp)
 {
     struct llft_thread *t = *tp;
     if (!t)
         return;
+    if (UNLIKELY(t->held_signals) && !t->depth)
+        llft_signals_release(t);
     __atomic_store_n(&t->calls, t->calls - 1, __ATOMIC_RELAXED);
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     if (UNLIKELY(__atomic_load_n(&t->q_pending, __ATOMIC_RELAXED)) && t->calls == 0)
@@ -367,6 +372,28 @@ const char *llft_exec_unreachable(const char *name, int search, int fd);
 /* Stops this replica, saying in the control block why it cannot be
  * replicated (LLFT_EXIT_UNREACHABLE). */
 __attribute__((noreturn, format(printf, 1, 2))) void llft_refuse(const char *fmt, ...);
+/* A page of memory shared with the processes this one forks (the shim's
+ * own), or NULL. */
+static inline void *llft_shared_page(void)
+{
+    void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    return (long)p < 0 && (long)p > -4096 ? NULL : p;
+}
+/* The replica's lease (replica_lease.c): its first process holds it; a
+ * forked process checks it before each record it writes. */
+struct lease_page;
+extern struct lease_page *llft_lease_watched;
+void  llft_lease_hold(void);
+void  llft_lease_forked(int child);
+void  llft_lease_leaving(int leaving);
+void  llft_lease_thread_ends(void);
+void  llft_lease_check_slow(void);
+int   llft_lease_at(unsigned long addr);
+static inline void llft_lease_check(void)
+{
+    if (UNLIKELY(llft_lease_watched != NULL))
+        llft_lease_check_slow();
+}
 /* Ends the process at once, as _exit does, without the program's _exit
  * wrapper (core.c), which would wait for the primary's end of stream. */
 __attribute__((noreturn)) void llft_exit_now(int code);

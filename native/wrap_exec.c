@@ -85,7 +85,7 @@ static void check_reachable(const void *target, enum exec_target how)
 }
 
 /* Runs one exec attempt with the EXEC / EXEC_FAILED records around it. */
-static int replicated_exec(exec_fn fn, const void *target, enum exec_target how, char *const argv[],
+static int recorded_exec(exec_fn fn, const void *target, enum exec_target how, char *const argv[],
                            char *const envp[])
 {
     if (UNLIKELY(llft_fork_held))
@@ -124,6 +124,17 @@ static int replicated_exec(exec_fn fn, const void *target, enum exec_target how,
         return r;
     }
     return fn(target, argv, envp);
+}
+
+/* An exec ends every thread, the replica lease's holder with them: on
+ * purpose (replica_lease.c), unless it fails. */
+static int replicated_exec(exec_fn fn, const void *target, enum exec_target how, char *const argv[],
+                           char *const envp[])
+{
+    llft_lease_leaving(1);
+    int r = recorded_exec(fn, target, how, argv, envp);
+    llft_lease_leaving(0);
+    return r;
 }
 
 static int do_execve(const void *path, char *const argv[], char *const envp[])

@@ -75,7 +75,7 @@ static int note_if_shared(const char *line, void *out)
     unsigned long lo;
     char perms[8] = "", path[64] = "";
     if (sscanf(line, "%lx-%*x %7s %*s %*s %*s %63s", &lo, perms, path) < 2 || llft_daemon_gate_at(lo) ||
-        llft_fork_gates_at(lo) || lo == (unsigned long)llft_ctl) /* (the shim's own, and the stream's) */
+        llft_fork_gates_at(lo) || llft_lease_at(lo) || lo == (unsigned long)llft_ctl) /* (the shim's own, and the stream's) */
         return 0;
     const char *kind = shared_kind(perms, path);
     if (kind)

@@ -22,6 +22,7 @@
 #include "shim.h"
 
 #include <string.h>
+#include <ucontext.h>
 
 DEFINE_REAL(sigaction)
 DEFINE_REAL(sigsuspend)
@@ -58,6 +59,33 @@ static void run_program_handler(int sig, siginfo_t *info, void *uctx)
         how.sa_handler(sig);
 }
 
+/* A primary's thread the signal caught inside the shim (writing a record,
+ * taking over from its replay) cannot record it there, and the handler's
+ * own calls would go unrecorded: the signal is sent again to the thread,
+ * blocked until its call ends (llft_signals_release), and handled then. */
+static int held_for_later(int sig, siginfo_t *info, void *uctx)
+{
+    struct llft_thread *t = &llft_self;
+    if (t->state != TS_TRACKED || !t->depth || !uctx || sig > 64)
+        return 0;
+    if (syscall(SYS_rt_tgsigqueueinfo, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig, info) != 0)
+        return 0;
+    sigaddset(&((ucontext_t *)uctx)->uc_sigmask, sig); /* (the mask the thread returns to) */
+    t->held_signals |= 1ull << (sig - 1);
+    return 1;
+}
+
+void llft_signals_release(struct llft_thread *t)
+{
+    sigset_t held;
+    sigemptyset(&held);
+    for (int sig = 1; sig <= 64; sig++)
+        if (t->held_signals & (1ull << (sig - 1)))
+            sigaddset(&held, sig);
+    t->held_signals = 0;
+    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &held, NULL, sizeof(uint64_t));
+}
+
 static void trampoline(int sig, siginfo_t *info, void *uctx)
 {
     int saved = errno;
@@ -67,7 +95,12 @@ static void trampoline(int sig, siginfo_t *info, void *uctx)
         return;
     }
     struct llft_thread *t;
-    if (llft_mode(&t) == LLFT_ROLE_PRIMARY)
+    int mode = llft_mode(&t);
+    if (mode == LLFT_ROLE_OFF && role == LLFT_ROLE_PRIMARY && held_for_later(sig, info, uctx)) {
+        errno = saved;
+        return;
+    }
+    if (mode == LLFT_ROLE_PRIMARY)
         llft_record_data(t, LLFT_OP_SIGNAL, 0, 0, 0, 0, info, sizeof *info);
     run_program_handler(sig, info, uctx);
     errno = saved;

@@ -25,6 +25,7 @@ struct start {
 
 static void thread_finish(struct llft_thread *t)
 {
+    llft_lease_thread_ends();
     LLFT_CALL(me);
     int role = llft_call_mode(&me);
     if (role == LLFT_ROLE_BACKUP) {

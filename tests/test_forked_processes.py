@@ -405,9 +405,6 @@ def bursts_until_refused(tmp_path, conf):
 
 
 
-@pytest.mark.xfail(strict=False, reason="known bug: at a failover each process's ring is cut on its own, and the "
-                   "successor's parent sometimes writes a count into the pipe of a child that has ended (SIGPIPE): "
-                   "the cut across processes, docs/forked-processes.md")
 @pytest.mark.parametrize("kills", [1, 2])
 def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, examples, tmp_path):
     """fork_counter forks a child per client connection, and each child

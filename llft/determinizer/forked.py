@@ -25,11 +25,13 @@ from pathlib import Path
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
-from llft.members import process_stat, running
+from llft.members import dying, process_stat, running
 from llft.native import ROLE_PRIMARY, StreamError, StreamFile
 from llft.ordering.backend import ordering_for
 
 log = logging.getLogger("llft.forked")
+
+DYING_RECHECK_S = 0.02   # how soon to look again at a dying replica's exit status
 
 
 def _session(pid: int) -> int | None:
@@ -237,17 +239,25 @@ class ForkedStreams:
 
     def _watch_exit(self, s: ForkedStream, replica, pid: int):
         """The primary's process of s ends the stream when it exits, unless
-        its replica was killed: a failed primary's processes are failed
-        over instead (fail_over)."""
+        its replica failed: a failed primary's processes are failed over
+        instead (fail_over).  A process its replica's death ended (SIGPIPE
+        on a pipe to it) exits before that death is known here, so while the
+        replica's first process is dying its exit status is waited for."""
         loop = asyncio.get_running_loop()
         fd = s.watch(pid)
+
+        def decide():
+            if replica.alive() and dying(replica.pid):
+                loop.call_later(DYING_RECHECK_S, decide)
+                return
+            killed = not replica.alive() and replica.status >= 128
+            if s.owner == replica.index and not killed:
+                s.source.finish()
 
         def exited():
             if fd is not None:
                 loop.remove_reader(fd)
-            killed = not replica.alive() and replica.status >= 128
-            if s.owner == replica.index and not killed:
-                s.source.finish()
+            decide()
         if fd is None:
             exited()
         else:
