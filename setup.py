@@ -41,6 +41,7 @@ PRELOAD_SOURCES = [
     "native/daemon_fork.c",
     "native/fork_stream.c",
     "native/replica_lease.c",
+    "native/blocked_threads.c",
     "native/wrap_wait.c",
     "native/fd_passing.c",
     "native/wrap_signal.c",

@@ -59,22 +59,33 @@ static inline const void *llft_fd_object(int fd)
 }
 
 /* Primary: transfers on each fd between the start of their real call and
- * the turn they take after it.  A close takes its turn after theirs
- * (llft_close_turn): a reply written, read by the client, whose EOF led
+ * the turn they take after it, in the low half; in the high half, those
+ * of them whose real call has returned.  A close takes its turn after
+ * theirs (wrap_fd.c): a reply written, read by the client, whose EOF led
  * another thread to close the connection, is ordered before the close
  * even when its writer had not yet taken its turn.  Not reset with the
- * fd's entry: a transfer may still be under way on a number just reused. */
+ * fd's entry: a transfer may still be under way on a number just reused.
+ * Every transfer marks llft_transfer_returned before it ends. */
+#define LLFT_TRANSFER_RETURNED (1u << 16)
 extern uint32_t llft_fd_transfers[LLFT_FD_MAX];
 static inline void llft_transfer_begin(int fd)
 {
     if ((unsigned)fd < LLFT_FD_MAX)
         __atomic_add_fetch(&llft_fd_transfers[fd], 1, __ATOMIC_SEQ_CST);
 }
+static inline void llft_transfer_returned(int fd)
+{
+    if ((unsigned)fd < LLFT_FD_MAX)
+        __atomic_add_fetch(&llft_fd_transfers[fd], LLFT_TRANSFER_RETURNED, __ATOMIC_SEQ_CST);
+}
 static inline void llft_transfer_end(int fd)
 {
     if ((unsigned)fd < LLFT_FD_MAX)
-        __atomic_sub_fetch(&llft_fd_transfers[fd], 1, __ATOMIC_RELEASE);
+        __atomic_sub_fetch(&llft_fd_transfers[fd], LLFT_TRANSFER_RETURNED + 1, __ATOMIC_RELEASE);
 }
+/* How many threads are blocked in the kernel in a transfer on fd
+ * (blocked_threads.c). */
+int llft_threads_in_transfer(int fd);
 
 /* Primary: waits until *count is 0 (the calls it counts have been
  * recorded), at most max_ms: one may stay blocked in the kernel. */

@@ -80,10 +80,32 @@ static int retire_real(const struct retire *r)
 /* Primary: the transfers under way on fd end (take their turns) before
  * the close takes its own.  One that stays blocked in the kernel (a
  * thread reading a connection another thread closes) is not waited for
- * past a few milliseconds. */
+ * past a few milliseconds; one whose call has returned always is, however
+ * long the scheduler keeps its thread from its turn.  Between a call's
+ * return and its mark a thread looks blocked to the counters alone:
+ * /proc tells (blocked_threads.c). */
+#define TRANSFERS_WAIT_MS 2
+#define TRANSFERS_WAIT_MAX_MS 2000
 static void wait_transfers(int fd)
 {
-    llft_wait_zero(&llft_fd_transfers[fd], 2);
+    uint32_t *w = &llft_fd_transfers[fd];
+    llft_wait_zero(w, TRANSFERS_WAIT_MS);
+    uint64_t since = llft_now_ms();
+    for (;;) {
+        uint32_t v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        uint32_t begun = v & (LLFT_TRANSFER_RETURNED - 1);
+        if (!begun)
+            return;
+        if (v < LLFT_TRANSFER_RETURNED && (int)begun <= llft_threads_in_transfer(fd))
+            return; /* each one left is blocked in the kernel */
+        if (llft_now_ms() - since > TRANSFERS_WAIT_MAX_MS) {
+            llft_log("llft: close of fd %d: %u transfer(s) on it neither ended nor blocked after %d ms", fd,
+                     begun, TRANSFERS_WAIT_MAX_MS);
+            return;
+        }
+        struct timespec us = {0, 200000};
+        llft_nap(&us);
+    }
 }
 
 /* Primary, closing: the file goes, but its number stays taken (by a copy

@@ -106,6 +106,7 @@ static void transfer_cancel(uint16_t op, int fd)
         else                                                                        \
             llft_transfer_begin(fd);                                                \
         ssize_t r_ = LLFT_BLOCKING(t, real_call);                                   \
+        llft_transfer_returned(fd);                                                 \
         if (llft_kicked(t, r_)) {                                                   \
             transfer_cancel(op, fd);                                                \
             return LLFT_AGAIN(t, again);                                            \

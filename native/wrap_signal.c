@@ -66,8 +66,8 @@ static void run_program_handler(int sig, siginfo_t *info, void *uctx)
 static int held_for_later(int sig, siginfo_t *info, void *uctx)
 {
     struct llft_thread *t = &llft_self;
-    if (t->state != TS_TRACKED || !t->depth || !uctx || sig > 64)
-        return 0;
+    if (t->state != TS_TRACKED || !t->depth || !uctx || sig > 64 || (programs[sig].flags & SA_RESETHAND))
+        return 0; /* (a one-shot handler is the default action by now: it runs here) */
     if (syscall(SYS_rt_tgsigqueueinfo, (pid_t)syscall(SYS_getpid), (pid_t)syscall(SYS_gettid), sig, info) != 0)
         return 0;
     sigaddset(&((ucontext_t *)uctx)->uc_sigmask, sig); /* (the mask the thread returns to) */

@@ -439,6 +439,7 @@ static int accept_common(int lfd, struct sockaddr *addr, socklen_t *len, int fla
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(lfd);
         int fd = accept_primary(t, lfd, addr, len, flags);
+        llft_transfer_returned(lfd);
         llft_transfer_end(lfd);
         if (fd == ACCEPT_AGAIN)
             return LLFT_AGAIN(t, accept_common(lfd, addr, len, flags));

@@ -144,6 +144,7 @@ ssize_t llft_dgram_recvmsg(int fd, struct msghdr *m, int flags)
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
         r = LLFT_BLOCKING(t, recv_real(fd, m, flags, &h, &mflags));
+        llft_transfer_returned(fd);
         if (llft_kicked(t, r)) {
             llft_transfer_end(fd);
             return LLFT_AGAIN(t, llft_dgram_recvmsg(fd, m, flags));
@@ -303,6 +304,7 @@ ssize_t llft_dgram_sendmsg(int fd, const struct msghdr *m, int flags)
     if (role == LLFT_ROLE_PRIMARY) {
         llft_transfer_begin(fd);
         r = LLFT_BLOCKING(t, send_real(fd, m, flags, &h));
+        llft_transfer_returned(fd);
         if (llft_kicked(t, r)) {
             llft_transfer_end(fd);
             return LLFT_AGAIN(t, llft_dgram_sendmsg(fd, m, flags));
