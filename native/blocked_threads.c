@@ -33,14 +33,8 @@ static int blocked_on(const char *tid, int fd)
 {
     char path[300], text[256];
     snprintf(path, sizeof path, "/proc/self/task/%s/syscall", tid);
-    int f = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-    if (f < 0)
+    if (llft_read_small_file(path, text, sizeof text) <= 0)
         return 0;
-    long n = syscall(SYS_read, f, text, sizeof text - 1);
-    syscall(SYS_close, f);
-    if (n <= 0)
-        return 0;
-    text[n] = 0;
     char *end;
     long nr = strtol(text, &end, 10);
     if (end == text || !transfer_call(nr))

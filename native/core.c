@@ -315,6 +315,19 @@ EXPORT void exit(int status)
     __builtin_unreachable();
 }
 
+long llft_read_small_file(const char *path, char *buf, size_t cap)
+{
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    long n = syscall(SYS_read, fd, buf, cap - 1);
+    syscall(SYS_close, fd);
+    if (n < 0)
+        return -1;
+    buf[n] = 0;
+    return n;
+}
+
 void llft_exit_now(int code)
 {
     syscall(SYS_exit_group, code);

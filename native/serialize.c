@@ -75,14 +75,8 @@ static char thread_state(uint32_t ktid)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/self/task/%u/stat", ktid);
-    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (llft_read_small_file(path, buf, sizeof buf) <= 0)
         return 0;
-    long n = syscall(SYS_read, fd, buf, sizeof buf - 1);
-    syscall(SYS_close, fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
     const char *paren = strrchr(buf, ')');
     if (!paren || !paren[1] || !paren[2] || !strchr("RSD", paren[2]))
         return 0;

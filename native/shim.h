@@ -372,6 +372,9 @@ const char *llft_exec_unreachable(const char *name, int search, int fd);
 /* Stops this replica, saying in the control block why it cannot be
  * replicated (LLFT_EXIT_UNREACHABLE). */
 __attribute__((noreturn, format(printf, 1, 2))) void llft_refuse(const char *fmt, ...);
+/* Reads up to cap - 1 bytes of a small file (under /proc) with the
+ * kernel's calls alone, NUL-terminated: their count, or -1. */
+long llft_read_small_file(const char *path, char *buf, size_t cap);
 /* A page of memory shared with the processes this one forks (the shim's
  * own), or NULL. */
 static inline void *llft_shared_page(void)
