@@ -424,3 +424,36 @@ def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, exam
     survivors = [r for r in state["replicas"] if r["role"] != "failed"]
     assert len(survivors) == 3 - kills and all(r["status"] == 0 for r in survivors)
     assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
+
+
+def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(examples, tmp_path):
+    """child_feed's child writes into a pipe to its parent every
+    millisecond and exits the moment a write fails.  Killing the primary
+    kills its parent first, and its child sees the broken pipe at once,
+    before the controller fences it: were that recorded, every backup's
+    child would exit as well, and the server that takes over would answer
+    FEED GONE.  The replica lease (native/replica_lease.c) stops the child
+    recording first: across two kills each new primary's feed goes on."""
+    from serving import ServingGroup, kill_primary, line_client
+    group = ServingGroup(tmp_path / "rd", [examples / "child_feed", 7000])
+
+    def feed() -> int:
+        with group.connect() as s:
+            replies, _ = line_client(s, ["FEED"])
+        assert replies[0] != "FEED GONE", "the failed primary's broken pipe reached the backups"
+        return int(replies[0].split()[1])
+
+    for _ in range(2):
+        before = feed()
+        kill_primary(group.run_dir)
+        deadline = time.monotonic() + 30
+        while feed() < before + 100:   # the new primary's child feeds it
+            assert time.monotonic() < deadline, "the feed stopped after the failover"
+            time.sleep(0.02)
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"]
+    assert all(r["status"] == 0 for r in survivors)
