@@ -46,7 +46,8 @@ struct llft_thread {
     uint8_t kicked;          /* ...which the census interrupted: the call is started again */
     uint32_t q_gen;          /* the census it answers */
     uint32_t q_slot;         /* 1 + its slot in the control block's list of threads to interrupt; 0: none */
-    uint64_t held_signals;   /* primary: signals that came while inside the shim, blocked until the call ends */
+    uint64_t held_signals;   /* primary: signals that came while inside the shim, blocked until the call
+                              * blocks or ends (wrap_signal.c) */
 };
 
 extern __thread struct llft_thread llft_self TLS_IE;
@@ -173,6 +174,8 @@ static inline int llft_held_or_copy(void)
  * leaves the marks as they were. */
 #define LLFT_BLOCKING(t, call)                                                      \
     ({                                                                              \
+        if (UNLIKELY((t)->held_signals) && !(t)->depth)                             \
+            llft_signals_release(t); /* handled before the wait, not after it */    \
         uint8_t outer_blocking_ = (t)->blocking, outer_kicked_ = (t)->kicked;       \
         __atomic_store_n(&(t)->kicked, 0, __ATOMIC_RELAXED);                        \
         __atomic_store_n(&(t)->blocking, 1, __ATOMIC_RELAXED);                      \

@@ -62,7 +62,8 @@ static void run_program_handler(int sig, siginfo_t *info, void *uctx)
 /* A primary's thread the signal caught inside the shim (writing a record,
  * taking over from its replay) cannot record it there, and the handler's
  * own calls would go unrecorded: the signal is sent again to the thread,
- * blocked until its call ends (llft_signals_release), and handled then. */
+ * blocked until its call blocks in the kernel or ends
+ * (llft_signals_release), and handled then. */
 static int held_for_later(int sig, siginfo_t *info, void *uctx)
 {
     struct llft_thread *t = &llft_self;
