@@ -463,7 +463,7 @@ class LocalGroup:
         daemon handed its stream over before its word let the first process
         exit: the channel is read to its end first.)"""
         r.channel.read_pending()
-        pid = self.forked.daemon_of(r, first)
+        pid = self.forked.daemon_of(r, first, self.primary())
         if pid is None:
             return None
         log.info("replica %d's first process exited; the replica goes on as process %d, which it forked and "

@@ -282,9 +282,18 @@ class ForkedStreams:
                     return f"cannot replicate the program: {f.divergence}"
         return None
 
-    def daemon_of(self, replica, first: int) -> int | None:
+    def daemon_of(self, replica, first: int, primary=None) -> int | None:
         """A process of replica's still running in a session other than its
-        first process's (pid first), or None."""
+        first process's (pid first), or None.  A backup's is its process of
+        the stream the primary went on as, in whatever session: a backup's
+        first process may exit before its daemon's setsid (its read of the
+        pipe its child closes replays the primary's EOF, waiting for
+        nothing)."""
+        if primary is not None and primary is not replica and primary.adopted:
+            for s in self.streams.values():
+                mine, theirs = s.files.get(replica.index), s.files.get(primary.index)
+                if mine is not None and theirs is not None and theirs.attached_pid == primary.adopted:
+                    return mine.attached_pid if running(mine.attached_pid) else None
         for s in self.streams.values():
             f = s.files.get(replica.index)
             if f is None or f.ctl is None:
