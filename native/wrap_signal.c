@@ -76,15 +76,12 @@ static int held_for_later(int sig, siginfo_t *info, void *uctx)
     return 1;
 }
 
+/* (held_signals is the kernel's own sigset: bit sig - 1 for signal sig) */
 void llft_signals_release(struct llft_thread *t)
 {
-    sigset_t held;
-    sigemptyset(&held);
-    for (int sig = 1; sig <= 64; sig++)
-        if (t->held_signals & (1ull << (sig - 1)))
-            sigaddset(&held, sig);
+    uint64_t held = t->held_signals;
     t->held_signals = 0;
-    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &held, NULL, sizeof(uint64_t));
+    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &held, NULL, sizeof held);
 }
 
 static void trampoline(int sig, siginfo_t *info, void *uctx)
