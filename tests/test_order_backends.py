@@ -94,6 +94,17 @@ def test_failing_a_mailbox_copy_of_a_group_without_one_is_an_error(examples, tmp
     group.finish()
 
 
+def imports_of(path: Path) -> list[tuple[str, list[str]]]:
+    """Each module a source file imports, with the names it takes from it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, [a.name for a in node.names]))
+    return found
+
+
 def test_the_replication_core_imports_no_backend_internals():
     """Only llft/ordering/backend.py names the backends (and the CLI, which
     offers their options); nothing else reaches into a backend's package."""
@@ -103,13 +114,23 @@ def test_the_replication_core_imports_no_backend_internals():
         if path in allowed or any(path.is_relative_to(REPO / "llft/ordering" / p.rsplit(".", 1)[1])
                                   for p in BACKEND_PACKAGES):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith(BACKEND_PACKAGES)]
+        offenders += [f"{path.relative_to(REPO)}: {module}" for module, _names in imports_of(path)
+                      if module.startswith(BACKEND_PACKAGES)]
+    assert not offenders, offenders
+
+
+# LLFT's membership protocol across hosts: its messages and the modules that
+# read them.  A member's core hears of views through membership_protocol.py.
+MEMBERSHIP_INTERNALS = ("llft.wire", "llft.cluster.election", "llft.cluster.removal", "llft.cluster.view_notice",
+                        "llft.cluster.detector")
+STATE_TRANSFER = {"adopt_connection", "connection_state"}   # what the core takes of messaging's view changes
+
+
+def test_a_member_across_hosts_reads_no_membership_message_itself():
+    path = REPO / "llft/cluster/member.py"
+    offenders = [f"{module}: {names}" for module, names in imports_of(path)
+                 if module in MEMBERSHIP_INTERNALS
+                 or (module == "llft.messaging.viewchange" and set(names) - STATE_TRANSFER)]
     assert not offenders, offenders
 
 

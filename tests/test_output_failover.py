@@ -108,7 +108,7 @@ def backups_cut_where_the_primary_did(servers, outboxes, streams):
 
 
 def gateway_has(clock, new, view) -> int:
-    """Phase 2 (llft/cluster/member.py _take_over), asked before the new
+    """Phase 2 (llft/cluster/membership_protocol.py take_over), asked before the new
     primary takes over: the gateway's receivedUpTo of the connection."""
     acks = []
 
@@ -198,7 +198,7 @@ def test_a_backup_following_the_new_view_keeps_its_waiting_output_in_order():
         produced["by"].remove(k)
 
     def take_over_as(k, view, followers):
-        """member.py _take_over, reduced to one gateway and one connection."""
+        """membership_protocol.py take_over, reduced to one gateway and one connection."""
         new = servers[k]
         for j in followers:
             servers[j].sequencer.hold(True)   # they acknowledged the new primary

@@ -73,6 +73,8 @@ class Election:
         # Excluded: this member leaves the group (the serve loop acts on it a
         # little later); until then it must neither propose nor acknowledge.
         self.left_out = False
+        self.suspected_at: float | None = None   # CLOCK_MONOTONIC measurements (bench/cluster.py)
+        self.last_ack_at: float | None = None
 
     def _my_precedence(self) -> int:
         return self.ep.view.precedences.get(self.ep.me, 0)

@@ -29,33 +29,26 @@ from llft.checkpoint import criu
 from llft.cluster.checkpoint_join import (RESTORE_ERRORS, CheckpointRefused, NewcomerCheckpoint, NewcomerRestore,
                                           encode_state)
 from llft.cluster.datagrams import MemberDatagrams
-from llft.cluster.detector import Silence
-from llft.cluster.election import SETTLING_S, Election, Excluded
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT, GroupHistory
-from llft.cluster.membership import Admission, Joiner, follow, ranks
+from llft.cluster.membership import Joiner, ranks
+from llft.cluster.membership_protocol import Excluded, MemberHooks, MembershipProtocol
 from llft.cluster.naming import DerivedDirectory, group_id
 from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
-from llft.cluster.removal import BackupRemoval, follow_removal
 from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
 from llft.messaging.clock import LoopClock
 from llft.messaging.config import Config
 from llft.messaging.endpoint import GroupEndpoint
 from llft.messaging.ids import ConnId, View
-from llft.cluster.view_notice import ViewNotice
 from llft.messaging.retire import RETIRED_DROP
-from llft.messaging.viewchange import (adopt_connection, connection_state, deliver_held_order, nack_remote,
-                                       follow_new_view, new_primary_view, order_base,
-                                       parse_new_primary_view_ack, refusal_of, take_over)
+from llft.messaging.viewchange import adopt_connection, connection_state
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica, RestoredReplica, release_replicas, stop_replicas, watch_exit
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
-from llft import wire
-from llft.wire import MsgType
 
 log = logging.getLogger("llft.member")
 
@@ -69,17 +62,7 @@ PROMOTE_WAIT_S = 0.005   # the new primary's loop waits this long at most for PR
 # is in flight, and tests/test_multihost_flood.py holds at 30 ms.
 FAULT_TIMEOUT_S = 0.03
 FAULT_TIMEOUT_ORDINARY_S = 0.15
-# A new primary's first seconds (election.SETTLING_S): its members wait this
-# long.  Real-time controllers share two cores under SCHED_RR (100 ms
-# quanta, and RT throttling of 50 ms a second when they saturate them): a
-# busy new primary went 151 ms without being heard and was replaced.
-SETTLING_TIMEOUT_S = 0.3
 TICK_S = 0.02
-# A new primary waits for every remote group's answer to NewPrimaryView,
-# and for the messages it lacks of theirs, as long as it hears from them:
-# a gateway sends a Heartbeat every few milliseconds, so this long a
-# silence means it is gone (or cut off), not slow.
-REMOTE_SILENCE_S = 2.0
 RESTORING_DROP = "restoring"   # the group's datagrams while a newcomer restores its replica
 RESTORE_ATTEMPTS = 3     # checkpoints of the primary that fail to restore before a newcomer gives up
 CHECKPOINT_END_S = 10.0  # the most a leaving member waits for a checkpoint under way (CRIU stops soon)
@@ -147,12 +130,9 @@ class HostMember:
         self.next_open: dict[int, int] = {}            # client group -> connSeqNum of its next connection
         self.unopened: dict[ConnId, list] = {}         # requests of connections that must wait their turn
         self.primary_status: int | None = None   # backups: the primary program's exit status
-        self.view_acks: dict[int, tuple] = {}   # new primary: NewPrimaryView answers by remote group
-        self.view_refusals: dict[int, tuple] = {}   # ...and refusals: the view each follows instead (lineage.py)
-        self.view_answered = asyncio.Event()
         self.source: PrimarySource | None = None
         self.shipped = asyncio.Event()
-        self.taking_over = False
+        self.group: MembershipProtocol | None = None   # LLFT's membership, this membership's
         self.stepped_down: str | None = None
         self.replica_frozen_since: float | None = None  # its replica stopped (SIGSTOP) since then
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
@@ -273,8 +253,7 @@ class HostMember:
         self.ep.start()
         self._start_replica(index, joined, restored)
         if joined is not None:
-            for msg in seen:   # admissions of members who joined while we did
-                follow(self.ep, msg, self._view_changed)
+            self.group.accepted(seen)
         try:
             return await self._serve(loop)
         finally:
@@ -299,19 +278,18 @@ class HostMember:
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
         self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output, primary=joined is None)
-        self.view_notice = ViewNotice(self.ep, self._follow_new_view)
-        self.silence = Silence(self.ep, self.udp.unread, self.opts.fault_timeout)
-        self.election = Election(self.ep, self.silence, self.opts.fault_timeout, self.opts.fault_step,
-                                 self._held_after, self._elected, lambda view: self._view_changed(),
-                                 max(self.opts.fault_timeout, SETTLING_TIMEOUT_S))
+        self.group = MembershipProtocol(self.ep, self.udp.unread, self.opts, MemberHooks(
+            view_changed=self._view_changed, leave=self._leave, held_after=self._held_after, elected=self._elected,
+            heard=self.naps.hold_off, joiner_state=self._state, why_no_joining=self._why_no_joining,
+            checkpoint_for=self._checkpoint_for))
         if joined is None:
-            self._become_primary()
+            self.group.become_primary()
         elif restored is not None:
             self.feeder = RecordFeeder(index, restored.stream, restored.alive)
             self.feeder.sink.delivered = restored.stream.records
             self.restorer.adopt_connections()
             self.history.begin_after_checkpoint()
-            self.election.settle_for(min(joined.settling_s, SETTLING_S))
+            self.group.settle_for(joined.settling_s)
         else:
             self.feeder = RecordFeeder(index, self.replica.stream, self.replica.alive)
             for client, server, seq, consumed, acked, logged_from, reqs in joined.conns:
@@ -323,37 +301,14 @@ class HostMember:
                 self.pending_inputs.append((cid, reqs))
             for _oseq, blob in joined.history:
                 self._order(blob)
-            self.election.settle_for(min(joined.settling_s, SETTLING_S))
+            self.group.settle_for(joined.settling_s)
         if restored is None:
             self.replica.start(self.argv, dict(os.environ))
             log.info("replica %d (%s) started: pid %d", index, self.replica.role, self.replica.pid)
         if joined is not None:
             self.feeder.start()
-            self.ep.send_membership(MsgType.ACCEPT_BACKUP_ACK, {"member": self.me, "for": self.me})
 
     # -- the primary's side ------------------------------------------------
-    def _become_primary(self):
-        self.admission = Admission(self.ep, self._state, self._why_no_joining, self._view_changed,
-                                   remove=lambda m, why: self.removal.remove([m], why),
-                                   interface=self.opts.interface, checkpoint=self._checkpoint_for)
-        self.removal = BackupRemoval(self.ep, self.silence, self._removal_timeout, self._removed,
-                                     admitting=self.admission.unacknowledged_by_newcomers)
-
-    def _removal_timeout(self) -> float:
-        """Longer than any backup waits for a silent primary: in a partition
-        the side with the backups elects its primary before the old primary
-        removes them.  Just after a takeover, longer again (election.SETTLING_S)."""
-        o = self.opts
-        base = self.silence.timeout(o.fault_timeout)
-        if self._settling_left() > 0:
-            base = max(base, SETTLING_TIMEOUT_S)
-        return base + max(o.fault_step, base) * len(self.ep.view.backups())
-
-    def _removed(self, members: list[int], why: str):
-        self.admission.forget(members)
-        self.view_notice.forget(members)
-        self._view_changed()
-
     def _state(self) -> dict:
         """What a newcomer needs to become a replica like the others (state
         transfer by log): every ordering blob since the group began, and
@@ -365,7 +320,7 @@ class HostMember:
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.
         return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
-                "conns": conns, "settling_ms": max(0, int(self._settling_left() * 1000))}
+                "conns": conns, "settling_ms": max(0, int(self.group.settling_left() * 1000))}
 
     def _transferred(self, cid: ConnId) -> tuple[int, int, int]:
         """A connection's messaging state for a newcomer: (msgs consumed, ours
@@ -376,15 +331,10 @@ class HostMember:
             return -1, self.ep.retired_sent.get(cid, 0), 0
         return connection_state(self.ep, cid)
 
-    def _settling_left(self) -> float:
-        """Seconds left of this primary's first SETTLING_S after its takeover
-        (negative once past, or if it founded the group)."""
-        return getattr(self, "took_over_at", 0.0) + SETTLING_S - time.monotonic()
-
     def _why_no_joining(self) -> str | None:
         if self.primary_status is not None:
             return "the primary's program has exited"
-        if self.taking_over:
+        if self.group.taking_over:
             return "a primary change is under way"
         why = self.history.why_incomplete()
         problem = why and self._checkpoint_problem()
@@ -407,12 +357,12 @@ class HostMember:
         if self.history.complete:
             return False
         if not restores:
-            self.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot restore a "
+            self.group.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot restore a "
                                           "checkpoint instead (its CRIU does not work: see its log)")
             return True
         if self.checkpoint_task is None:
             self.checkpoint_task = asyncio.get_running_loop().create_task(
-                self._admit_by_checkpoint(member, self.admission))
+                self._admit_by_checkpoint(member, self.group.admission))
         return True
 
     async def _admit_by_checkpoint(self, member: int, admission):
@@ -421,7 +371,7 @@ class HostMember:
             cut = await taker.take()
             self.last_checkpoint = dict(taker.figures, newcomer=member)
             state = {"oseq": cut["oseq"], "history": [], "conns": [], "checkpoint": cut,
-                     "settling_ms": max(0, int(self._settling_left() * 1000))}
+                     "settling_ms": max(0, int(self.group.settling_left() * 1000))}
             # Megabytes of image: encoded and hashed aside, or the event loop
             # would stop its Heartbeats past the fault timeout.
             data, digest = await asyncio.to_thread(encode_state, state)
@@ -435,7 +385,7 @@ class HostMember:
             return
         finally:
             self.checkpoint_task = None
-        if admission is not self.admission or not self.ep.is_primary:
+        if admission is not self.group.admission or not self.ep.is_primary:
             return   # no longer primary: the newcomer asks the new one
         admission.complete(member, data, "a checkpoint", digest)
 
@@ -470,17 +420,6 @@ class HostMember:
         self.history.add_entry(oseq, blob)
         self._order(blob)
 
-    def _follow_new_view(self, body: dict) -> None:
-        if self.me not in body["members"]:
-            self.stepped_down = f"the new primary's view {self.ep.view.pvn} does not include this member"
-            return
-        log.info("view notice: sync %d, base %d, entries %d.. (%d); this backup had released up to %d",
-                 body["sync"], body["base"], body["of"], len(body["ord"]), self.ep.sequencer.upto)
-        if not follow_new_view(self.ep, body["sync"], body["base"], body["of"], body["ord"]):
-            log.error("this backup lacks ordering information of the old primary up to %d: it cannot follow "
-                      "the new primary", body["sync"])
-            self.stepped_down = "it cannot reach the new view's synchrony point"
-
     def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
         """The released entries after oseq (up to upto), as one consecutive run."""
         blobs, k, entries = [], oseq + 1, self.history.entries
@@ -514,89 +453,16 @@ class HostMember:
                     self._rebase(cid, base)
         elif kind == payload.TAG_END:
             self.primary_status = rest[0]
-            self.election.program_ended = True
+            self.group.program_ended()
             self.feeder.end(rest[0])
 
     # -- both ----------------------------------------------------------------
     def _view_changed(self):
         self.write_state("running")
 
-    def _event(self, name: str, info: dict):
-        msg = info.get("msg")
-        if name == "membership-message" and msg is not None:
-            self.naps.hold_off()
-            t = msg.TYPE
-            if t in (MsgType.PROPOSE_PRIMARY, MsgType.PROPOSE_PRIMARY_ACK):
-                try:
-                    self.election.on_message(msg)
-                except Excluded as e:   # (a datagram callback: the serve loop leaves the group)
-                    self.stepped_down = str(e)
-            elif t == MsgType.NEW_PRIMARY_VIEW_ACK and msg.src_group != self.gid:
-                refused = refusal_of(msg.body)
-                try:
-                    if refused is not None:
-                        self.view_refusals[msg.src_group] = refused
-                    else:
-                        self.view_acks[msg.src_group] = parse_new_primary_view_ack(msg.body)
-                    self.view_answered.set()
-                except wire.DropError as e:
-                    self.ep.drops.count(e.reason)
-            elif t in (MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK) and msg.src_group == self.gid:
-                self.view_notice.on_message(msg)
-            elif t in (MsgType.REMOVE_BACKUP, MsgType.REMOVE_BACKUP_ACK):
-                self._removal_message(msg)
-            elif self.ep.is_primary:
-                self.admission.on_message(msg)
-            else:
-                follow(self.ep, msg, self._view_changed)
-        elif name == "reset-and-rejoin":
-            self._competing_primary(info)
-        elif name == "not-a-member" and self.ep.is_primary and not self.taking_over:
-            self.removal.stray(info["sender"], info["pvn"])
-
-    def _removal_message(self, msg):
-        if self.ep.is_primary:
-            if msg.TYPE == MsgType.REMOVE_BACKUP_ACK and not self.taking_over:
-                self.removal.on_ack(msg)
-            return
-        if msg.TYPE != MsgType.REMOVE_BACKUP:
-            return
-        before = set(self.ep.view.precedences)
-        why = follow_removal(self.ep, msg)
-        if why:
-            self.stepped_down = why
-        elif set(self.ep.view.precedences) != before:
-            self._view_changed()
-
-    def _competing_primary(self, info: dict):
-        """Fig. 6 lines 18-20: a message of a view no older than ours whose
-        primary has a higher precedence.  A primary steps down (one primary
-        per view), whoever sent it: the competing primary itself, a backup
-        we removed that is primary now, or a member of a membership formed
-        without us, whose admission we missed or whom we removed (two
-        backups each took over with a view of its own, and served side by
-        side, when only the primary itself counted).
-
-        A backup that hears a member of its view speak in a newer view of
-        another primary, a view it is not competing for, was left out of it
-        (it missed the proposal: the proposer did not know of it, or it was
-        cut off then): it leaves and rejoins.  If
-        it waited for its fault detector instead, it would propose itself
-        for that same view and take over beside the primary already serving
-        it (two primaries of view 4 in the soak across hosts, whose gateway
-        followed one then the other: answers repeated and lost).  Other
-        backups leave a competing primary of their own view to the election."""
-        if self.taking_over:
-            return
-        sender, precedence = info.get("sender"), info.get("precedence")
-        if not self.ep.is_primary:
-            pvn = info.get("pvn") or 0
-            if sender in self.ep.view and self.election.left_out_by(pvn, precedence or 0):
-                self.stepped_down = (f"member {sender} is in view {pvn}, newer than ours ({self.ep.view.pvn}), "
-                                     f"of a primary of precedence {precedence}, which left this member out")
-            return
-        self.stepped_down = (f"member {sender} is in view {info.get('pvn')} of a primary of precedence "
-                             f"{precedence}, which replaces ours ({self.ep.view.pvn})")
+    def _leave(self, why: str):
+        """This member must leave the group (the serve loop acts on it)."""
+        self.stepped_down = why
 
     def _conn_num(self, cid: ConnId) -> int:
         """The connection's id in the program's connection header: the same at every member."""
@@ -674,7 +540,7 @@ class HostMember:
         ready = asyncio.Event()
         self.ep.on_ready = ready.set
         self.ep.on_writable = self.outbox.writable
-        self.ep.on_event = self._event
+        self.ep.on_event = self.group.on_event
         if not self.ep.is_primary:
             self.ep.on_order = self._released_order
         relay_log = (self.replica.out_dir / "output") if self.opts.log_output else None
@@ -701,12 +567,8 @@ class HostMember:
         next_state = 0.0
         try:
             while self.replica.alive() and self.interrupted is None:
-                if self.ep.is_primary and not self.taking_over:
-                    self.admission.tick()
-                    self.removal.tick()
-                    self.view_notice.tick()
                 try:
-                    self.election.tick()
+                    self.group.tick()
                     self._check_replica_frozen()
                     if self.stepped_down:
                         raise Excluded(self.stepped_down)
@@ -785,90 +647,18 @@ class HostMember:
         if now - since > self.opts.fault_timeout and not self.stepped_down:
             self.stepped_down = f"its replica has been stopped for {(now - since) * 1000:.0f} ms"
 
-    # -- taking over (phase 2) ----------------------------------------------------
-    def _remote_alive(self, group: int, since: float) -> bool:
-        """Whether a remote group has been heard within REMOTE_SILENCE_S
-        (counting from `since` for one not heard at all)."""
-        heard = max(self.ep.remote_heard.get(group, since), since)
-        return self.ep.clock.now() - heard < REMOTE_SILENCE_S
-
+    # -- taking over ---------------------------------------------------------
     def _elected(self, view: View, acks: dict):
-        self.elected_at = time.monotonic()     # measurement (bench/cluster.py)
-        self.taking_over = True
         asyncio.get_running_loop().create_task(self._take_over(view, acks))
 
     async def _take_over(self, view: View, acks: dict):
-        """LLFT Fig. 9 lines 26-35: reach the virtual synchrony point (every
-        ordering entry any member or remote group holds, every message the
-        remote groups sent), then this replica takes over where the old
-        primary's output stopped."""
-        ep, loop = self.ep, asyncio.get_running_loop()
+        """The membership reaches the new view's synchrony point; then this
+        replica takes over where the old primary's output stopped."""
+        loop = asyncio.get_running_loop()
         start = loop.time()
-        for _upto, first, blobs in acks.values():
-            deliver_held_order(ep, first, blobs)
-        # Every remote group heard, not only those with connections open: one
-        # whose connections all ended took replies all the same (lineage.py).
-        now = ep.clock.now()
-        remotes = {c.remote for c in ep.conns.values()} | {
-            g for g, heard in ep.remote_heard.items() if now - heard < REMOTE_SILENCE_S}
-        self.view_acks.clear()
-        self.view_refusals.clear()
-        asked = now
-        # Every remote group that is alive must answer: its clients may have
-        # seen the effect of ordering information only it holds, and until
-        # it hears of this view it takes the old primary's replies.  One
-        # that is silent for REMOTE_SILENCE_S is gone, and its clients with it.
-        while waiting := [g for g in remotes - self.view_acks.keys() if self._remote_alive(g, asked)]:
-            for g in waiting:
-                new_primary_view(ep, g, view)
-            self.view_answered.clear()
-            try:
-                await asyncio.wait_for(self.view_answered.wait(), 0.03)
-            except asyncio.TimeoutError:
-                pass
-            if self.view_refusals:
-                g, (pvn, precedence) = next(iter(self.view_refusals.items()))
-                self.stepped_down = (f"group {g} took replies of view {pvn} from a primary of precedence "
-                                     f"{precedence}, which this member's view {view.pvn} does not descend from "
-                                     f"(the group split; its other side served clients)")
-                return
-        bases, last_sent = {}, {}
-        for g in remotes:
-            if g not in self.view_acks:
-                log.warning("remote group %d did not answer NewPrimaryView and has been silent for %.1f s: "
-                            "taken to be gone with its clients", g, REMOTE_SILENCE_S)
-                continue
-            rows, first, blobs = self.view_acks[g]
-            deliver_held_order(ep, first, blobs)
-            for cid, recv_upto, sent in rows:
-                c = ep.conns.get(cid)
-                if c is not None:
-                    bases[cid], last_sent[cid] = recv_upto, sent
-                    c.rx.learn_highest(sent, ep.clock.now())
-        # Every message the remote groups sent (line 30), and with them the
-        # ordering information they reflected.  Entries past a gap are the
-        # old primary's whose effects no client saw: not followed.
-        nacked = ep.clock.now()
-        while True:
-            lacking = [cid for cid, n in last_sent.items() if nack_remote(ep, cid, n, view)]
-            if not lacking or not any(self._remote_alive(cid.remote(ep.group), nacked) for cid in lacking):
-                break
-            await asyncio.sleep(0.015)
-        if lacking:
-            log.error("the gateways' messages up to their lastSentMsn did not all arrive: going on without them "
-                      "(%s)", ", ".join(f"connection {tuple(cid)}: have {c.rx.received_upto} of {n}"
-                                        for cid, n in last_sent.items()
-                                        if (c := ep.conns.get(cid)) is not None and c.rx.received_upto < n))
-        for cid, c in ep.conns.items():
-            bases.setdefault(cid, c.tx.remote_ack)
-        sync = ep.sequencer.upto
-        base = order_base(view.pvn, sync)
-        lowest = min((upto for upto, _first, _blobs in acks.values()), default=sync)
-        take_over(ep, view, base)
-        first, lacking = self._held_after(lowest, sync)
-        self.view_notice.start(view, {"pvn": view.pvn, "sync": sync, "base": base, "of": first, "ord": lacking,
-                                      "members": sorted(view.precedences)})
-        ep.on_order = None
+        bases = await self.group.take_over(view, acks)
+        if bases is None:
+            return
         self.ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():
@@ -884,14 +674,10 @@ class HostMember:
         promoted.wait(PROMOTE_WAIT_S)
         self.replica.role = "primary"
         self._start_shipping()
-        self._become_primary()
-        self.taking_over = False
-        self.took_over_at = time.monotonic()   # measurement (bench/cluster.py)
+        self.group.took_over()
         gc.freeze()                             # the state taken over lives on (see _serve)
-        log.info("synchrony point %d; backups' lowest position %d; the view notice carried %d entries from %d",
-                 sync, lowest, len(lacking), first)
         log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "
-                    "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, ep.sequencer.upto)
+                    "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, self.ep.sequencer.upto)
         self.write_state("running")
 
     async def _finish_primary(self, status: int):
@@ -903,7 +689,7 @@ class HostMember:
         oseq = self.ep.add_order_info(payload.end_blob(status))
         deadline = time.monotonic() + self.opts.end_timeout
         while time.monotonic() < deadline:
-            self.view_notice.tick()    # a lagging backup may still lack part of it
+            self.group.ending_tick()
             backups_done = not self.ep.view.backups() or (self.ep.order_log.confirmed >= oseq
                                                            and self.ep.backups_hold_all_received())
             if backups_done and not self.ep.buffers()["sent"] and not self.outbox.queued():
@@ -939,10 +725,8 @@ class HostMember:
             stop_replicas([self.replica])
 
     def cleanup(self):
-        admission = getattr(self, "admission", None)
-        if admission is not None:
-            admission.close()   # its port, and the states it offers
-            self.admission = None
+        if self.group is not None:
+            self.group.close()
         shipper = getattr(self, "shipper", None)
         if shipper is not None and self.source is None:
             shipper.cancel()
@@ -986,12 +770,9 @@ class HostMember:
             "last_checkpoint": self.last_checkpoint,
             # The fault timeout (rank 2's) applied now: longer than configured after long silences (detector.py)
             "fault_timeout_ms": {"configured": round(self.opts.fault_timeout * 1000, 1),
-                                 "applied": round(self.silence.timeout(self.opts.fault_timeout) * 1000, 1)
-                                 if hasattr(self, "silence") else None},
+                                 "applied": round(self.group.silence.timeout(self.opts.fault_timeout) * 1000, 1)
+                                 if self.group is not None else None},
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
-            "failover_at": {"suspected": getattr(getattr(self, "election", None), "suspected_at", None),
-                            "last_ack": getattr(getattr(self, "election", None), "last_ack_at", None),
-                            "elected": getattr(self, "elected_at", None),
-                            "took_over": getattr(self, "took_over_at", None),
-                            "promoted": getattr(getattr(self, "feeder", None), "promoted_at", None)},
+            "failover_at": dict(self.group.failover_times() if self.group is not None else {},
+                                promoted=getattr(getattr(self, "feeder", None), "promoted_at", None)),
         })
