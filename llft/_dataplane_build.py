@@ -15,7 +15,8 @@ ffibuilder.cdef("\n".join(line for line in HEADER.read_text().splitlines() if no
 ffibuilder.set_source(
     "llft._dataplane",
     '#include "dataplane.h"\n',
-    sources=["native/dataplane.c", "native/dataplane_clone.c", "native/dataplane_replicas.c", "native/idmap.c"],
+    sources=["native/dataplane.c", "native/dataplane_bytes.c", "native/dataplane_client.c",
+             "native/dataplane_legs.c", "native/dataplane_clone.c", "native/dataplane_replicas.c", "native/idmap.c"],
     include_dirs=["native"],
     libraries=["crypto", "pthread"],
     extra_compile_args=["-O2", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"],

@@ -1,6 +1,9 @@
-/* The data plane's state, shared by its files (dataplane.c: the thread
- * and the API; dataplane_clone.c: a replica cloned from another).  Not
- * part of the API: dataplane.h is. */
+/* The data plane's state, shared by its files (dataplane.c: the thread,
+ * the connections done and the API; dataplane_client.c and
+ * dataplane_legs.c: each side of a connection; dataplane_bytes.c: byte
+ * queues and input files; dataplane_replicas.c: replicas joining, parked,
+ * leaving, promoted; dataplane_clone.c: a replica cloned from another).
+ * Not part of the API: dataplane.h is. */
 #ifndef LLFT_DATAPLANE_STATE_H
 #define LLFT_DATAPLANE_STATE_H
 
@@ -12,8 +15,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define READ_CHUNK 65536
+#define TAG_SLOT_SHIFT 48             /* epoll tag: (leg slot + 1) << 48 | connection id; 0 << 48: the client */
+#define TAG_ID_MASK ((1ull << TAG_SLOT_SHIFT) - 1)
+#define TAG_WAKE UINT64_MAX
 
 /* A byte queue: p[off..len). */
 struct bytes {
@@ -108,11 +115,23 @@ struct llft_dp {
     char buf[READ_CHUNK];
 };
 
-/* Helpers of dataplane.c that dataplane_clone.c and dataplane_replicas.c
- * use; called with dp->mu held. */
+/* What the data plane's files call of each other; called with dp->mu held. */
 int dp_bytes_put(struct bytes *b, const void *data, size_t n);
 size_t dp_bytes_size(const struct bytes *b);
+void dp_bytes_drop(struct bytes *b, size_t n);
 void dp_bytes_free(struct bytes *b);
+ssize_t dp_send_or_queue(int fd, struct bytes *q, const char *data, size_t n, bool now);
+void dp_set_nonblocking(int fd);
+int dp_write_file(int fd, const char *p, size_t n);
+void dp_epoll_set(llft_dp_t *dp, int fd, bool *registered, uint32_t *events, uint32_t want, uint64_t tag);
+void dp_client_events(llft_dp_t *dp, struct conn *c);
+void dp_client_release(llft_dp_t *dp, struct conn *c);
+void dp_client_readable(llft_dp_t *dp, struct conn *c, uint32_t events);
+void dp_client_writable(llft_dp_t *dp, struct conn *c);
+void dp_leg_send(llft_dp_t *dp, struct conn *c, int slot, const char *data, size_t n);
+void dp_leg_writable(llft_dp_t *dp, struct conn *c, int slot);
+void dp_leg_free(llft_dp_t *dp, struct leg *l);
+void dp_hex_digest(EVP_MD_CTX *ctx, char hex[65]);
 struct conn *dp_conn_get(llft_dp_t *dp, uint64_t id);
 struct leg *dp_leg_get(struct conn *c, int slot);
 struct leg *dp_leg_new(void);
