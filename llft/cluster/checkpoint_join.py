@@ -179,7 +179,7 @@ class NewcomerCheckpoint:
 
     async def _cut_in_loop(self) -> list[str]:
         m = self.m
-        if not m.ep.is_primary or m.taking_over or not m.replica.alive():
+        if not m.ep.is_primary or m.group.taking_over or not m.replica.alive():
             raise CheckpointRefused("the primary changed meanwhile")
         m.replica.channel._readable()     # what the program said on its channel before it froze
         m.shipper.pull()                  # every record it made, into the ordering information
