@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import os
 
+import msgpack
 import pytest
 
 from llft.cluster import state_transfer
-from llft.cluster.state_transfer import StateOffers, StateTransferError, fetch_state
+from llft.cluster.state_transfer import FileState, SpoolFailed, StateOffers, StateTransferError, fetch_state
+from llft.transport import new_event_loop
 from llft.wire import DropCounters
 
 
 def run(coro):
-    return asyncio.run(coro)
+    """On the loop the members run (uvloop), whose asyncio differs in places."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)
 
 
 async def offered(state: bytes):
@@ -119,3 +123,95 @@ def test_closed_offers_leave_no_port_open():
         return got
 
     assert run(go()) == b"y" * 10
+
+
+# -- a state with files (a checkpoint's image) -----------------------------------
+def image(tmp_path, files: dict[str, bytes]) -> FileState:
+    d = tmp_path / "offered"
+    d.mkdir()
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    return FileState(b"the cut", d, sorted(files))
+
+
+async def offered_files(state: FileState):
+    offers = StateOffers("127.0.0.1", DropCounters())
+    offers.open()
+    return offers, offers.offer(state, await asyncio.to_thread(state.digest))
+
+
+def test_a_state_with_files_is_written_into_the_spool_and_its_header_returned(tmp_path):
+    files = {"pages-1.img": os.urandom(5 << 20), "core-1.img": os.urandom(3000), "empty.img": b""}
+    state = image(tmp_path, files)
+    spool = tmp_path / "spool"
+
+    async def go():
+        offers, desc = await offered_files(state)
+        got = await fetch_state("127.0.0.1", desc, 10, spool)
+        offers.withdraw(desc)
+        offers.close()
+        return got, desc
+
+    header, desc = run(go())
+    assert header == b"the cut" and desc["files"] is True and desc["size"] == state.size
+    assert {p.name: p.read_bytes() for p in spool.iterdir()} == files
+    assert not state.directory.exists(), "a withdrawn offer's files stay behind"
+
+
+def test_files_changed_after_their_digest_are_refused_and_nothing_is_kept(tmp_path):
+    state = image(tmp_path, {"pages-1.img": b"a" * 100_000})
+    spool = tmp_path / "spool"
+
+    async def go():
+        offers, desc = await offered_files(state)
+        (state.directory / "pages-1.img").write_bytes(b"b" * 100_000)   # same size, other bytes
+        with pytest.raises(StateTransferError, match="does not match its digest"):
+            await fetch_state("127.0.0.1", desc, 5, spool)
+        offers.close()
+
+    run(go())
+    assert not spool.exists() and not state.directory.exists()
+
+
+@pytest.mark.parametrize("name", ["../escaped.img", "/etc/passwd", ".hidden", ""])
+def test_a_file_table_naming_anything_but_a_plain_name_is_refused(tmp_path, name):
+    """A primary (or whoever holds a token) that names files outside the
+    spool, digest and all, gets nothing written anywhere."""
+    state = image(tmp_path, {"pages-1.img": b"x" * 10})
+    state.table = msgpack.packb([[name, 10]])
+
+    async def go():
+        offers, desc = await offered_files(state)
+        with pytest.raises(StateTransferError, match="names a file"):
+            await fetch_state("127.0.0.1", desc, 5, tmp_path / "spool")
+        offers.close()
+
+    run(go())
+    assert not (tmp_path / "escaped.img").exists() and not (tmp_path / "spool").exists()
+
+
+def test_a_spool_that_cannot_be_written_is_not_a_transfer_error(tmp_path):
+    state = image(tmp_path, {"pages-1.img": b"x" * 10})
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+
+    async def go():
+        offers, desc = await offered_files(state)
+        with pytest.raises(SpoolFailed):
+            await fetch_state("127.0.0.1", desc, 5, blocker / "spool")
+        offers.close()
+
+    run(go())
+
+
+def test_a_state_with_files_needs_a_spool(tmp_path):
+    state = image(tmp_path, {"pages-1.img": b"x"})
+
+    async def go():
+        offers, desc = await offered_files(state)
+        with pytest.raises(StateTransferError, match="keeps none"):
+            await fetch_state("127.0.0.1", desc, 5)
+        offers.close()
+
+    run(go())
+    assert not state.directory.exists(), "closed offers leave their files behind"

@@ -24,9 +24,12 @@ given a checkpoint instead, taken on demand (NewcomerCheckpoint):
 - CRIU writes the image while the primary runs on; the image, listed and
   checked (llft/checkpoint/images.py), goes with the cut to the newcomer
   alone, over state_transfer.py's channel (a one-time token, the SHA-256
-  carried by the authenticated AcceptBackup).
+  carried by the authenticated AcceptBackup), sent from the files CRIU
+  wrote (FileState: a directory of its own per checkpoint, removed once
+  the offer is withdrawn); neither end holds the image in memory.
 
-The newcomer (restore_newcomer) writes the image, makes its ring from the
+The newcomer (NewcomerRestore) has the image written into its directory
+as it arrives (newcomer_images), makes its ring from the
 control block (role COPY: it becomes a backup at its first call), gives the
 restored program a socket for each of its own (primed with what it had
 not read, listeners with the connections waiting in them), and its relay
@@ -41,7 +44,7 @@ be installed alike on both hosts (CRIU restores file mappings by path)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -55,6 +58,7 @@ from llft import private_files
 from llft.checkpoint import criu, images, quiesce, restore, sockets
 from llft.checkpoint.clone import waiting_conns
 from llft.cluster import payload
+from llft.cluster.state_transfer import FileState
 from llft.determinizer.streams import image_dir, stream_path
 from llft.members import start_time
 from llft.messaging.ids import ConnId
@@ -67,7 +71,8 @@ log = logging.getLogger("llft.checkpoint")
 DRAIN_S = 2.0            # the most the input waits to be all in the program's sockets
 FROZEN_STEP_S = 5.0      # the most the cut waits for the event loop
 GIVE_BACK_S = 5.0        # the most it waits for room in a listener's queue
-IMAGE_NUMBER = 99        # the image directory's number (llft-<pid>-ck99)
+IMAGE_NUMBER = 99        # the newcomer's image directory's number (llft-<pid>-ck99)
+TAKEN_NUMBERS = itertools.count(100)   # the primary's: one directory per checkpoint, kept while offered
 
 
 class CheckpointRefused(Exception):
@@ -80,14 +85,15 @@ RESTORE_ERRORS = (restore.RestoreFailed, images.DamagedImage, OSError, KeyError,
                   StreamError)
 
 
-def encode_state(state: dict) -> tuple[bytes, bytes]:
-    """A newcomer's state as the state-transfer channel carries it, and its SHA-256."""
-    data = msgpack.packb(state, use_bin_type=True)
-    return data, hashlib.sha256(data).digest()
+def offered_state(state: dict, images_dir: Path) -> FileState:
+    """A newcomer's state as the state-transfer channel carries it: the
+    state itself, and the image's files from images_dir as they are sent."""
+    return FileState(msgpack.packb(state, use_bin_type=True), images_dir, sorted(state["checkpoint"]["listed"]))
 
 
-def _pid_dir(member) -> Path:
-    return Path(image_dir(f"{os.getpid()}", IMAGE_NUMBER, member.opts.checkpoint_dir))
+def newcomer_images(checkpoint_dir: str | None) -> Path:
+    """Where a newcomer has the primary's image written as it arrives."""
+    return Path(image_dir(f"{os.getpid()}", IMAGE_NUMBER, checkpoint_dir))
 
 
 class NewcomerCheckpoint:
@@ -97,14 +103,15 @@ class NewcomerCheckpoint:
         self.m = member
         self.on_cut = on_cut        # fn(): the newcomer joins the view, at the cut's instant
         self.loop = asyncio.get_running_loop()
-        self.images = _pid_dir(member)
+        self.images = Path(image_dir(f"{os.getpid()}", next(TAKEN_NUMBERS), member.opts.checkpoint_dir))
         self.cut: dict | None = None
         self.taken: list[tuple[socket.socket, list[socket.socket]]] = []   # listeners' queues, given back
         self.held = False
 
     async def take(self) -> dict:
-        """The state for the newcomer: the image and the cut.
-        CheckpointRefused (nothing left behind) if none can be taken."""
+        """The cut for the newcomer, its image in self.images (the caller's
+        to remove).  CheckpointRefused (nothing left behind) if none can be
+        taken."""
         m, r = self.m, self.m.replica
         if m.opts.serialize:
             raise CheckpointRefused("a replica under --serialize is not checkpointed")
@@ -129,17 +136,18 @@ class NewcomerCheckpoint:
                 await asyncio.to_thread(self._give_back)
             await asyncio.to_thread(restore.no_parent_death_signal, self.images)
             listed = await asyncio.to_thread(images.manifest, self.images)
-            image = await asyncio.to_thread(self._read_image, listed)
         except (criu.CheckpointFailed, quiesce.QuiesceFailed, images.DamagedImage, OSError) as e:
             logs = m.run_dir / "checkpoints" / "for-newcomer"
             restore.keep_logs(self.images, logs)
+            shutil.rmtree(self.images, ignore_errors=True)
             raise CheckpointRefused(f"the primary's checkpoint failed: {str(e).replace(str(self.images), str(logs))}") \
                 from None
-        finally:
+        except BaseException:
             shutil.rmtree(self.images, ignore_errors=True)
-        cut = dict(self.cut, image=image, listed={k: list(v) for k, v in listed.items()})
+            raise
+        cut = dict(self.cut, listed={k: list(v) for k, v in listed.items()})
         self.figures = {"at": time.time(), "frozen_ms": round(stats.get("frozen_time", 0) / 1000, 1),
-                        "image_bytes": sum(len(b) for b in image.values()),
+                        "image_bytes": image_bytes(cut),
                         "took_ms": round((time.monotonic() - started) * 1000, 1)}
         log.warning("checkpoint of the primary for a newcomer: frozen %.1f ms, image %d KiB, %.0f ms in all",
                     self.figures["frozen_ms"], self.figures["image_bytes"] // 1024, self.figures["took_ms"])
@@ -288,8 +296,9 @@ class NewcomerCheckpoint:
             log.error("a connection waiting to be accepted could not be given back (%s)", e)
         self.loop.call_soon_threadsafe(setattr, self.m.replica.channel, "handing_held", False)
 
-    def _read_image(self, listed: dict) -> dict[str, bytes]:
-        return {name: (self.images / name).read_bytes() for name in listed}
+
+def image_bytes(cut: dict) -> int:
+    return sum(size for size, _crc in cut["listed"].values())
 
 
 # -- at the newcomer ---------------------------------------------------------------
@@ -298,7 +307,7 @@ class NewcomerRestore:
 
     def __init__(self, member, index: int, cut: dict):
         self.m, self.index, self.cut = member, index, cut
-        self.images = _pid_dir(member)
+        self.images = newcomer_images(member.opts.checkpoint_dir)
         self.inherit: list[tuple[socket.socket, str]] = []
         self.adopted: list[tuple[int, socket.socket, int, bytes]] = []   # (conn id, our end, output at, input)
         self.stdio: dict = {}
@@ -326,7 +335,7 @@ class NewcomerRestore:
             shutil.rmtree(self.images, ignore_errors=True)
         r.proc, r.program_pid, r.started = proc, pid, start_time(pid)
         r.checkpoint = {"restore_ms": round((time.monotonic() - started) * 1000, 1),
-                        "image_bytes": sum(len(b) for b in self.cut["image"].values())}
+                        "image_bytes": image_bytes(self.cut)}
         r.channel.started()
         quiesce.release(r.stream)   # its threads, held at a call's entry, go on as a backup's
         return r
@@ -348,12 +357,8 @@ class NewcomerRestore:
 
     def _prepare(self) -> RestoredReplica:
         m, cut, k = self.m, self.cut, self.index
-        shutil.rmtree(self.images, ignore_errors=True)
-        self.images.mkdir(parents=True)
-        for name, data in cut["image"].items():
-            if "/" in name or name.startswith("."):
-                raise images.DamagedImage(f"{name!r} is not an image file's name")
-            (self.images / name).write_bytes(data)
+        # (the image's files are in self.images: the fetch wrote them there,
+        # each name checked; images.check holds them to the listing)
         self.listed = {name: tuple(v) for name, v in cut["listed"].items()}
         self.files = [tuple(f) for f in cut["files"]]
         out_dir = m.run_dir / f"replica-{k}"

@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import secrets
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from llft.auth import Keyring
 from llft.cluster import payload
 from llft.checkpoint import criu
 from llft.cluster.checkpoint_join import (RESTORE_ERRORS, CheckpointRefused, NewcomerCheckpoint, NewcomerRestore,
-                                          encode_state)
+                                          newcomer_images, offered_state)
 from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT, GroupHistory
 from llft.cluster.membership import Joiner, ranks
@@ -37,6 +38,7 @@ from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
+from llft.cluster.state_transfer import SpoolFailed
 from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
 from llft.messaging.clock import LoopClock
@@ -209,10 +211,14 @@ class HostMember:
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
         self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
-                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores)
+                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores,
+                             spool=newcomer_images(o.checkpoint_dir))
         try:
             joined = await self.joiner.join()
             seen = self.joiner.seen_admissions
+        except SpoolFailed as e:
+            self.ep.close()
+            return self._restore_failed(f"its image could not be written: {e}")
         finally:
             self.joiner = None
         if joined is None:
@@ -238,14 +244,7 @@ class HostMember:
                 restored = await self.restorer.run()
             except RESTORE_ERRORS as e:
                 self.ep.close()
-                self.restore_failures += 1
-                if self.restore_failures >= RESTORE_ATTEMPTS:
-                    self.failed = f"the primary's checkpoint could not be restored here: {e}"
-                    log.error("%s; %d attempts failed, this member gives up", self.failed, self.restore_failures)
-                    return 1
-                log.error("the primary's checkpoint could not be restored here: %s; this member joins again", e)
-                self.must_reset = True
-                return EXIT_EXCLUDED
+                return self._restore_failed(e)
             self.restore_failures = 0
             self.last_checkpoint = dict(restored.checkpoint, at=time.time(), restored=True)
             log.warning("replica %d restored from the primary's checkpoint (%d KiB) in %.0f ms: pid %d", index,
@@ -258,6 +257,18 @@ class HostMember:
             return await self._serve(loop)
         finally:
             self.ep.close()
+
+    def _restore_failed(self, why) -> int:
+        """The primary's checkpoint could not be restored here: join again
+        (a new checkpoint), up to RESTORE_ATTEMPTS in a row."""
+        self.restore_failures += 1
+        if self.restore_failures >= RESTORE_ATTEMPTS:
+            self.failed = f"the primary's checkpoint could not be restored here: {why}"
+            log.error("%s; %d attempts failed, this member gives up", self.failed, self.restore_failures)
+            return 1
+        log.error("the primary's checkpoint could not be restored here: %s; this member joins again", why)
+        self.must_reset = True
+        return EXIT_EXCLUDED
 
     def _start_replica(self, index: int, joined, restored: RestoredReplica | None = None):
         if restored is not None:
@@ -367,14 +378,16 @@ class HostMember:
 
     async def _admit_by_checkpoint(self, member: int, admission):
         taker = NewcomerCheckpoint(self, on_cut=lambda: admission.begin(member))
+        offered = None
         try:
             cut = await taker.take()
             self.last_checkpoint = dict(taker.figures, newcomer=member)
             state = {"oseq": cut["oseq"], "history": [], "conns": [], "checkpoint": cut,
                      "settling_ms": max(0, int(self.group.settling_left() * 1000))}
-            # Megabytes of image: encoded and hashed aside, or the event loop
-            # would stop its Heartbeats past the fault timeout.
-            data, digest = await asyncio.to_thread(encode_state, state)
+            offered = offered_state(state, taker.images)
+            # Megabytes of image: hashed aside, or the event loop would stop
+            # its Heartbeats past the fault timeout.
+            digest = await asyncio.to_thread(offered.digest)
         except CheckpointRefused as e:
             log.warning("member %d asked to join: %s", member, e)
             admission.abandon(member, str(e))
@@ -382,12 +395,14 @@ class HostMember:
         except Exception as e:   # noqa: BLE001 - a newcomer in the view must not wait for good
             log.exception("member %d asked to join: its state could not be made", member)
             admission.abandon(member, f"the primary could not make its state ({e!r})")
+            shutil.rmtree(taker.images, ignore_errors=True)
             return
         finally:
             self.checkpoint_task = None
         if admission is not self.group.admission or not self.ep.is_primary:
+            offered.discard()
             return   # no longer primary: the newcomer asks the new one
-        admission.complete(member, data, "a checkpoint", digest)
+        admission.complete(member, offered, "a checkpoint", digest)
 
     def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:

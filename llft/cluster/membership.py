@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgpack
 
 from llft import wire
-from llft.cluster.state_transfer import StateOffers, StateTransferError, fetch_state
+from llft.cluster.state_transfer import FileState, StateOffers, StateTransferError, discard, fetch_state
 from llft.messaging.fragments import Codec
 from llft.messaging.ids import View
 from llft.messaging.lineage import parse_views
@@ -84,9 +85,11 @@ def ranks(view: View) -> dict[int, int]:
 class Joiner:
     """Before it is a member: watches the group's traffic and asks to join."""
 
-    def __init__(self, ep, found_after: float, give_up_after: float, restores: bool = False):
+    def __init__(self, ep, found_after: float, give_up_after: float, restores: bool = False,
+                 spool: Path | None = None):
         self.ep = ep
         self.restores = restores   # it can be brought up from a checkpoint (CRIU works here)
+        self.spool = spool         # where a checkpoint's image is written as it arrives
         # A codec of its own: the group's traffic it decodes and ignores (the
         # gateways' Requests) must not count as received by the endpoint's,
         # which would then drop those messages as late duplicates when they
@@ -145,7 +148,7 @@ class Joiner:
                 start = loop.time()
                 continue
             try:
-                state = await fetch_state(addr[0], body.get("state"), STATE_TIMEOUT_S)
+                state = await fetch_state(addr[0], body.get("state"), STATE_TIMEOUT_S, self.spool)
             except StateTransferError as e:
                 # The primary repeats AcceptBackup while the admission is
                 # pending (and admits us afresh once it gave up): try again.
@@ -257,15 +260,17 @@ class Admission:
         self.pending[member] = _Pending(data, {}, set(view.backups()), due=now + RETRY_S, deadline=float("inf"),
                                         body=body)
 
-    def complete(self, member: int, state: bytes, what: str, sha256: bytes | None = None) -> None:
+    def complete(self, member: int, state: bytes | FileState, what: str, sha256: bytes | None = None) -> None:
         """The newcomer's state (encoded; what it holds, for the log; its
         SHA-256 if computed already), as of begin(), offered to it alone."""
         entry = self.pending.get(member)
         if entry is None:
+            discard(state)
             return   # removed meanwhile
         try:
             self.offers.open()
         except OSError as e:
+            discard(state)
             self.abandon(member, f"the primary has no port to hand over the state on ({e})")
             return
         entry.offer = self.offers.offer(state, sha256)

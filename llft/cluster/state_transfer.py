@@ -12,23 +12,89 @@ fetches it; TCP paces it, and nobody else sees it.
 The port is open only while an admission is pending, and gives nothing
 without a token from an authenticated AcceptBackup; what the newcomer
 receives is checked against the digest that AcceptBackup carries, so a
-forged or damaged state is refused, not replayed."""
+forged or damaged state is refused, not replayed.
+
+A state with files (a checkpoint's image, hundreds of megabytes: FileState)
+is never held in memory at either end: the primary hashes the files and
+sends them from disk a piece at a time, and the newcomer writes them into a
+directory of its own as they come, hashing them on the way; nothing it
+received is used before the whole matches the digest.  On the wire:
+
+    length of all that follows
+    length of the file table, the table (msgpack: [[name, size], ...])
+    length of the header, the header (the state without the files)
+    each file's bytes, in the table's order"""
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import secrets
+import shutil
 import socket
 import struct
+import time
+from pathlib import Path
+
+import msgpack
 
 TOKEN_BYTES = 16
 LENGTH = struct.Struct("!Q")
 TOKEN_WAIT_S = 5.0       # a connection that sends no token this soon is closed
 DROP_REFUSED = "state-transfer-refused"
+CHUNK = 1 << 20          # files are hashed, received and written in pieces this big
 
 
 class StateTransferError(Exception):
     pass
+
+
+class SpoolFailed(Exception):
+    """The newcomer could not write a state's files where it keeps them (its
+    disk is full, say): not the transfer's fault, and trying the same
+    again would fail the same way."""
+
+
+class FileState:
+    """A state offered as a header and files sent from disk: the files'
+    directory is the offer's until it is withdrawn (discard())."""
+
+    def __init__(self, header: bytes, directory: Path, names: list[str]):
+        self.header, self.directory, self.names = header, Path(directory), names
+        sizes = [(self.directory / n).stat().st_size for n in names]
+        self.table = msgpack.packb([[n, s] for n, s in zip(names, sizes)])
+        self.size = 2 * LENGTH.size + len(self.table) + len(header) + sum(sizes)
+
+    def _prefix(self) -> bytes:
+        return LENGTH.pack(len(self.table)) + self.table + LENGTH.pack(len(self.header)) + self.header
+
+    def digest(self) -> bytes:
+        """SHA-256 of what is sent (blocking: reads the files; run it in a thread)."""
+        h = hashlib.sha256(self._prefix())
+        for n in self.names:
+            with open(self.directory / n, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+        return h.digest()
+
+    async def send(self, writer: asyncio.StreamWriter) -> None:
+        """The files read aside, a piece at a time, at the pace TCP takes
+        them (uvloop, the members' loop, has no loop.sendfile)."""
+        writer.write(self._prefix())
+        await writer.drain()
+        for n in self.names:
+            with open(self.directory / n, "rb") as f:
+                while chunk := await asyncio.to_thread(f.read, CHUNK):
+                    writer.write(chunk)
+                    await writer.drain()
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def discard(state) -> None:
+    """A state no offer holds any more: its files go."""
+    if isinstance(state, FileState):
+        state.discard()
 
 
 class StateOffers:
@@ -37,7 +103,7 @@ class StateOffers:
     def __init__(self, interface: str, drops):
         self.interface = interface
         self.drops = drops
-        self.offers: dict[bytes, bytes] = {}      # token -> state
+        self.offers: dict[bytes, bytes | FileState] = {}      # token -> state
         self.sock: socket.socket | None = None
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
@@ -57,16 +123,18 @@ class StateOffers:
     async def _start(self, sock: socket.socket) -> None:
         self.server = await asyncio.start_server(self._serve, sock=sock)
 
-    def offer(self, state: bytes, sha256: bytes | None = None) -> dict:
-        """Offers one state (its SHA-256 computed already, or here); returns
-        what AcceptBackup says of it."""
+    def offer(self, state: bytes | FileState, sha256: bytes | None = None) -> dict:
+        """Offers one state (its SHA-256 computed already, or here: a
+        FileState's must be); returns what AcceptBackup says of it."""
         token = secrets.token_bytes(TOKEN_BYTES)
         self.offers[token] = state
+        if isinstance(state, FileState):
+            return {"port": self.port, "token": token, "size": state.size, "sha256": sha256, "files": True}
         return {"port": self.port, "token": token, "size": len(state),
                 "sha256": sha256 or hashlib.sha256(state).digest()}
 
     def withdraw(self, description: dict) -> None:
-        self.offers.pop(description.get("token"), None)
+        discard(self.offers.pop(description.get("token"), None))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -75,8 +143,12 @@ class StateOffers:
             if state is None:
                 self.drops.count(DROP_REFUSED)
                 return
-            writer.write(LENGTH.pack(len(state)))
-            writer.write(state)
+            if isinstance(state, FileState):
+                writer.write(LENGTH.pack(state.size))
+                await state.send(writer)
+            else:
+                writer.write(LENGTH.pack(len(state)))
+                writer.write(state)
             await writer.drain()
             self.served += 1
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -85,6 +157,8 @@ class StateOffers:
             writer.close()
 
     def close(self) -> None:
+        for state in self.offers.values():
+            discard(state)
         self.offers.clear()
         if self.sock is None:
             return
@@ -95,9 +169,12 @@ class StateOffers:
         self.sock = self.server = None
 
 
-async def fetch_state(host: str, description, timeout: float) -> bytes:
+async def fetch_state(host: str, description, timeout: float, spool: Path | None = None) -> bytes:
     """At the newcomer: the state an AcceptBackup describes, from the
-    primary at `host`, checked against its digest."""
+    primary at `host`, checked against its digest.  A state with files
+    has them written into `spool` (made afresh; removed again if the
+    fetch fails), and its header returned; SpoolFailed if they cannot be
+    written there."""
     try:
         port, token = int(description["port"]), description["token"]
         size, digest = int(description["size"]), description["sha256"]
@@ -106,6 +183,14 @@ async def fetch_state(host: str, description, timeout: float) -> bytes:
             raise ValueError("bad field")
     except (KeyError, TypeError, ValueError) as e:
         raise StateTransferError(f"the state's description is malformed ({e})") from None
+    if description.get("files"):
+        if spool is None:
+            raise StateTransferError("the state has files, and this member keeps none")
+        try:
+            return await asyncio.to_thread(_fetch_files, host, port, token, size, digest, Path(spool), timeout)
+        except BaseException:
+            shutil.rmtree(spool, ignore_errors=True)
+            raise
 
     async def get() -> bytes:
         reader, writer = await asyncio.open_connection(host, port)
@@ -128,3 +213,102 @@ async def fetch_state(host: str, description, timeout: float) -> bytes:
     if hashlib.sha256(state).digest() != digest:
         raise StateTransferError(f"the state from {host} port {port} does not match its digest")
     return state
+
+
+def _fetch_files(host: str, port: int, token: bytes, size: int, digest: bytes, spool: Path,
+                 timeout: float) -> bytes:
+    """fetch_state's for a FileState, in a thread of its own (blocking)."""
+    deadline = time.monotonic() + timeout
+    where = f"{host} port {port}"
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise StateTransferError(f"the state could not be fetched from {where}: {e}") from None
+    with sock:
+        def exactly(n: int) -> bytes:
+            got = bytearray()
+            while len(got) < n:
+                _bounded(sock, deadline, where)
+                piece = sock.recv(min(n - len(got), CHUNK))
+                if not piece:
+                    raise StateTransferError(f"the state from {where} ended early")
+                got += piece
+            return bytes(got)
+
+        try:
+            sock.sendall(token)
+            (length,) = LENGTH.unpack(exactly(LENGTH.size))
+            if length != size:
+                raise StateTransferError(f"the primary sent {length} bytes of state, not the {size} announced")
+            h = hashlib.sha256()
+            left = size
+
+            def part() -> bytes:
+                nonlocal left
+                raw = exactly(LENGTH.size)
+                (n,) = LENGTH.unpack(raw)
+                if n > left - LENGTH.size:
+                    raise StateTransferError(f"the state from {where} is malformed (a part past its end)")
+                data = exactly(n)
+                h.update(raw)
+                h.update(data)
+                left -= LENGTH.size + n
+                return data
+
+            files = _file_table(part(), where)
+            header = part()
+            if sum(s for _n, s in files) != left:
+                raise StateTransferError(f"the state from {where} is malformed (its files do not fill it)")
+            shutil.rmtree(spool, ignore_errors=True)
+            try:
+                spool.mkdir(parents=True)
+            except OSError as e:
+                raise SpoolFailed(f"{spool}: {e}") from None
+            buf = bytearray(CHUNK)
+            for name, n in files:
+                try:
+                    out = open(spool / name, "wb")
+                except OSError as e:
+                    raise SpoolFailed(f"{spool / name}: {e}") from None
+                with out:
+                    while n:
+                        _bounded(sock, deadline, where)
+                        got = sock.recv_into(buf, min(n, CHUNK))
+                        if not got:
+                            raise StateTransferError(f"the state from {where} ended early")
+                        piece = memoryview(buf)[:got]
+                        h.update(piece)
+                        try:
+                            out.write(piece)
+                        except OSError as e:
+                            raise SpoolFailed(f"{spool / name}: {e}") from None
+                        n -= got
+        except (socket.timeout, TimeoutError):
+            raise StateTransferError(f"the state did not arrive from {where} within {timeout:g} s") from None
+        except OSError as e:
+            raise StateTransferError(f"the state could not be fetched from {where}: {e}") from None
+    if h.digest() != digest:
+        raise StateTransferError(f"the state from {where} does not match its digest")
+    return header
+
+
+def _bounded(sock: socket.socket, deadline: float, where: str) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout()
+    sock.settimeout(left)
+
+
+def _file_table(data: bytes, where: str) -> list[tuple[str, int]]:
+    """The files a state announces: plain names, sizes that are counts."""
+    try:
+        table = msgpack.unpackb(data, raw=False)
+        files = [(str(n), int(s)) for n, s in table]
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise StateTransferError(f"the state from {where} is malformed ({e})") from None
+    for name, n in files:
+        if not name or "/" in name or name.startswith(".") or n < 0:
+            raise StateTransferError(f"the state from {where} names a file {name!r} of {n} bytes")
+    if len({n for n, _s in files}) != len(files):
+        raise StateTransferError(f"the state from {where} names a file twice")
+    return files
