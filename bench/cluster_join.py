@@ -34,7 +34,11 @@ LIMIT_MIB = "0.05"        # redis's start alone passes it: every newcomer gets a
 VALUE_BYTES = 1024
 
 # RESP from the client host: POPULATE once, or PING until stdin closes,
-# printing (start, round trip) per PING on CLOCK_MONOTONIC.
+# printing (start, round trip) per PING on CLOCK_MONOTONIC.  The PINGs are
+# counted from the moment the group is quiet (20 in a row answered within
+# 20 ms): right after a 100 MiB POPULATE (its backup still replaying it) a
+# first PING took 5 s, a stall that spanned the join and was counted as
+# the join's; 10 s later the PINGs took 3 ms.
 CLIENT = r"""
 import socket, sys, time, select
 port, what = int(sys.argv[1]), sys.argv[2:]
@@ -47,6 +51,12 @@ def ask(*args):
 if what[0] == "populate":
     print(ask("DEBUG", "POPULATE", what[1], "key", what[2]).decode().strip(), flush=True)
 else:
+    quiet, deadline = 0, time.monotonic() + 300
+    while quiet < 20 and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        assert ask("PING") == b"+PONG\r\n"
+        quiet = quiet + 1 if time.monotonic() - t0 < 0.02 else 0
+        time.sleep(0.01)
     samples = []
     print("go", flush=True)
     while not select.select([sys.stdin], [], [], 0)[0]:
