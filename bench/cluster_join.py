@@ -36,9 +36,9 @@ VALUE_BYTES = 1024
 # RESP from the client host: POPULATE once, or PING until stdin closes,
 # printing (start, round trip) per PING on CLOCK_MONOTONIC.  The PINGs are
 # counted from the moment the group is quiet (20 in a row answered within
-# 20 ms): right after a 100 MiB POPULATE (its backup still replaying it) a
-# first PING took 5 s, a stall that spanned the join and was counted as
-# the join's; 10 s later the PINGs took 3 ms.
+# 20 ms): what comes before the join (once, a first PING right after a 100
+# MiB POPULATE took 5 s, its records still on their way to the backup) is
+# not the join's.
 CLIENT = r"""
 import socket, sys, time, select
 port, what = int(sys.argv[1]), sys.argv[2:]

@@ -230,3 +230,35 @@ def test_a_backup_that_missed_a_whole_connection_learns_it_from_the_primary():
                            and backup.conns[cid].rx.received_upto == 3), "the backup never got the connection"
     assert backup.counters["connections_learned"] == 1
     assert clock.run_until(clock.now() + 1.0, primary.backups_hold_all_received)
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.1])
+def test_a_backlog_of_ordering_information_no_message_carries_reaches_the_backups_in_bursts(drop):
+    """A program that makes megabytes of records in one long request has no
+    message for them to ride on: the primary's Heartbeats carry them.  One
+    run of order_budget bytes a Heartbeat took 128 Heartbeats (2.6 s) for
+    1 MiB; the backups hold all of it within a few Heartbeats of
+    order_fallback, every entry once, in order, also when a tenth of the
+    datagrams is lost.  (Simulated time: the count of Heartbeats is the
+    property, not this machine's speed.)"""
+    from llft.auth import Keyring
+    from llft.messaging.clock import SimClock
+    from llft.messaging.simnet import SimNetwork, make_group
+    clock = SimClock()
+    net = SimNetwork(clock, LossPolicy(seed=3, drop=drop, delay=0.0005))
+    config = Config()
+    primary, *backups = make_group(net, SERVER, 3, Keyring(b"k" * 32), config)
+    got = {b.me: [] for b in backups}
+    for b in backups:
+        b.on_order = lambda oseq, blob, me=b.me: got[me].append((oseq, blob))
+    blobs = [os.urandom(4000) for _ in range(256)]   # 1 MiB, in entries of a record group's size
+    for blob in blobs:
+        primary.add_order_info(blob)
+    clock.run_until(config.order_fallback + 10 * config.heartbeat)
+    if drop == 0.0:
+        for me, entries in got.items():
+            assert [b for _oseq, b in entries] == blobs, f"backup {me} holds {len(entries)} of {len(blobs)} entries"
+    clock.run_until(5.0)
+    for me, entries in got.items():
+        assert [b for _oseq, b in entries] == blobs and [k for k, _b in entries] == list(range(1, 257)), me
+    assert primary.order_log.confirmed == 256 and not primary.order_log.entries

@@ -91,6 +91,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self._hb_seq = -1                # Heartbeats sent in this view; the first lists every connection (intragroup.py)
         self._hb_view: tuple | None = None
         self._hb_last: dict[ConnId, tuple] = {}   # connection -> (its last row's values, the Heartbeat they changed in)
+        self._fallback_at = float("-inf")   # primary: when its Heartbeats last sent ordering entries from the start
+        self._fallback_upto = 0             # ...and the last entry they sent since (intragroup.py)
         self._last_intra_tx = -1.0
         self._timer = None
         self.closed = False

@@ -29,6 +29,13 @@ GAP_BUCKETS_MS = (10, 20, 30, 50, 100, 200)
 # back (watermarks and counts only grow within a view).
 HEARTBEAT_REPEAT = 3
 HEARTBEAT_FULL_EVERY = 25
+# Ordering entries no message carried go to the backups on the primary's
+# Heartbeats (the fallback): up to ORDER_BURST runs of order_budget bytes a
+# Heartbeat, each run sent once until order_fallback has passed, then again
+# from what the backups report holding.  One run a Heartbeat (8 KiB per 20
+# ms) shipped a 100 MiB redis POPULATE's 5 MiB of records to its backup
+# across hosts in 19.7 s, and its reply waited for them.
+ORDER_BURST = 32
 
 
 class IntraGroupMixin:
@@ -104,7 +111,6 @@ class IntraGroupMixin:
     # --- heartbeats ------------------------------------------------------------
 
     def _send_heartbeat(self, now: float, full: bool = False) -> None:
-        cfg = self.config
         self._hb_seq += 1
         # A new view (a new primary, a member more or less): its members
         # start from full lists, each in the shape of its role.
@@ -116,14 +122,17 @@ class IntraGroupMixin:
             reports = self._backups_rw()
             rows, back = self._heartbeat_rows(((cid, (self._group_wm(c, reports), c.rx.received_upto))
                                                for cid, c in self.conns.items()), full)
-            of, blobs = self.order_log.older_than(self._min_oupto(), now - cfg.order_fallback,
-                                                  cfg.order_budget)
+            runs = self._fallback_runs(now)
+            of, blobs = runs[0] if runs else (0, [])
             body = {"gwm": rows, "of": of, "ord": blobs}
             if blobs:
                 # A Heartbeat with ordering information may take several
                 # datagrams, and is lost if any is: the backups' fault
                 # detectors also get a small one, lost only on its own.
                 self._transmit(self._intra(MsgType.HEARTBEAT, back=back, body={"gwm": rows}))
+            for of_more, more in runs[1:]:
+                self._transmit(self._intra(MsgType.HEARTBEAT, back=back, body={"gwm": [], "of": of_more,
+                                                                                "ord": more}))
         else:
             rows, back = self._heartbeat_rows(((cid, (c.rx.rw, c.tx.msg_seq_count))
                                                for cid, c in self.conns.items()), full)
@@ -149,6 +158,25 @@ class IntraGroupMixin:
         if kept is not None:
             self._hb_last = kept
         return rows, self.lamport if back is None else back
+
+    def _fallback_runs(self, now: float) -> list[tuple[int, list[bytes]]]:
+        """Primary: the fallback's runs for this Heartbeat (ORDER_BURST)."""
+        cfg = self.config
+        start = self._min_oupto()
+        if now - self._fallback_at < cfg.order_fallback:
+            start = max(start, self._fallback_upto)   # what the last Heartbeats sent is on its way
+        else:
+            self._fallback_at = now
+        runs = []
+        for _ in range(ORDER_BURST):
+            of, blobs = self.order_log.older_than(start, now - cfg.order_fallback, cfg.order_budget)
+            if not blobs:
+                break
+            runs.append((of, blobs))
+            start = of + len(blobs) - 1
+        if runs:
+            self._fallback_upto = start
+        return runs
 
     def _min_oupto(self) -> int:
         return min((self.backup_reports.get(b, {}).get("oupto", 0) for b in self.view.backups()),
