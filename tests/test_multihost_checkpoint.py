@@ -204,6 +204,7 @@ def test_a_newcomer_without_criu_is_refused_past_the_limit(cluster, examples):
     p, late = cluster.members[-1]
     assert p.wait(timeout=60) == 1
     err = p.stderr.read()
+    assert "checkpoints are off here (CRIU is not installed" in err, err   # at start-up, in one line
     assert "the newcomer cannot restore a checkpoint instead" in err, err
     assert (first / "llft.log").read_text().count("checkpoint of the primary") == taken
     cluster.members.remove((p, late))

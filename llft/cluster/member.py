@@ -200,8 +200,8 @@ class HostMember:
         criu_problem = await self.criu_check
         restores = criu_problem is None
         if not restores and self.rounds == 0:
-            log.info("no checkpoints here (%s): this member can join while the group's history is complete "
-                     "(--history-limit), not from a checkpoint", criu_problem)
+            log.warning("checkpoints are off here (%s): this member joins only while the group's history is "
+                        "complete (--history-limit), and as primary admits newcomers only so", criu_problem)
         self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
                                 self.udp, Keyring(o.key), o.config)
         # As primary, every entry it orders (records, where it cut its output,
