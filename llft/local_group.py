@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,10 +142,12 @@ class LocalGroup:
             saved = saved or self.run_dir / HISTORY_FILE
             self.inputs = InputLog(self.run_dir / INPUT_DIR)
         saver = SavedStreamWriter(saved) if saved else None
-        if self.opts.keep is not None:
-            from llft.checkpoint.criu import problem
-            why = problem()
-            if why:
+        if self.opts.keep is not None or self.opts.semi_passive:
+            from llft.checkpoint import criu
+            why = criu.problem()
+            if why is None:   # (a clone or a checkpoint loads pycriu, 0.25 s: aside, now)
+                threading.Thread(target=criu.warm_up, name="llft-criu-warm-up", daemon=True).start()
+            elif self.opts.keep is not None:
                 self.replacements.clone_refused = why
                 log.warning("--keep: %s; a failed replica is replaced by one that replays the group's history",
                             why)

@@ -9,6 +9,7 @@ scripts/build-criu.sh builds 4.2 into /opt/criu."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import select
@@ -19,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from llft.members import process_state
 
@@ -40,8 +42,37 @@ class CheckpointFailed(Exception):
 class Criu:
     binary: str
     version: tuple[int, ...]
-    rpc: object          # pycriu.rpc: the protobuf messages
-    images: object       # pycriu.images: reads and writes image files
+
+    @property
+    def rpc(self):
+        """pycriu.rpc: the protobuf messages."""
+        return binding().rpc
+
+    @property
+    def images(self):
+        """pycriu.images: reads and writes image files."""
+        return binding().images
+
+
+@functools.cache
+def binding() -> SimpleNamespace:
+    """pycriu, imported on first use: its protobuf descriptors take a
+    quarter of a second to load, which find() (on the path of a newcomer
+    joining) does not wait for; warm_up() loads it aside."""
+    try:
+        from pycriu import images, rpc
+    except ImportError as e:
+        raise CheckpointFailed(f"CRIU's Python binding pycriu cannot be loaded ({e})") from None
+    return SimpleNamespace(images=images, rpc=rpc)
+
+
+def warm_up() -> None:
+    """Loads pycriu now (in a thread of the caller's choosing), so that the
+    first dump or restore does not."""
+    try:
+        binding()
+    except CheckpointFailed:
+        pass   # (the first dump or restore says so)
 
 
 def ordinary_priority():
@@ -87,11 +118,9 @@ def find() -> Criu:
     python_dir = str(CRIU_PREFIX / "lib" / "python")
     if python_dir not in sys.path and os.path.isdir(python_dir):
         sys.path.append(python_dir)
-    try:
-        from pycriu import images, rpc
-    except ImportError as e:
-        raise CriuUnavailable(f"CRIU's Python binding pycriu cannot be loaded ({e})") from None
-    return Criu(binary, version, rpc, images)
+    if importlib.util.find_spec("pycriu") is None:
+        raise CriuUnavailable("CRIU's Python binding pycriu is not installed (scripts/build-criu.sh installs it)")
+    return Criu(binary, version)
 
 
 def problem() -> str | None:
@@ -230,5 +259,5 @@ def stats(images_dir: Path, kind: str) -> dict:
         with open(images_dir / f"stats-{kind}", "rb") as f:
             entry = find().images.load(f)["entries"][0]
         return dict(entry.get(kind, {}))
-    except (OSError, KeyError, IndexError, ValueError):
+    except (OSError, KeyError, IndexError, ValueError, CheckpointFailed):
         return {}

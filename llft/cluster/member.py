@@ -199,6 +199,8 @@ class HostMember:
         # when it comes again for the member this one becomes.
         criu_problem = await self.criu_check
         restores = criu_problem is None
+        if restores:
+            loop.run_in_executor(None, criu.warm_up)   # (a restore or a dump loads pycriu, 0.25 s: aside, now)
         if not restores and self.rounds == 0:
             log.warning("checkpoints are off here (%s): this member joins only while the group's history is "
                         "complete (--history-limit), and as primary admits newcomers only so", criu_problem)
