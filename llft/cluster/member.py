@@ -370,8 +370,8 @@ class HostMember:
         if self.history.complete:
             return False
         if not restores:
-            self.group.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot restore a "
-                                          "checkpoint instead (its CRIU does not work: see its log)")
+            self.group.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot "
+                                                "restore a checkpoint instead (its CRIU does not work: see its log)")
             return True
         if self.checkpoint_task is None:
             self.checkpoint_task = asyncio.get_running_loop().create_task(
