@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,10 @@ def test_a_newcomer_past_the_history_limit_joins_from_a_checkpoint(cluster, exam
     late = cluster.start_member(2, program, extra=extra)
     cluster.wait_members(3)
     joined_from_a_checkpoint(late)
+    # The image it offered is the primary's to keep only until the admission ends.
+    controller = cluster.status(cluster.members[primary_index(cluster)][1])["controller_pid"]
+    cluster.wait(lambda: not list(Path("/dev/shm").glob(f"llft-{controller}-ck*")),
+                 "the primary to drop the image it offered", timeout=20, watch=False)
     said_by = {k: subprocess.run([tool("llft-status"), "--run-dir", str(cluster.members[k][1])], capture_output=True,
                                  text=True).stdout for k in (primary_index(cluster), 2)}
     assert "last checkpoint: of this replica for newcomer" in said_by[primary_index(cluster)], said_by
