@@ -1,18 +1,22 @@
-"""A newcomer across hosts brought up from a checkpoint of the primary
-(issue 20; llft/cluster/checkpoint_join.py): redis holding about 10 MiB and
-100 MiB (DEBUG POPULATE, 1 KiB values), two members on network-namespace
-hosts with a --history-limit it is past from the start, a third member
-started; a client on the gateway's host PINGs the primary throughout.
+"""A newcomer across hosts brought up from a checkpoint (issue 20;
+llft/cluster/checkpoint_join.py, backup_checkpoint.py): redis holding about
+10 MiB and 100 MiB (DEBUG POPULATE, 1 KiB values) on network-namespace
+hosts with a --history-limit it is past from the start, a member started
+beside them; a client on the gateway's host PINGs the primary throughout.
+Two sources: "backup" (a primary and a backup: the backup's replica is
+checkpointed, the primary serves on) and "primary" (a group of one: the
+primary's own, which pauses it).
 
 Per join: the join end to end (from the newcomer's start to its replica
-restored and the state file saying so), the primary's pause (CRIU's frozen
-time; and the client's slowest round trip during the join against the
-second before it), the checkpoint's time at the primary, the image's size,
-the restore's time at the newcomer.
+restored and the state file saying so), the primary's pause (CRIU's
+frozen time where the source is the primary, 0 otherwise; and the
+client's slowest round trip during the join against the second before
+it), the source's frozen time, the checkpoint's time at the source, the
+image's size, the restore's time at the newcomer.
 
 Workload `cluster_join` of `python -m bench run` (root and CRIU; skipped
 otherwise).  Records: scenario checkpoint/join_across_hosts, net
-"netns", variant the size."""
+"netns", variant the size and the source ("100 MiB, backup")."""
 from __future__ import annotations
 
 import json
@@ -78,16 +82,18 @@ def worst_ms(samples, start: float, until: float) -> float | None:
     return round(max(got) * 1000, 2) if got else None
 
 
-def one_join(ctx, hosts, size_mib: int, trial: int):
-    fields = dict(backend="llft", replicas=3, clients=1, net="netns", variant=f"{size_mib} MiB", size=size_mib)
-    tmp = ctx.tmp / f"join-{size_mib}-{trial}"
+def one_join(ctx, hosts, size_mib: int, trial: int, source: str):
+    members = 2 if source == "backup" else 1
+    fields = dict(backend="llft", replicas=members + 1, clients=1, net="netns", variant=f"{size_mib} MiB, {source}",
+                  size=size_mib)
+    tmp = ctx.tmp / f"join-{size_mib}-{source}-{trial}"
     tmp.mkdir(parents=True)
     c = BenchCluster(hosts, tmp)
     pinger = None
     try:
         program = [shutil.which("redis-server"), "--port", str(PORT), "--save", "", "--appendonly", "no",
                    "--enable-debug-command", "yes"]
-        c.form(2, "kv", ["--history-limit", LIMIT_MIB], program)
+        c.form(members, "kv", ["--history-limit", LIMIT_MIB], program)
         c.start_gateway(GATEWAY_HOST)
         populate = _client(c, "populate", str(size_mib * (1 << 20) // VALUE_BYTES), str(VALUE_BYTES))
         if populate.communicate(timeout=600)[0].strip() != "+OK":
@@ -96,7 +102,7 @@ def one_join(ctx, hosts, size_mib: int, trial: int):
         while True:   # the backup has replayed the population
             sts = [c.status(d) for _, d in c.members]
             if all(st and st["replicas"] for st in sts) and \
-                    sts[1]["replicas"][0]["records"] >= sts[0]["replicas"][0]["records"]:
+                    sts[-1]["replicas"][0]["records"] >= sts[0]["replicas"][0]["records"]:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("the backup did not catch up")
@@ -106,7 +112,7 @@ def one_join(ctx, hosts, size_mib: int, trial: int):
             raise RuntimeError("the pinging client did not start")
         time.sleep(1.0)
         started = time.monotonic()
-        late = c.start_member(2, program, "kv", ["--history-limit", LIMIT_MIB])
+        late = c.start_member(members, program, "kv", ["--history-limit", LIMIT_MIB])
         while True:
             st = c.status(late)
             last = (st or {}).get("last_checkpoint") or {}
@@ -119,12 +125,16 @@ def one_join(ctx, hosts, size_mib: int, trial: int):
         time.sleep(0.5)
         pinger.stdin.close()
         samples = json.loads(pinger.stdout.readline().replace("(", "[").replace(")", "]"))
-        taken = next((s["last_checkpoint"] for s in map(c.status, (d for _, d in c.members[:2]))
+        taken = next((s["last_checkpoint"] for s in map(c.status, (d for _, d in c.members[:members]))
                       if s and s.get("last_checkpoint") and s["last_checkpoint"].get("newcomer")), None)
         if taken is None:
             raise RuntimeError("no member says it took the checkpoint")
+        if taken["source"] != source:
+            raise RuntimeError(f"the checkpoint was of the {taken['source']}, not of the {source}")
         ctx.rec.event(SCENARIO, {
-            "join_ms": round((joined - started) * 1000, 1), "primary_frozen_ms": taken["frozen_ms"],
+            "join_ms": round((joined - started) * 1000, 1),
+            "primary_frozen_ms": taken["frozen_ms"] if source == "primary" else 0.0,
+            "source_frozen_ms": taken["frozen_ms"],
             "checkpoint_ms": taken["took_ms"], "image_mib": round(taken["image_bytes"] / 2**20, 1),
             "restore_ms": last["restore_ms"],
             "primary_worst_rtt_before_ms": worst_ms(samples, started - 1.0, started),
@@ -138,14 +148,15 @@ def one_join(ctx, hosts, size_mib: int, trial: int):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cluster_join(ctx, sizes_mib=(10, 100), trials: int = 3):
+def cluster_join(ctx, sizes_mib=(10, 100), trials: int = 3, sources=("backup", "primary")):
     why = "needs root (network namespaces)" if os.geteuid() != 0 else cannot_checkpoint_redis()
     if why:
         ctx.skip(why)
         return
-    ctx.plan(len(sizes_mib) * trials)
+    ctx.plan(len(sizes_mib) * len(sources) * trials)
     with bridged_hosts(GATEWAY_HOST + 1) as hosts:
         for size in sizes_mib:
-            for trial in range(trials):
-                one_join(ctx, hosts, size, trial)
-                ctx.step()
+            for source in sources:
+                for trial in range(trials):
+                    one_join(ctx, hosts, size, trial, source)
+                    ctx.step()

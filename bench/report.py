@@ -181,19 +181,22 @@ def targets(tables: dict) -> list[list[str]]:
     if join:
         v = join[0]["p50"]
         check("a 100 MiB server's new backup (clone), end to end, p50", f"{v:.0f} ms", "< 1 s", v < 1000)
-    across = newest([r for r in ev if r["scenario"] == "checkpoint/join_across_hosts" and r["variant"] == "100 MiB"
-                     and r["metric"] == "join_ms"])
-    if across:
-        v = across[0]["p50"]
-        check("a 100 MiB server's newcomer across hosts (from the primary's checkpoint), end to end, p50",
-              f"{v:.0f} ms", "< 1 s", v < 1000)
-    for scenario, source in (("checkpoint/clone", "a backup"), ("checkpoint/primary", "the primary"),
-                             ("checkpoint/join_across_hosts", "the primary, for a newcomer across hosts")):
-        pause = newest([r for r in ev if r["scenario"] == scenario and r["variant"] == "100 MiB"
+    for source in ("backup", "primary"):
+        across = newest([r for r in ev if r["scenario"] == "checkpoint/join_across_hosts"
+                         and r["variant"] == f"100 MiB, {source}" and r["metric"] == "join_ms"])
+        if across:
+            v = across[0]["p50"]
+            check(f"a 100 MiB server's newcomer across hosts (a checkpoint of the {source}), end to end, p50",
+                  f"{v:.0f} ms", "< 1 s", v < 1000)
+    for scenario, variant, source in (
+            ("checkpoint/clone", "100 MiB", "a backup"), ("checkpoint/primary", "100 MiB", "the primary"),
+            ("checkpoint/join_across_hosts", "100 MiB, backup", "a backup, for a newcomer across hosts"),
+            ("checkpoint/join_across_hosts", "100 MiB, primary", "the primary, for a newcomer across hosts")):
+        pause = newest([r for r in ev if r["scenario"] == scenario and r["variant"] == variant
                         and r["metric"] == "primary_worst_rtt_during_ms"])
         if pause:
             v = pause[0]["p50"]
-            limit = 20 if source == "a backup" else 100
+            limit = 20 if source.startswith("a backup") else 100
             check(f"the primary's slowest reply while a 100 MiB server is cloned from {source}, p50", f"{v:.1f} ms",
                   f"< {limit} ms", v < limit)
     return out

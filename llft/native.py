@@ -386,26 +386,46 @@ class StreamFile:
             ffi.memmove(lib.llft_ring_slot(self.ring, pos), lib.llft_ring_slot(src.ring, pos), run * REC_SIZE)
             pos += run
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, records: bool = False) -> bytes:
         """Its control block and ring header as they are, for a ring on
-        another host (load_snapshot): copy_from's, for a ring whose
-        records are all consumed (a held primary's, all shipped)."""
-        if self.head != self.tail:
+        another host (load_snapshot): copy_from's.  Without records, for a
+        ring whose records are all consumed (a held primary's, all
+        shipped); with them, followed by the slots it has yet to consume
+        (a backup's: its consumer frozen, its producer held)."""
+        if self.head != self.tail and not records:
             raise StreamError(f"{self.path}: {self.head - self.tail} records are not consumed yet")
-        return bytes(ffi.buffer(self.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR))
+        out = bytearray(ffi.buffer(self.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR))
+        pos, head = self.tail, self.head
+        while pos < head:   # in at most two runs: the ring wraps once
+            run = min(head - pos, self.capacity - pos % self.capacity)
+            out += ffi.buffer(lib.llft_ring_slot(self.ring, pos), run * REC_SIZE)
+            pos += run
+        return bytes(out)
+
+    @staticmethod
+    def snapshot_records(data: bytes) -> int:
+        """How many slots a snapshot carries."""
+        return (len(data) - lib.LLFT_CTL_BYTES - lib.LLFT_RING_HDR) // REC_SIZE
 
     def load_snapshot(self, data: bytes, replica: int):
-        """This (new, same-sized) stream becomes the one snapshot() was taken of."""
-        capacity = self.capacity
-        if len(data) != lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR:
-            raise StreamError(f"{self.path}: a control block of {len(data)} bytes is not this library's")
-        saved = bytes(ffi.buffer(self.ctl, len(data)))
-        ffi.memmove(self.ctl, data, len(data))
-        if self.capacity != capacity:
-            ffi.memmove(self.ctl, saved, len(saved))
+        """This (new, same-sized) stream becomes the one snapshot() was
+        taken of, with the slots it carries where they were."""
+        capacity, n = self.capacity, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR
+        if len(data) < n or (len(data) - n) % REC_SIZE:
+            raise StreamError(f"{self.path}: a snapshot of {len(data)} bytes is not this library's")
+        saved = bytes(ffi.buffer(self.ctl, n))
+        ffi.memmove(self.ctl, data[:n], n)
+        slots = (len(data) - n) // REC_SIZE
+        if self.capacity != capacity or self.head - self.tail != slots:
+            ffi.memmove(self.ctl, saved, n)
             raise StreamError(f"{self.path}: {capacity} slots; the stream copied has a different number "
-                              "(--ring-slots)")
+                              "(--ring-slots), or not the records it says")
         self.ctl.replica = replica
+        pos, head, at = self.tail, self.head, n
+        while pos < head:
+            run = min(head - pos, capacity - pos % capacity)
+            ffi.memmove(lib.llft_ring_slot(self.ring, pos), data[at:at + run * REC_SIZE], run * REC_SIZE)
+            pos, at = pos + run, at + run * REC_SIZE
 
     def raw_slot(self, pos: int):
         """The slot at ring position pos, as a writable cffi buffer (tests)."""

@@ -45,6 +45,9 @@ class MsgType(enum.IntEnum):
     REMOVE_BACKUP_ACK = 24
     STATE = 25
     STATE_ACK = 26
+    # A newcomer's checkpoint taken of a backup (cluster/backup_checkpoint.py)
+    CHECKPOINT_FOR = 27
+    CHECKPOINT_OFFERED = 28
 
 
 APPLICATION_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY})

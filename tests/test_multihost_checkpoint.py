@@ -1,18 +1,21 @@
-"""A newcomer across hosts brought up from a checkpoint of the primary's
-replica, once the group's history is past --history-limit
-(llft/cluster/checkpoint_join.py): members in network namespaces, CRIU
-real, the program restored on the newcomer's host."""
+"""A newcomer across hosts brought up from a checkpoint of a backup's
+replica, or of the primary's where no backup gives one, once the group's
+history is past --history-limit (llft/cluster/checkpoint_join.py,
+backup_checkpoint.py): members in network namespaces, CRIU real, the
+program restored on the newcomer's host."""
 from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from conftest import tool
+from serving import Progress, concurrently
 from test_multihost import (PROGRAM_PORT, UDP_MEMBER_OPTIONS, cluster, cluster_of,  # noqa: F401 (fixtures)
-                            new_view_at, numbering_agrees, outputs_of, primary_index, udp_clients,
+                            new_view_at, numbering_agrees, outputs_of, primary_index, udp_clients, write_until,
                             writes_then_reads)
 
 LIMIT = ["--history-limit", "0.05"]          # 52 KB
@@ -34,9 +37,20 @@ def past_the_limit(cluster, ok: str = "OK", n: int = 200):
         cluster.wait(lambda d=d: not cluster.status(d)["history"]["complete"], "the history to pass its limit")
 
 
-def joined_from_a_checkpoint(run_dir):
+def joined_from_a_checkpoint(run_dir, source: str | None = None):
+    """The member of run_dir joined from a checkpoint (of the source
+    given: "backup" or "primary")."""
     text = (run_dir / "llft.log").read_text()
-    assert "from a checkpoint of the primary" in text and "restored from the primary's checkpoint" in text, text
+    sources = [source] if source else ["backup", "primary"]
+    assert any(f"from a checkpoint of the {s}" in text and f"restored from the {s}'s checkpoint" in text
+               for s in sources), text
+
+
+def images_dropped(cluster, k: int):
+    """Member k keeps no image it offered once the admission ended."""
+    controller = cluster.status(cluster.members[k][1])["controller_pid"]
+    cluster.wait(lambda: not list(Path("/dev/shm").glob(f"llft-{controller}-ck*")),
+                 f"member {k} to drop the image it offered", timeout=20, watch=False)
 
 
 def newest_connection_agrees(cluster, indices):
@@ -71,15 +85,32 @@ def outputs_agree(cluster, indices):
         raise AssertionError(f"outputs by member: {outputs()}") from None
 
 
+def agree_then_newcomer_alone(cluster, keys: int):
+    """The three members hold keys keys, number their messages alike and
+    produced the same outputs; then the two older ones are killed in turn,
+    leaving the newcomer (member 2) the primary, alone."""
+    c = cluster.client()
+    digest = c.lines(["DIGEST"])[0][0]
+    c.close()
+    assert digest.split()[2] == str(keys), digest
+    numbering_agrees(cluster, [0, 1, 2])
+    outputs_agree(cluster, [0, 1, 2])
+    for _ in range(2):
+        old = primary_index(cluster)
+        cluster.kill("--primary")
+        new_view_at(cluster, [2], cluster.status(cluster.members[old][1])["member"])
+
+
 def test_a_newcomer_past_the_history_limit_joins_from_a_checkpoint(cluster, examples):
     """Past --history-limit, a newcomer is brought up from a checkpoint of
-    the primary's replica taken at an exact point of the ordering stream:
-    a client connection open across it goes on at every member (the
-    newcomer's logged output is the tail of what the client received), the
-    newcomer's state digest is the others', it numbers its messages as the
-    primary does, and it takes over when the others are gone, with nothing
-    acknowledged lost; the members killed meanwhile rejoin from
-    checkpoints too, one of them taken of the restored replica."""
+    the backup's replica (the primary serves on, not paused) taken at an
+    exact point of the ordering stream: a client connection open across it
+    goes on at every member (the newcomer's logged output is the tail of
+    what the client received), the newcomer's state digest is the
+    others', it numbers its messages as the primary does, and it takes
+    over when the others are gone, with nothing acknowledged lost; the
+    members killed meanwhile rejoin from checkpoints too (of the primary:
+    no backup is left), one of them taken of the restored replica."""
     extra = [*LIMIT, "--log-output"]
     program = [examples / "kv_server", PROGRAM_PORT]
     cluster.start_members(2, program, extra=extra)
@@ -89,31 +120,23 @@ def test_a_newcomer_past_the_history_limit_joins_from_a_checkpoint(cluster, exam
     _, received = kept.lines([f"SET kept{j} k{j}" for j in range(10)])
     late = cluster.start_member(2, program, extra=extra)
     cluster.wait_members(3)
-    joined_from_a_checkpoint(late)
-    # The image it offered is the primary's to keep only until the admission ends.
-    controller = cluster.status(cluster.members[primary_index(cluster)][1])["controller_pid"]
-    cluster.wait(lambda: not list(Path("/dev/shm").glob(f"llft-{controller}-ck*")),
-                 "the primary to drop the image it offered", timeout=20, watch=False)
+    joined_from_a_checkpoint(late, "backup")
+    assert primary_index(cluster) == 0
+    assert "checkpoint of the primary" not in (cluster.members[0][1] / "llft.log").read_text()
+    # The image it offered is the backup's to keep only until the admission ends.
+    images_dropped(cluster, 1)
     said_by = {k: subprocess.run([tool("llft-status"), "--run-dir", str(cluster.members[k][1])], capture_output=True,
-                                 text=True).stdout for k in (primary_index(cluster), 2)}
-    assert "last checkpoint: of this replica for newcomer" in said_by[primary_index(cluster)], said_by
-    assert "this replica: restored from the primary's checkpoint" in said_by[2], said_by
+                                 text=True).stdout for k in (0, 1, 2)}
+    assert "last checkpoint" not in said_by[0], said_by
+    assert "last checkpoint: of this replica for newcomer" in said_by[1], said_by
+    assert "this backup (the primary not paused) frozen" in said_by[1], said_by
+    assert "this replica: restored from the backup's checkpoint" in said_by[2], said_by
     replies, raw = kept.lines([f"SET kept{j} k{j}" for j in range(10, 30)] + [f"GET kept{j}" for j in range(30)])
     assert replies == ["OK"] * 20 + [f"VALUE k{j}" for j in range(30)]
     received += raw
     writes_then_reads(cluster, "after", 20)
-    c = cluster.client()
-    digest = c.lines(["DIGEST"])[0][0]
-    c.close()
-    assert digest.split()[2] == str(250), digest
     newest_connection_agrees(cluster, [0, 1, 2])
-    numbering_agrees(cluster, [0, 1, 2])
-    outputs_agree(cluster, [0, 1, 2])
-    # The newcomer, alone, serves on from where the group was.
-    for _ in range(2):
-        old = primary_index(cluster)
-        cluster.kill("--primary")
-        new_view_at(cluster, [2], cluster.status(cluster.members[old][1])["member"])
+    agree_then_newcomer_alone(cluster, 250)
     replies, raw = kept.lines(["GET kept29", "SET kept30 k30", "GET big199"])
     assert replies == ["VALUE k29", "OK", f"VALUE {VALUE}"]
     received += raw
@@ -133,6 +156,61 @@ def test_a_newcomer_past_the_history_limit_joins_from_a_checkpoint(cluster, exam
     assert primary_index(cluster) == 2
     for k in (0, 1):
         joined_from_a_checkpoint(cluster.members[k][1])
+
+
+def test_a_backups_checkpoint_taken_under_writers_loses_nothing(cluster, examples):
+    """Writers never stop while the newcomer joins from the backup's
+    checkpoint, started after the writers' 300th reply: what the backup had
+    received but not yet given its program, and the ordering it had not
+    yet applied, go in the cut.  The newcomer's digest and numbering then
+    equal the others', and once both older members are killed it serves
+    every acknowledged write alone."""
+    program = [examples / "kv_server", PROGRAM_PORT]
+    cluster.start_members(2, program, extra=LIMIT)
+    cluster.start_gateway(3)
+    past_the_limit(cluster)
+    stop, acked, progress = threading.Event(), {}, Progress()
+
+    def join_meanwhile():
+        try:
+            progress.wait(300)
+            late = cluster.start_member(2, program, extra=LIMIT)
+            cluster.wait_members(3)
+            joined_from_a_checkpoint(late, "backup")
+            progress.wait(progress.replies + 300)   # the newcomer follows the writers a while
+        finally:
+            stop.set()
+
+    concurrently(lambda i: write_until(cluster, i, stop, acked, progress=progress), 3, join_meanwhile, timeout=240)
+    total = sum(acked.values())
+    agree_then_newcomer_alone(cluster, 200 + total)
+    c = cluster.client()
+    for i, n in acked.items():
+        assert c.lines([f"GET w{i}-{j}" for j in range(n)])[0] == [f"VALUE v{j}" for j in range(n)], i
+    c.close()
+
+
+def test_the_primary_is_checkpointed_when_its_backup_gives_no_checkpoint(cluster, examples):
+    """The backup asked for the newcomer's checkpoint cannot take one (no
+    CRIU on its host): it says why, and the primary checkpoints its own
+    replica instead; the newcomer joins from that."""
+    program = [examples / "kv_server", PROGRAM_PORT]
+    first = cluster.start_member(0, program, extra=LIMIT)
+    cluster.wait(lambda: (st := cluster.status(first)) and st["members"], "the first member")
+    no_criu = {"LLFT_CRIU_PREFIX": str(cluster.tmp / "no-criu"), "PATH": "/usr/bin:/bin"}
+    backup = cluster.start_member(1, program, extra=LIMIT, env=no_criu)
+    cluster.wait_members(2)
+    cluster.start_gateway(3)
+    past_the_limit(cluster)
+    late = cluster.start_member(2, program, extra=LIMIT)
+    cluster.wait_members(3)
+    joined_from_a_checkpoint(late, "primary")
+    assert "CRIU does not work at member" in (backup / "llft.log").read_text()
+    assert "this primary's replica is checkpointed instead" in (first / "llft.log").read_text()
+    images_dropped(cluster, 0)
+    writes_then_reads(cluster, "after", 20)
+    numbering_agrees(cluster, [0, 1, 2])
+    outputs_agree(cluster, [0, 1, 2])
 
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server not installed (scripts/setup.sh installs it)")

@@ -157,3 +157,30 @@ def test_stream_file_errors_are_clear(tmp_path):
         f.truncate(8192)
     with pytest.raises(StreamError, match="truncated"):
         StreamFile(tmp_path / "real")
+
+
+def test_a_snapshot_with_records_carries_them_across_the_wrap(tmp_path, ring):
+    """A backup's ring copied to another host (checkpoint_join.py): the
+    control block and the records it has yet to consume, wrapped round the
+    end, are read back in order from the copy; a copy of the wrong size, or
+    one that does not carry the records its header counts, is refused."""
+    one = encode([OrderInfo(op=CLOCK, tid=0, n=1)])
+    assert ring.write(one * (SLOTS - 10), timeout_ms=0) == SLOTS - 10
+    assert len(ring.read(SLOTS - 10)) == (SLOTS - 10) * REC_SIZE   # the next records wrap
+    batch = [OrderInfo(op=CLOCK, tid=2, n=i + 1, obj=3, val=i) for i in range(40)]
+    assert ring.write(encode(batch), timeout_ms=0) == 40
+    with pytest.raises(StreamError, match="not consumed"):
+        ring.snapshot()
+    data = ring.snapshot(records=True)
+    assert StreamFile.snapshot_records(data) == 40
+    copy = StreamFile(tmp_path / "copy", create=True, slots=SLOTS, replica=5)
+    copy.load_snapshot(data, 5)
+    assert (copy.head, copy.tail) == (ring.head, ring.tail)
+    assert decode(copy.read(4096)) == batch
+    for bad in (data[:-1], data[:-REC_SIZE]):
+        other = StreamFile(tmp_path / f"bad{len(bad)}", create=True, slots=SLOTS)
+        with pytest.raises(StreamError):
+            other.load_snapshot(bad, 1)
+        assert other.head == other.tail == 0, "a refused copy leaves the ring as it was"
+        other.close()
+    copy.close()

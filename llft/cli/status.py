@@ -68,13 +68,14 @@ def main(argv=None) -> int:
     print_files(replicas)
     last = report.get("last_checkpoint")
     if last and last.get("restored"):
-        print(f"this replica: restored from the primary's checkpoint at "
+        print(f"this replica: restored from the {last.get('source', 'primary')}'s checkpoint at "
               f"{time.strftime('%H:%M:%S', time.localtime(last['at']))}, image {last['image_bytes'] // 1024} KiB, "
               f"restored in {last['restore_ms']:.0f} ms")
     elif last:
+        paused = "the primary" if last.get("source", "primary") == "primary" else "this backup (the primary not paused)"
         print(f"last checkpoint: of this replica for newcomer {last['newcomer']} at "
               f"{time.strftime('%H:%M:%S', time.localtime(last['at']))}, image {last['image_bytes'] // 1024} KiB, "
-              f"the primary frozen {last['frozen_ms']:.1f} ms ({last['took_ms']:.0f} ms in all)")
+              f"{paused} frozen {last['frozen_ms']:.1f} ms ({last['took_ms']:.0f} ms in all)")
     stored = report.get("stored_checkpoint")
     if stored:
         print(f"stored checkpoint {stored['number']}: of replica {stored['source']} at "

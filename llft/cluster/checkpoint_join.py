@@ -62,7 +62,7 @@ from llft.cluster.state_transfer import FileState
 from llft.determinizer.streams import image_dir, stream_path
 from llft.members import start_time
 from llft.messaging.ids import ConnId
-from llft.messaging.viewchange import adopt_connection, connection_state, number_from
+from llft.messaging.viewchange import adopt_connection, connection_state, number_from, unconsumed
 from llft.native import ROLE_BACKUP, ROLE_COPY, StreamError, StreamFile
 from llft.replica import RestoredReplica
 
@@ -97,11 +97,14 @@ def newcomer_images(checkpoint_dir: str | None) -> Path:
 
 
 class NewcomerCheckpoint:
-    """At the primary: one checkpoint of its replica for a newcomer."""
+    """One checkpoint of this member's replica for a newcomer: of the
+    primary, or of a backup the primary asked (backup_checkpoint.py)."""
 
-    def __init__(self, member, on_cut):
+    def __init__(self, member, newcomer: int, on_cut=None):
         self.m = member
-        self.on_cut = on_cut        # fn(): the newcomer joins the view, at the cut's instant
+        self.newcomer = newcomer
+        self.on_cut = on_cut        # fn(): the newcomer joins the view, at the cut's instant (None: it has)
+        self.of_primary = member.ep.is_primary
         self.loop = asyncio.get_running_loop()
         self.images = Path(image_dir(f"{os.getpid()}", next(TAKEN_NUMBERS), member.opts.checkpoint_dir))
         self.cut: dict | None = None
@@ -120,12 +123,18 @@ class NewcomerCheckpoint:
         started = time.monotonic()
         try:
             m.intake.clear()
+            if not self.of_primary:
+                # What is ordered from here on is not applied before the
+                # cut, which carries it (_cut_in_loop): the ring copied
+                # then holds every record given to it.
+                m.hold_order()
             try:
                 await self._drained()
                 r.checkpointing = True
                 try:
-                    await asyncio.to_thread(quiesce.hold, r.stream, r.pid)
-                    self.held = True
+                    if self.of_primary:
+                        await asyncio.to_thread(quiesce.hold, r.stream, r.pid)
+                        self.held = True
                     stats = await asyncio.to_thread(criu.dump, r.pid, self.images, externals=self._externals(),
                                                     on_frozen=self._frozen)
                 finally:
@@ -133,6 +142,7 @@ class NewcomerCheckpoint:
                     r.checkpointing = False
             finally:
                 m.intake.set()
+                m.release_order()
                 await asyncio.to_thread(self._give_back)
             await asyncio.to_thread(restore.no_parent_death_signal, self.images)
             listed = await asyncio.to_thread(images.manifest, self.images)
@@ -140,8 +150,8 @@ class NewcomerCheckpoint:
             logs = m.run_dir / "checkpoints" / "for-newcomer"
             restore.keep_logs(self.images, logs)
             shutil.rmtree(self.images, ignore_errors=True)
-            raise CheckpointRefused(f"the primary's checkpoint failed: {str(e).replace(str(self.images), str(logs))}") \
-                from None
+            raise CheckpointRefused(f"the {self.source()}'s checkpoint failed: "
+                                    f"{str(e).replace(str(self.images), str(logs))}") from None
         except BaseException:
             shutil.rmtree(self.images, ignore_errors=True)
             raise
@@ -149,17 +159,29 @@ class NewcomerCheckpoint:
         self.figures = {"at": time.time(), "frozen_ms": round(stats.get("frozen_time", 0) / 1000, 1),
                         "image_bytes": image_bytes(cut),
                         "took_ms": round((time.monotonic() - started) * 1000, 1)}
-        log.warning("checkpoint of the primary for a newcomer: frozen %.1f ms, image %d KiB, %.0f ms in all",
-                    self.figures["frozen_ms"], self.figures["image_bytes"] // 1024, self.figures["took_ms"])
+        log.warning("checkpoint of the %s for newcomer %d: frozen %.1f ms, image %d KiB, %.0f ms in all; the cut "
+                    "carries %d records to replay, %d ordering entries to apply and %d client messages to take",
+                    self.source(), self.newcomer, self.figures["frozen_ms"], self.figures["image_bytes"] // 1024,
+                    self.figures["took_ms"], m.replica.stream.snapshot_records(cut["ring"]), len(cut["held"]),
+                    sum(len(c[13]) for c in cut["conns"]))
         return cut
 
+    def source(self) -> str:
+        return "primary" if self.of_primary else "backup"
+
     async def _drained(self):
-        """Every client byte received is in the program's sockets."""
+        """Every client byte received is in the program's sockets, and a
+        backup's ring holds every record given to it."""
         m = self.m
         deadline = time.monotonic() + DRAIN_S
         while not (m.relay.input_drained() and not m.unopened):
             if time.monotonic() > deadline:
                 raise CheckpointRefused(f"the program did not take the clients' input within {DRAIN_S:g} s")
+            await asyncio.sleep(0.001)
+        while not (self.of_primary or m.feeder.caught_up()):
+            if time.monotonic() > deadline:
+                raise CheckpointRefused(f"the replica's ring did not take the records given to it within "
+                                        f"{DRAIN_S:g} s (it lags)")
             await asyncio.sleep(0.001)
 
     def _externals(self) -> list[str]:
@@ -187,16 +209,28 @@ class NewcomerCheckpoint:
 
     async def _cut_in_loop(self) -> list[str]:
         m = self.m
-        if not m.ep.is_primary or m.group.taking_over or not m.replica.alive():
+        if m.ep.is_primary != self.of_primary or m.group.taking_over or not m.replica.alive():
             raise CheckpointRefused("the primary changed meanwhile")
+        if self.newcomer not in m.ep.view and self.on_cut is None:
+            raise CheckpointRefused(f"member {self.newcomer} left the view meanwhile")
         m.replica.channel._readable()     # what the program said on its channel before it froze
-        m.shipper.pull()                  # every record it made, into the ordering information
-        ring = m.replica.stream.snapshot()
+        if self.of_primary:
+            m.shipper.pull()              # every record it made, into the ordering information
+            ring, oseq, held = m.replica.stream.snapshot(), m.ep.order_log.next_oseq - 1, []
+            delivered = m.replica.stream.records
+        else:
+            # Its ring, with the records it has yet to replay; what was
+            # ordered since hold_order() follows in the cut's history.
+            if not m.feeder.caught_up():
+                raise CheckpointRefused("the replica's ring had not taken every record given to it")
+            ring, oseq = m.replica.stream.snapshot(records=True), m.ep.sequencer.upto
+            held, delivered = [[k, b] for k, b in m.order_held], m.feeder.sink.delivered
         externals, program = self._program_sockets()
         self.pending: dict[int, bytes] = {}   # per connection, what the program wrote that the relay had not read
         self.closing: list[int] = []          # connections the program closed, their end not yet read
         conns = [self._connection(cid, program.get(m._conn_num(cid))) for cid in list(m.ep.conns)]
-        self.cut = {"ring": ring, "oseq": m.ep.order_log.next_oseq - 1, "conns": conns,
+        self.cut = {"ring": ring, "oseq": oseq, "held": held, "delivered": delivered, "source": self.source(),
+                    "conns": conns,
                     "relay": m.relay.summary_state(self.pending), "closing": self.closing,
                     "channel": self.channel, "listeners": self.listeners,
                     "tombstones": m.ep.tombstones.listed(),
@@ -204,12 +238,14 @@ class NewcomerCheckpoint:
                     "next_open": [[c, s] for c, s in m.next_open.items()],
                     "stdout": (m.replica.out_dir / "stdout").read_bytes(),
                     "stderr": (m.replica.out_dir / "stderr").read_bytes()}
-        self.on_cut()
+        if self.on_cut is not None:
+            self.on_cut()
         # What comes from here on is the newcomer's by messaging: the clients'
         # input flows again (into the frozen program's sockets, which the
         # image leaves out); only new connections wait for the listeners'
         # queues to be given back.
         m.intake.set()
+        m.release_order()
         return externals
 
     def _program_sockets(self) -> tuple[list[str], dict[int, dict]]:
@@ -257,11 +293,18 @@ class NewcomerCheckpoint:
             raise CheckpointRefused("the program has UDP ports or outgoing connections, which a checkpoint "
                                     "does not carry to another host")
         consumed, acked, _logged_from = connection_state(m.ep, cid)
+        # Messages released to the program but not yet taken (the input
+        # waits): the newcomer takes them from the cut, as it may not get
+        # them again (the group watermark may have freed them).
+        inputs = unconsumed(m.ep, cid)
+        consumed += len(inputs)
         numbered = m.ep.conns[cid].tx.msg_seq_count
-        start, buf, closed, close_sent, input_ended = m.output.cut_state(cid)
+        start, buf, closed, close_sent, input_ended, cuts = m.output.cut_state(cid)
         # Messages waiting for messaging's window are not numbered yet: the
         # primary orders where it cut them when it sends them, and the
-        # newcomer cuts its own there, so their bytes are the newcomer's to cut.
+        # newcomer cuts its own there, so their bytes are the newcomer's to
+        # cut; a backup cut them where the primary did, so the newcomer
+        # takes those cuts first.
         waiting = [payload.parse_reply(body) for body, _order_info in m.outbox.waiting.get(cid, ())]
         if waiting:
             if waiting[-1][0] == payload.CLOSE:
@@ -269,6 +312,9 @@ class NewcomerCheckpoint:
             data = [w for w in waiting if w[0] == payload.DATA]
             if data:
                 start, buf = data[0][1], b"".join(w[2] for w in data) + buf
+            if not self.of_primary:
+                cuts = [[w[1] + len(w[2]), False] if w[0] == payload.DATA else [w[1], True]
+                        for w in waiting] + cuts
         num = m._conn_num(cid)
         relay_side = None
         if program is not None and not program.get("queued"):
@@ -287,7 +333,7 @@ class NewcomerCheckpoint:
             closed = True
             self.closing.append(num)
         return [cid.client, cid.server, cid.seq, consumed, acked, numbered, start, buf, closed, close_sent,
-                input_ended, relay_side]
+                input_ended, relay_side, cuts, inputs]
 
     def _give_back(self):
         """The connections taken from the listeners' queues go back, in order."""
@@ -310,6 +356,7 @@ class NewcomerRestore:
         self.images = newcomer_images(member.opts.checkpoint_dir)
         self.inherit: list[tuple[socket.socket, str]] = []
         self.adopted: list[tuple[int, socket.socket, int, bytes]] = []   # (conn id, our end, output at, input)
+        self.inputs: list[tuple[ConnId, list[bytes]]] = []   # messages released at the source, not taken
         self.stdio: dict = {}
 
     async def run(self) -> RestoredReplica:
@@ -373,7 +420,8 @@ class NewcomerRestore:
         r = self.replica = RestoredReplica(k, stream, out_dir, serialize=m.opts.serialize, source=-1,
                                            private_files=cut["uppers"] is not None)
         stream.load_snapshot(cut["ring"], k)
-        stream.role = ROLE_COPY
+        if cut["source"] == "primary":
+            stream.role = ROLE_COPY   # (a backup's image replays on as a backup)
         stream.set_timeouts(stall_ms=m.opts.stall_timeout_ms, end_grace_ms=m.opts.end_grace_ms)
         self.files_plan = None
         if r.private_files:
@@ -415,12 +463,14 @@ class NewcomerRestore:
         for client, seq in self.cut["next_open"]:
             m.next_open[int(client)] = int(seq)
         for (client, server, seq, consumed, acked, numbered, start, buf, closed, close_sent, input_ended,
-             _relay) in self.cut["conns"]:
+             _relay, cuts, inputs) in self.cut["conns"]:
             cid = ConnId(client, server, seq)
             adopt_connection(ep, cid, consumed, acked, numbered + 1)
             number_from(ep, cid, numbered)
-            m.output.adopt(cid, start, buf, closed, close_sent, input_ended)
+            m.output.adopt(cid, start, buf, closed, close_sent, input_ended, cuts)
             m._conn_num(cid)
+            if inputs:
+                self.inputs.append((cid, inputs))
 
     async def relay_connections(self) -> None:
         """The program's connections, to the relay: what it had not read first."""
@@ -436,3 +486,7 @@ class NewcomerRestore:
             if p is not None and p.input_ended:
                 m.relay.eof(conn_id)
         self.adopted = []
+        for cid, bodies in self.inputs:
+            for body in bodies:
+                m._request(cid, body)
+        self.inputs = []

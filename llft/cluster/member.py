@@ -27,6 +27,7 @@ from llft import rundir
 from llft.auth import Keyring
 from llft.cluster import payload
 from llft.checkpoint import criu
+from llft.cluster.backup_checkpoint import SourceRefused, silent_for
 from llft.cluster.checkpoint_join import (RESTORE_ERRORS, CheckpointRefused, NewcomerCheckpoint, NewcomerRestore,
                                           newcomer_images, offered_state)
 from llft.cluster.datagrams import MemberDatagrams
@@ -38,7 +39,7 @@ from llft.cluster.output import Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
-from llft.cluster.state_transfer import SpoolFailed
+from llft.cluster.state_transfer import FileState, SpoolFailed
 from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
 from llft.messaging.clock import LoopClock
@@ -66,7 +67,7 @@ FAULT_TIMEOUT_S = 0.03
 FAULT_TIMEOUT_ORDINARY_S = 0.15
 TICK_S = 0.02
 RESTORING_DROP = "restoring"   # the group's datagrams while a newcomer restores its replica
-RESTORE_ATTEMPTS = 3     # checkpoints of the primary that fail to restore before a newcomer gives up
+RESTORE_ATTEMPTS = 3     # checkpoints given that fail to restore before a newcomer gives up
 CHECKPOINT_END_S = 10.0  # the most a leaving member waits for a checkpoint under way (CRIU stops soon)
 EXIT_EXCLUDED = 3        # left out of a new view: must reset and rejoin
 REJOIN_PATIENCE_S = 24 * 3600.0
@@ -117,7 +118,7 @@ class HostMember:
         self.ep: GroupEndpoint | None = None
         self.joiner: Joiner | None = None
         self.rounds = 0
-        self.restore_failures = 0   # checkpoints of the primary that could not be restored here, in a row
+        self.restore_failures = 0   # checkpoints given that could not be restored here, in a row
         self._reset()
 
     def _reset(self):
@@ -142,6 +143,7 @@ class HostMember:
         self.checkpoint_task: asyncio.Task | None = None   # a checkpoint being taken for a newcomer
         self.last_checkpoint: dict | None = None   # llft-status: the last one taken here, or restored
         self.intake = asyncio.Event()           # clear: client input waits (a checkpoint drains it)
+        self.order_held: list | None = None     # a backup's checkpoint: (oseq, blob) released, not yet applied
         self.intake.set()
         self.must_reset = False                 # left the group (excluded, or its replica failed)
         self._drops_logged: dict[str, int] = {}
@@ -234,9 +236,10 @@ class HostMember:
             self.ep.sequencer.skip_to(joined.oseq)
             self.history.start_from(joined.history)
             index = joined.index
+            ck = joined.checkpoint
             log.warning("group %s (id %d): joined as backup %d, replica %d (primary %d, view %d)%s",
                         o.group, self.gid, self.me, index, joined.view.primary, joined.view.pvn,
-                        ", from a checkpoint of the primary" if joined.checkpoint is not None else
+                        f", from a checkpoint of the {ck['source']}" if ck is not None else
                         f", with {len(joined.conns)} client connections' input" if joined.conns else "")
         restored = None
         if joined is not None and joined.checkpoint is not None:
@@ -249,8 +252,10 @@ class HostMember:
                 return self._restore_failed(e)
             self.restore_failures = 0
             self.last_checkpoint = dict(restored.checkpoint, at=time.time(), restored=True)
-            log.warning("replica %d restored from the primary's checkpoint (%d KiB) in %.0f ms: pid %d", index,
-                        restored.checkpoint["image_bytes"] // 1024, restored.checkpoint["restore_ms"], restored.pid)
+            self.last_checkpoint["source"] = joined.checkpoint["source"]
+            log.warning("replica %d restored from the %s's checkpoint (%d KiB) in %.0f ms: pid %d", index,
+                        joined.checkpoint["source"], restored.checkpoint["image_bytes"] // 1024,
+                        restored.checkpoint["restore_ms"], restored.pid)
         self.ep.start()
         self._start_replica(index, joined, restored)
         if joined is not None:
@@ -261,14 +266,14 @@ class HostMember:
             self.ep.close()
 
     def _restore_failed(self, why) -> int:
-        """The primary's checkpoint could not be restored here: join again
+        """The checkpoint given could not be restored here: join again
         (a new checkpoint), up to RESTORE_ATTEMPTS in a row."""
         self.restore_failures += 1
         if self.restore_failures >= RESTORE_ATTEMPTS:
-            self.failed = f"the primary's checkpoint could not be restored here: {why}"
+            self.failed = f"the checkpoint given could not be restored here: {why}"
             log.error("%s; %d attempts failed, this member gives up", self.failed, self.restore_failures)
             return 1
-        log.error("the primary's checkpoint could not be restored here: %s; this member joins again", why)
+        log.error("the checkpoint given could not be restored here: %s; this member joins again", why)
         self.must_reset = True
         return EXIT_EXCLUDED
 
@@ -294,14 +299,16 @@ class HostMember:
         self.group = MembershipProtocol(self.ep, self.udp.unread, self.opts, MemberHooks(
             view_changed=self._view_changed, leave=self._leave, held_after=self._held_after, elected=self._elected,
             heard=self.naps.hold_off, joiner_state=self._state, why_no_joining=self._why_no_joining,
-            checkpoint_for=self._checkpoint_for))
+            checkpoint_for=self._checkpoint_for, checkpoint_here=self._checkpoint_here))
         if joined is None:
             self.group.become_primary()
         elif restored is not None:
             self.feeder = RecordFeeder(index, restored.stream, restored.alive)
-            self.feeder.sink.delivered = restored.stream.records
+            self.feeder.sink.delivered = joined.checkpoint["delivered"]
             self.restorer.adopt_connections()
             self.history.begin_after_checkpoint()
+            for _oseq, blob in joined.history:   # (a backup's checkpoint: ordered, not yet applied there)
+                self._order(blob)
             self.group.settle_for(joined.settling_s)
         else:
             self.feeder = RecordFeeder(index, self.replica.stream, self.replica.alive)
@@ -378,33 +385,89 @@ class HostMember:
                 self._admit_by_checkpoint(member, self.group.admission))
         return True
 
+    def _checkpoint_source(self, newcomer: int) -> int | None:
+        """The backup whose replica is checkpointed for a newcomer, so that
+        the primary serves on unpaused: the last in rank of those that
+        report and were heard within the fault timeout; None if there is none."""
+        view, pending = self.ep.view, self.group.admission.pending
+        able = [b for b in view.backups() if b != newcomer and b not in pending and b in self.ep.backup_reports
+                and silent_for(self.ep, b) < self.opts.fault_timeout]
+        rank = ranks(view)
+        return max(able, key=rank.get, default=None)
+
     async def _admit_by_checkpoint(self, member: int, admission):
-        taker = NewcomerCheckpoint(self, on_cut=lambda: admission.begin(member))
-        offered = None
         try:
-            cut = await taker.take()
-            self.last_checkpoint = dict(taker.figures, newcomer=member)
-            state = {"oseq": cut["oseq"], "history": [], "conns": [], "checkpoint": cut,
-                     "settling_ms": max(0, int(self.group.settling_left() * 1000))}
-            offered = offered_state(state, taker.images)
-            # Megabytes of image: hashed aside, or the event loop would stop
-            # its Heartbeats past the fault timeout.
-            digest = await asyncio.to_thread(offered.digest)
-        except CheckpointRefused as e:
-            log.warning("member %d asked to join: %s", member, e)
-            admission.abandon(member, str(e))
-            return
-        except Exception as e:   # noqa: BLE001 - a newcomer in the view must not wait for good
-            log.exception("member %d asked to join: its state could not be made", member)
-            admission.abandon(member, f"the primary could not make its state ({e!r})")
-            shutil.rmtree(taker.images, ignore_errors=True)
-            return
+            source = self._checkpoint_source(member)
+            if source is not None:
+                admission.begin(member)   # (before the backup's cut: kept for the newcomer from here on)
+                try:
+                    offer = await self.group.checkpoints.ask(source, member)
+                except SourceRefused as e:
+                    log.warning("member %d asked to join: %s; this primary's replica is checkpointed instead",
+                                member, e)
+                else:
+                    admission.offered_elsewhere(member, offer, f"a checkpoint of member {source}'s replica")
+                    return
+                if admission is not self.group.admission or not self.ep.is_primary:
+                    return   # no longer primary: the newcomer asks the new one
+            taker = NewcomerCheckpoint(self, member, on_cut=None if source is not None else
+                                       lambda: admission.begin(member))
+            try:
+                offered, digest = await self._offered_checkpoint(taker)
+            except CheckpointRefused as e:
+                log.warning("member %d asked to join: %s", member, e)
+                admission.abandon(member, str(e))
+                return
+            except Exception as e:   # noqa: BLE001 - a newcomer in the view must not wait for good
+                log.exception("member %d asked to join: its state could not be made", member)
+                admission.abandon(member, f"the primary could not make its state ({e!r})")
+                return
         finally:
             self.checkpoint_task = None
         if admission is not self.group.admission or not self.ep.is_primary:
             offered.discard()
             return   # no longer primary: the newcomer asks the new one
         admission.complete(member, offered, "a checkpoint", digest)
+
+    async def _checkpoint_here(self, newcomer: int) -> tuple[FileState, bytes]:
+        """At a backup the primary asked (backup_checkpoint.py): a
+        checkpoint of its replica for newcomer, ready to offer."""
+        problem = self._checkpoint_problem()
+        if problem is not None:
+            raise CheckpointRefused(f"CRIU does not work at member {self.me} ({problem})")
+        if self.checkpoint_task is not None or self.restorer is not None or self.ep.is_primary:
+            raise CheckpointRefused(f"member {self.me} is busy (restoring, or checkpointing already)")
+        self.checkpoint_task = asyncio.current_task()
+        try:
+            return await self._offered_checkpoint(NewcomerCheckpoint(self, newcomer))
+        finally:
+            self.checkpoint_task = None
+
+    async def _offered_checkpoint(self, taker: NewcomerCheckpoint) -> tuple[FileState, bytes]:
+        """taker's checkpoint as a newcomer's state, with its SHA-256."""
+        try:
+            cut = await taker.take()
+            self.last_checkpoint = dict(taker.figures, newcomer=taker.newcomer, source=taker.source())
+            state = {"oseq": cut["oseq"], "history": cut.pop("held"), "conns": [], "checkpoint": cut,
+                     "settling_ms": max(0, int(self.group.settling_left() * 1000))}
+            offered = offered_state(state, taker.images)
+            # Megabytes of image: hashed aside, or the event loop would stop
+            # its Heartbeats past the fault timeout.
+            return offered, await asyncio.to_thread(offered.digest)
+        except BaseException:
+            shutil.rmtree(taker.images, ignore_errors=True)
+            raise
+
+    # -- a backup's checkpoint: what is ordered waits for its cut ----------------
+    def hold_order(self):
+        """The ordering entries released from now on wait (in order_held)."""
+        self.order_held = []
+
+    def release_order(self):
+        """The entries held are applied, and those released after them at once."""
+        held, self.order_held = self.order_held, None
+        for _oseq, blob in held or ():
+            self._order(blob)
 
     def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:
@@ -435,7 +498,10 @@ class HostMember:
         acknowledgments and view notices looked for entries under the wrong
         numbers.)"""
         self.history.add_entry(oseq, blob)
-        self._order(blob)
+        if self.order_held is not None:
+            self.order_held.append((oseq, blob))
+        else:
+            self._order(blob)
 
     def _held_after(self, oseq: int, upto: int | None = None) -> tuple[int, list[bytes]]:
         """The released entries after oseq (up to upto), as one consecutive run."""
@@ -676,6 +742,7 @@ class HostMember:
         bases = await self.group.take_over(view, acks)
         if bases is None:
             return
+        self.release_order()   # (a checkpoint under way refuses at its cut: it is primary now)
         self.ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():

@@ -143,12 +143,16 @@ class Joiner:
             if isinstance(body.get("state"), dict) and body["state"].get("pending"):
                 # In the view already; the state (a checkpoint) is being made.
                 if not self.state_pending:
-                    log.warning("admitted as a backup; the primary is taking a checkpoint for us")
+                    log.warning("admitted as a backup; a checkpoint is being taken for us")
                     self.state_pending = True
                 start = loop.time()
                 continue
+            described = body.get("state")
+            # (on the primary's host, or another member's: a checkpoint of a backup)
+            host = described.get("host") if isinstance(described, dict) else None
             try:
-                state = await fetch_state(addr[0], body.get("state"), STATE_TIMEOUT_S, self.spool)
+                state = await fetch_state(host if isinstance(host, str) else addr[0], described, STATE_TIMEOUT_S,
+                                          self.spool)
             except StateTransferError as e:
                 # The primary repeats AcceptBackup while the admission is
                 # pending (and admits us afresh once it gave up): try again.
@@ -171,8 +175,9 @@ class Joiner:
                 raise TypeError("conns")
             settling_s = max(int(state.get("settling_ms", 0)), 0) / 1000
             checkpoint = state.get("checkpoint")
-            if checkpoint is not None and not isinstance(checkpoint, dict):
-                raise TypeError("checkpoint")
+            if checkpoint is not None and (not isinstance(checkpoint, dict)
+                                           or checkpoint.get("source") not in ("primary", "backup")):
+                raise TypeError("checkpoint (of another llft version?)")
             return Joined(view, int(body["index"]), int(state["oseq"]), history, conns, settling_s,
                           parse_views(body.get("lineage")), checkpoint)
         except (KeyError, TypeError, ValueError, wire.DropError, msgpack.UnpackException) as e:
@@ -273,11 +278,21 @@ class Admission:
             discard(state)
             self.abandon(member, f"the primary has no port to hand over the state on ({e})")
             return
-        entry.offer = self.offers.offer(state, sha256)
+        self._offer(member, entry, self.offers.offer(state, sha256), what)
+
+    def offered_elsewhere(self, member: int, offer: dict, what: str) -> None:
+        """complete(), for a state another member offers on its own port
+        (offer: as StateOffers.offer describes it, with that member's host)."""
+        entry = self.pending.get(member)
+        if entry is not None:
+            self._offer(member, entry, offer, what)
+
+    def _offer(self, member: int, entry: _Pending, offer: dict, what: str) -> None:
+        entry.offer = offer
         entry.body["state"] = entry.offer
-        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%s), offered on port "
+        log.warning("member %d joins as a backup: precedence %d, replica %d, state: %d KiB (%s), offered on %s port "
                     "%d", member, entry.body["index"] + 1, entry.body["index"], entry.offer["size"] // 1024, what,
-                    entry.offer["port"])
+                    offer.get("host", "this member's"), entry.offer["port"])
         entry.data = self.ep.send_membership(MsgType.ACCEPT_BACKUP, entry.body)
         now = self.ep.clock.now()
         entry.due, entry.deadline = now + RETRY_S, admission_deadline(now, entry.offer["size"])

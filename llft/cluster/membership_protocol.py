@@ -16,9 +16,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from llft import wire
+from llft.cluster.backup_checkpoint import BackupCheckpoints
 from llft.cluster.detector import Silence
 from llft.cluster.election import SETTLING_S, Election, Excluded
 from llft.cluster.membership import Admission, follow
@@ -54,6 +55,7 @@ class MemberHooks:
     joiner_state: Callable[[], dict]                  # what a newcomer needs, by log
     why_no_joining: Callable[[], str | None]          # why no newcomer can be admitted now
     checkpoint_for: Callable[[int, bool], bool]       # (member, restores): admitted by checkpoint
+    checkpoint_here: Callable[[int], Awaitable[tuple]]   # (member): a backup's checkpoint for it, offered
 
 
 class MembershipProtocol:
@@ -65,6 +67,7 @@ class MembershipProtocol:
                                  self._elected, lambda view: hooks.view_changed(),
                                  max(opts.fault_timeout, SETTLING_TIMEOUT_S))
         self.admission: Admission | None = None   # the primary's
+        self.checkpoints = BackupCheckpoints(ep, opts.interface, hooks.checkpoint_here)
         self.removal: BackupRemoval | None = None
         self.taking_over = False
         self.elected_at: float | None = None      # CLOCK_MONOTONIC, for bench/cluster.py
@@ -102,6 +105,7 @@ class MembershipProtocol:
         self.hooks.view_changed()
 
     def close(self) -> None:
+        self.checkpoints.close()
         if self.admission is not None:
             self.admission.close()   # its port, and the states it offers
             self.admission = None
@@ -128,6 +132,7 @@ class MembershipProtocol:
             self.admission.tick()
             self.removal.tick()
             self.view_notice.tick()
+        self.checkpoints.tick()
         self.election.tick()
 
     def ending_tick(self) -> None:
@@ -160,9 +165,13 @@ class MembershipProtocol:
                 self.view_notice.on_message(msg)
             elif t in (MsgType.REMOVE_BACKUP, MsgType.REMOVE_BACKUP_ACK):
                 self._removal_message(msg)
+            elif t in (MsgType.CHECKPOINT_FOR, MsgType.CHECKPOINT_OFFERED):
+                self.checkpoints.on_message(msg, info.get("addr"))
             elif self.ep.is_primary:
                 self.admission.on_message(msg)
             else:
+                if t == MsgType.ACCEPT_BACKUP_ACK:
+                    self.checkpoints.accepted(msg)
                 follow(self.ep, msg, self.hooks.view_changed)
         elif name == "reset-and-rejoin":
             self._competing_primary(info)

@@ -153,19 +153,22 @@ class ReplyStream:
         if p.input_ended and p.close_sent:
             self.outbox.ep.finish(cid)
 
-    def adopt(self, cid: ConnId, start: int, buf: bytes, closed: bool, close_sent: bool, input_ended: bool):
+    def adopt(self, cid: ConnId, start: int, buf: bytes, closed: bool, close_sent: bool, input_ended: bool,
+              cuts: list = ()):
         """A newcomer restored from a checkpoint (checkpoint_join.py): the
         connection's output from offset start on, as far as the
-        checkpoint's program had produced it; where the primary cut it from
-        there comes as ordering information."""
+        checkpoint's program had produced it, and where the primary had
+        cut it from there (a backup's checkpoint: cuts it had yet to
+        reach); later cuts come as ordering information."""
         p = self._of(cid)
         p.start, p.buf = start, bytearray(buf)
         p.closed, p.close_sent, p.input_ended = closed, close_sent, input_ended
+        p.cuts = deque((int(end), bool(closed_at)) for end, closed_at in cuts)
 
-    def cut_state(self, cid: ConnId) -> tuple[int, bytes, bool, bool, bool]:
-        """adopt()'s arguments as this (primary's) stream holds them."""
+    def cut_state(self, cid: ConnId) -> tuple[int, bytes, bool, bool, bool, list]:
+        """adopt()'s arguments as this stream holds them."""
         p = self.conns.get(cid) or _Produced()
-        return p.start, bytes(p.buf), p.closed, p.close_sent, p.input_ended
+        return p.start, bytes(p.buf), p.closed, p.close_sent, p.input_ended, [list(c) for c in p.cuts]
 
     def boundary(self, cid: ConnId, end: int, closed: bool):
         p = self._of(cid)

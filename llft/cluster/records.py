@@ -133,9 +133,16 @@ class RecordFeeder(threading.Thread):
         self.exit_status: int | None = None
         self.promoted = threading.Event()       # PROMOTE is in the ring
         self.promoted_at: float | None = None   # measurement (bench/cluster.py)
+        self.queued = 0                         # record chunks given (by the event loop)...
+        self.written = 0                        # ...and written into the ring (by this thread)
 
     def feed(self, slots: bytes):
+        self.queued += 1
         self.q.put(slots)
+
+    def caught_up(self) -> bool:
+        """Every chunk given so far is in the ring."""
+        return self.written == self.queued
 
     def end(self, exit_status: int | None = None):
         """The stream ends after the records queued so far; the primary's
@@ -165,3 +172,4 @@ class RecordFeeder(threading.Thread):
                 return
             if not self.sink.feed(item, WRITE_TIMEOUT_MS):
                 return
+            self.written += 1

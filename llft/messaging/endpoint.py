@@ -72,6 +72,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         self._held_back: dict[int, set[Connection]] = {}    # group -> connections waiting for some of it
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
         self.last_heard: dict[int, float] = {}               # member -> when its last intra-group message came
+        self.sender_addr = None                              # the address of the datagram being received
         self.remote_heard: dict[int, float] = {}             # remote group -> when its last message came
         self.heard_gaps: dict[int, list[int]] = {}           # member -> silences of >= 10, 20, 30, 50, 100, 200 ms
         self.primary_gwm: dict[ConnId, int] = {}             # backups: group watermarks from the primary

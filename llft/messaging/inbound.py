@@ -22,6 +22,7 @@ class InboundMixin:
         if self.closed:
             return
         self.counters["rx_bytes"] += len(datagram)
+        self.sender_addr = addr   # (a membership message's handler may answer the sender's host)
         r = self.codec.decode(datagram, self.clock.now())
         if r is None:
             return

@@ -62,7 +62,7 @@ class IntraGroupMixin:
         if t not in (MsgType.HEARTBEAT, MsgType.NACK):
             # Fig. 7 traffic, e.g. a ProposeBackup from a process that is
             # not a member yet: the membership protocol's business.
-            self._event("membership-message", msg=msg)
+            self._event("membership-message", msg=msg, addr=self.sender_addr)
             # Its sender repeats it until acknowledged; if our acknowledgment
             # was lost, the next copy must reach the handler again (one that
             # came in fragments would be ignored as already reassembled).

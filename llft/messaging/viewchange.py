@@ -89,6 +89,13 @@ def connection_state(ep, cid: ConnId) -> tuple[int, int, int]:
     return c.rx.consumed, c.tx.remote_ack, next(iter(c.tx.sent), c.tx.msg_seq_count + 1)
 
 
+def unconsumed(ep, cid: ConnId) -> list[bytes]:
+    """The payloads of a connection's messages released to the application
+    but not yet taken, in order (a checkpoint's cut carries them)."""
+    rx = ep.conns[cid].rx
+    return [rx.received[m].msg.payload for m in range(rx.consumed + 1, rx.released + 1)]
+
+
 def adopt_connection(ep, cid: ConnId, consumed: int, acked: int, logged_from: int) -> None:
     """State transfer: a newcomer's connection whose messages up to msn
     `consumed` reached the application elsewhere (their content comes with
