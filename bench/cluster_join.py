@@ -125,8 +125,9 @@ def one_join(ctx, hosts, size_mib: int, trial: int, source: str):
         time.sleep(0.5)
         pinger.stdin.close()
         samples = json.loads(pinger.stdout.readline().replace("(", "[").replace(")", "]"))
+        newcomer = st["member"]
         taken = next((s["last_checkpoint"] for s in map(c.status, (d for _, d in c.members[:members]))
-                      if s and s.get("last_checkpoint") and s["last_checkpoint"].get("newcomer")), None)
+                      if s and (s.get("last_checkpoint") or {}).get("newcomer") == newcomer), None)
         if taken is None:
             raise RuntimeError("no member says it took the checkpoint")
         if taken["source"] != source:

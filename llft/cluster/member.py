@@ -448,6 +448,7 @@ class HostMember:
         try:
             cut = await taker.take()
             self.last_checkpoint = dict(taker.figures, newcomer=taker.newcomer, source=taker.source())
+            self.write_state("running")   # (llft-status shows it at once)
             state = {"oseq": cut["oseq"], "history": cut.pop("held"), "conns": [], "checkpoint": cut,
                      "settling_ms": max(0, int(self.group.settling_left() * 1000))}
             offered = offered_state(state, taker.images)
