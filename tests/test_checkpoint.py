@@ -81,11 +81,12 @@ needs_redis = pytest.mark.skipif(not shutil.which("redis-server"),
 @needs_criu
 @needs_redis
 def test_redis_with_an_append_only_file_keeps_three_replicas(tmp_path):
-    """Each clone gets its own copy of what its source wrote (the AOF, in
-    its private files) and appends to it, as the others do to theirs."""
+    """Through five primary kills under load.  Each clone gets its own copy
+    of what its source wrote (the AOF, in its private files) and appends
+    to it, as the others do to theirs."""
     group = ServingGroup(tmp_path / "rd", redis_with_aof(), replicas=3, extra=["--keep", "3", "--log-output"])
-    final = survive_kills(group, RedisClient, replicas=3, nclients=3, kills=3)
-    assert len(clones_in_log(group)) == 3
+    final = survive_kills(group, RedisClient, replicas=3, nclients=3, kills=5)
+    assert len(clones_in_log(group)) == 5
     aofs = {r["index"]: sorted(p.name for p in (group.run_dir / f"replica-{r['index']}" / "files").rglob("*.aof*"))
             for r in live(final)}
     assert all(aofs.values()), f"every survivor has its own append-only file: {aofs}"
@@ -144,10 +145,11 @@ def memcached_argv() -> list:
 
 @pytest.mark.skipif(not shutil.which("memcached"), reason="memcached not installed (scripts/setup.sh installs it)")
 def test_memcached_keeps_three_replicas(tmp_path):
-    """A multi-threaded server: four worker threads and memcached's own."""
+    """A multi-threaded server (four worker threads and memcached's own)
+    through five primary kills under load."""
     group = ServingGroup(tmp_path / "rd", memcached_argv(), replicas=3, extra=["--keep", "3", "--log-output"])
-    survive_kills(group, MemcachedClient, replicas=3, nclients=3, kills=3)
-    assert len(clones_in_log(group)) == 3
+    survive_kills(group, MemcachedClient, replicas=3, nclients=3, kills=5)
+    assert len(clones_in_log(group)) == 5
 
 
 PRIMARY_CLONED = {
