@@ -30,6 +30,14 @@ RETRY_S = 0.02
 MAX_COUNT = 25
 JOIN_GRACE_S = 2.0        # a newcomer replays the group's log before it is heard regularly
 TELL_EVERY_S = 0.1        # how often a removed member still heard is told again
+# Silence counts only while this member listens (detector.py): each time its
+# loop runs late, it starts again.  Real-time controllers that saturate the
+# CPUs lose 50 ms a second to RT throttling, so under steady load it started
+# again every second, short of the removal timeout, and a killed backup
+# stayed in the view for 47 s (the nemesis across hosts), holding back the
+# group watermarks.  A backup silent this many removal timeouts by the
+# clock, with every datagram that arrived read, is removed all the same.
+CLOCK_SILENCE_FACTOR = 5
 
 
 class BackupRemoval:
@@ -78,12 +86,20 @@ class BackupRemoval:
                 self.since[b] = now + JOIN_GRACE_S
             else:
                 self.since.setdefault(b, now + JOIN_GRACE_S)
-        silences = {b: self.silence.of(b, self.since[b]) for b in ep.view.backups()}
+        # (a backup's silence: while this member listened, or a fifth of it by the clock)
+        silences = {b: max(self.silence.of(b, self.since[b]), self._by_clock(b, now) / CLOCK_SILENCE_FACTOR)
+                    for b in ep.view.backups()}
         silent = sorted(b for b, s in silences.items() if s >= timeout)
         if silent:
-            self.remove(silent, "silent for " + ", ".join(f"{silences[b] * 1000:.0f}" for b in silent) + " ms")
+            self.remove(silent, "silent for " + ", ".join(f"{self._by_clock(b, now) * 1000:.0f}" for b in silent)
+                        + " ms")
             return timeout
         return min((timeout - s for s in silences.values()), default=timeout)
+
+    def _by_clock(self, b: int, now: float) -> float:
+        """Seconds since backup b was last heard (or its watch began), by
+        the clock, whether this member listened or not."""
+        return now - max(self.ep.last_heard.get(b, 0.0), self.since[b])
 
     # -- RemoveBackup -------------------------------------------------------------
     def remove(self, members: list[int], why: str) -> None:
