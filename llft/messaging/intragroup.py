@@ -162,7 +162,12 @@ class IntraGroupMixin:
     def _fallback_runs(self, now: float) -> list[tuple[int, list[bytes]]]:
         """Primary: the fallback's runs for this Heartbeat (ORDER_BURST)."""
         cfg = self.config
-        start = self._min_oupto()
+        # A member admitted but not heard from yet (a newcomer fetching or
+        # restoring its state) takes nothing: it drops the group's traffic
+        # until it runs, and its first Heartbeat says where it stands.
+        # Counting it, the fallback sent again every entry since its
+        # admission, to every member, each order_fallback.
+        start = self._min_oupto(reported_only=True)
         if now - self._fallback_at < cfg.order_fallback:
             start = max(start, self._fallback_upto)   # what the last Heartbeats sent is on its way
         else:
@@ -178,9 +183,10 @@ class IntraGroupMixin:
             self._fallback_upto = start
         return runs
 
-    def _min_oupto(self) -> int:
-        return min((self.backup_reports.get(b, {}).get("oupto", 0) for b in self.view.backups()),
-                   default=self.order_log.next_oseq)
+    def _min_oupto(self, reported_only: bool = False) -> int:
+        reports = self.backup_reports
+        return min((reports.get(b, {}).get("oupto", 0) for b in self.view.backups()
+                    if not reported_only or b in reports), default=self.order_log.next_oseq)
 
     def _backup_heartbeat(self, msg: wire.Message) -> None:
         rows = wire.parse_int_rows(msg.body.get("rw") if isinstance(msg.body, dict) else None, 5, "heartbeat")
