@@ -40,7 +40,10 @@ def test_acked_retransmission_free_by_watermark():
 
 
 def test_receiver_bounds_what_it_holds():
-    rx = RecvSide(window=4)
+    """At most `window` unconsumed; and once the delivered list (consumed,
+    waiting for the group watermark) reaches its bound, at most 2 x window
+    held in all."""
+    rx = RecvSide(window=4, kept_messages=4)
     for m in range(1, 5):
         assert rx.receive(RecvEntry(m, m, b"", None)) == "new"
     assert rx.receive(RecvEntry(5, 5, b"", None)) == "window"   # 4 unconsumed
@@ -55,3 +58,9 @@ def test_receiver_bounds_what_it_holds():
     assert rx.gc(group_wm=4) == 4
     assert rx.receive(RecvEntry(9, 9, b"", None)) == "new"
     assert rx.receive(RecvEntry(9, 9, b"", None)) == "duplicate"
+    # Below the delivered list's bound, consumed messages do not count.
+    rx = RecvSide(window=4, kept_messages=100)
+    for m in range(1, 41):
+        assert rx.receive(RecvEntry(m, m, b"", None)) == "new"
+        rx.take()
+    assert len(rx.delivered) == 40

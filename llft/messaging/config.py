@@ -26,6 +26,15 @@ class Config:
     # beyond are dropped, Heartbeats among them (a false failover under a flood)
     send_window_bytes: int = 1 << 20
     recv_window: int = 512         # received-but-unconsumed messages accepted per connection
+    # Messages the remote group has (its primary acknowledged them; this
+    # member delivered them) are kept until the group watermark says every
+    # member holds them: a lagging backup, or a newcomer being admitted (no
+    # watermark until it reports), holds them back.  The windows above count
+    # only messages in flight or unconsumed; these are bounded apart, so that
+    # a join does not stop the clients (a gateway's send window filled with
+    # them 0.7 s into a 100 MiB join, and its client waited for the newcomer).
+    kept_window: int = 8192
+    kept_window_bytes: int = 8 << 20
     nack_batch: int = 64           # missing msns named in one Nack
     order_budget: int = 8192       # bytes of ordering info piggybacked on one message
     order_fallback: float = 0.040  # after this, the primary ships ordering info to backups itself

@@ -15,7 +15,7 @@ class Connection:
         self.role: Role = cid.role_of(group)
         self.remote = cid.remote(group)
         self.tx = SendSide(config.rto, config.rto_min, config.rto_max)
-        self.rx = RecvSide(config.recv_window)
+        self.rx = RecvSide(config.recv_window, config.kept_window, config.kept_window_bytes)
         # acknowledgments we owe (as primary receiver)
         self.ack_sent = 0          # highest ack carried by anything we sent
         self.ack_due_since: float | None = None  # when receivedUpTo first passed ack_sent

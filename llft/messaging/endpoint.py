@@ -144,9 +144,11 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         """May send() be called now?  If not, `on_writable(conn)` follows
         once flow control lets it."""
         c = self.conns[cid]
-        cfg = self.config
-        ok = len(c.tx.sent) < cfg.send_window and not c.throttle_msn \
-            and (not c.tx.sent or c.tx.sent_bytes < cfg.send_window_bytes)
+        cfg, tx = self.config, c.tx
+        flying, flying_bytes = tx.in_flight()
+        ok = flying < cfg.send_window and not c.throttle_msn \
+            and (not flying or flying_bytes < cfg.send_window_bytes) \
+            and tx.acked_count < cfg.kept_window and tx.acked_bytes < cfg.kept_window_bytes
         if not ok:
             c.blocked = True
         return ok
@@ -341,6 +343,8 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         return {
             "sent": sum(len(c.tx.sent) for c in cs),
             "sent_bytes": sum(c.tx.sent_bytes for c in cs),
+            "in_flight": sum(c.tx.in_flight()[0] for c in cs),
+            "in_flight_bytes": sum(c.tx.in_flight()[1] for c in cs),
             "received": sum(len(c.rx.received) for c in cs),
             "delivered": sum(len(c.rx.delivered) for c in cs),
             "nack": sum(len(c.rx.nacks) for c in cs),

@@ -125,8 +125,8 @@ class InboundMixin:
     def _on_primary_header(self, c: Connection, msg: wire.Message) -> None:
         """ack, back, last_msn and piggybacked ordering information of a
         message from the remote primary."""
-        c.tx.on_ack(msg.ack, msg.timestamp, self.clock.now())
-        if c.tx.on_back(msg.back):
+        acked = c.tx.on_ack(msg.ack, msg.timestamp, self.clock.now())
+        if c.tx.on_back(msg.back) or acked:
             self._maybe_writable(c)
         c.rx.note_control(msg.last_msn, msg.timestamp, self.clock.now())
         pb = msg.piggyback

@@ -19,8 +19,9 @@ class RecvEntry:
 
 
 class RecvSide:
-    def __init__(self, window: int):
+    def __init__(self, window: int, kept_messages: int = 1 << 62, kept_bytes: int = 1 << 62):
         self.window = window
+        self.kept_messages, self.kept_bytes = kept_messages, kept_bytes   # the delivered list's bounds
         self.received: dict[int, RecvEntry | None] = {}  # None is a placeholder
         self.nacks: dict[int, float] = {}                 # the nack list: msn -> gap seen at
         self.received_upto = 0   # receivedUpToMsn
@@ -28,18 +29,21 @@ class RecvSide:
         self.released = 0        # msns <= this may go to the application (their ordering information is here)
         self.consumed = 0        # msns <= this were handed to the application
         self.delivered: OrderedDict[int, RecvEntry] = OrderedDict()  # the delivered list
+        self.delivered_bytes = 0
         self.rw = 0              # timestamp watermark of this connection at this member
         self.app_rw = 0          # ... as far as application messages go (control messages move rw on)
 
     def _limit(self) -> int:
         """Highest msn accepted.  Flow control: at most `window` unconsumed
-        messages, and at most 2 x `window` held in all (consumed ones wait in
-        the delivered list for the group watermark, which reaches a backup
-        only on its primary's Heartbeats; a few lost Heartbeats must not let
-        that list grow without bound)."""
+        messages; and consumed ones wait in the delivered list for the
+        group watermark (a lagging member's, a newcomer's that has not
+        reported yet), so once that list passes its bounds (kept_messages,
+        kept_bytes), at most 2 x `window` held in all, until the watermark
+        frees some."""
         limit = self.consumed + self.window
-        if self.delivered:
-            limit = min(limit, next(iter(self.delivered)) - 1 + 2 * self.window)
+        d = self.delivered
+        if d and (len(d) >= self.kept_messages or self.delivered_bytes >= self.kept_bytes):
+            limit = min(limit, next(iter(d)) - 1 + 2 * self.window)
         return limit
 
     def learn_highest(self, msn: int, now: float = 0.0) -> None:
@@ -129,6 +133,7 @@ class RecvSide:
         self.consumed += 1
         e = self.received.pop(self.consumed)
         self.delivered[e.msn] = e
+        self.delivered_bytes += len(e.data)
         return e
 
     def lookup(self, msn: int) -> RecvEntry | None:
@@ -142,6 +147,7 @@ class RecvSide:
             if e.ts > group_wm:
                 break
             d.popitem(last=False)
+            self.delivered_bytes -= len(e.data)
             freed += 1
         return freed
 

@@ -34,6 +34,8 @@ class SendSide:
         self.msg_seq_count = 0
         self.sent: OrderedDict[int, SentEntry] = OrderedDict()  # the sent list
         self.sent_bytes = 0    # of the entries in the sent list
+        self.acked_count = 0   # entries the remote primary acknowledged, kept for its group watermark...
+        self.acked_bytes = 0   # ...and their bytes (what is in flight is the rest)
         self.remote_ack = 0    # remote primary has received all msns <= this
         self.remote_back = 0   # remote group watermark for this connection
         self._bounded_upto = 0  # backups: entries <= this have a bound
@@ -50,12 +52,21 @@ class SendSide:
     def append(self, entry: SentEntry) -> None:
         self.sent[entry.msn] = entry
         self.sent_bytes += len(entry.data)
+        if entry.msn <= self.remote_ack:   # (a backup logs what the remote primary has already)
+            self.acked_count += 1
+            self.acked_bytes += len(entry.data)
 
     def clear(self) -> None:
         self.sent.clear()
-        self.sent_bytes = 0
+        self.sent_bytes = self.acked_count = self.acked_bytes = 0
 
-    def on_ack(self, ack: int, ts: int, now: float) -> None:
+    def in_flight(self) -> tuple[int, int]:
+        """Entries the remote primary has not acknowledged: how many, their bytes."""
+        return len(self.sent) - self.acked_count, self.sent_bytes - self.acked_bytes
+
+    def on_ack(self, ack: int, ts: int, now: float) -> int:
+        """Returns how many entries of the sent list it acknowledged."""
+        newly_acked = 0
         if ack > self.remote_ack:
             # Karn, extended to a cumulative ack: no sample if anything it
             # covers was retransmitted (the ack then also measured a stall).
@@ -64,6 +75,11 @@ class SendSide:
             if e is not None and e.ts and all(x is None or x.tx_count == 1 for x in newly):
                 self._rtt_sample(now - e.last_tx)
             self.remote_ack = ack
+            for x in newly:
+                if x is not None:
+                    newly_acked += 1
+                    self.acked_bytes += len(x.data)
+            self.acked_count += newly_acked
         # Backups: every logged message up to `ack` was received by the
         # remote primary before it sent this message stamped `ts`.
         hi = min(self.remote_ack, self.msg_seq_count)
@@ -73,6 +89,7 @@ class SendSide:
                 e.bound = ts
         if hi > self._bounded_upto:
             self._bounded_upto = hi
+        return newly_acked
 
     def _rtt_sample(self, r: float) -> None:
         if not self.srtt:
@@ -96,6 +113,9 @@ class SendSide:
                 break
             sent.popitem(last=False)
             self.sent_bytes -= len(e.data)
+            if e.msn <= self.remote_ack:
+                self.acked_count -= 1
+                self.acked_bytes -= len(e.data)
             freed += 1
         return freed
 
