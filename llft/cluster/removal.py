@@ -32,9 +32,9 @@ JOIN_GRACE_S = 2.0        # a newcomer replays the group's log before it is hear
 TELL_EVERY_S = 0.1        # how often a removed member still heard is told again
 # Silence counts only while this member listens (detector.py): each time its
 # loop runs late, it starts again.  Real-time controllers that saturate the
-# CPUs lose 50 ms a second to RT throttling, so under steady load it started
-# again every second, short of the removal timeout, and a killed backup
-# stayed in the view for 47 s (the nemesis across hosts), holding back the
+# CPUs lose 50 ms a second to RT throttling, so under steady load it starts
+# again every second, short of the removal timeout, and a dead backup would
+# stay in the view (47 s in a nemesis run across hosts), holding back the
 # group watermarks.  A backup silent this many removal timeouts by the
 # clock, with every datagram that arrived read, is removed all the same.
 CLOCK_SILENCE_FACTOR = 5

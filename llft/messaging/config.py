@@ -31,8 +31,8 @@ class Config:
     # member holds them: a lagging backup, or a newcomer being admitted (no
     # watermark until it reports), holds them back.  The windows above count
     # only messages in flight or unconsumed; these are bounded apart, so that
-    # a join does not stop the clients (a gateway's send window filled with
-    # them 0.7 s into a 100 MiB join, and its client waited for the newcomer).
+    # a join does not stop the clients (counted in a gateway's send window,
+    # 256 of them fill it within a second of a 100 MiB join).
     kept_window: int = 8192
     kept_window_bytes: int = 8 << 20
     nack_batch: int = 64           # missing msns named in one Nack

@@ -165,8 +165,8 @@ class IntraGroupMixin:
         # A member admitted but not heard from yet (a newcomer fetching or
         # restoring its state) takes nothing: it drops the group's traffic
         # until it runs, and its first Heartbeat says where it stands.
-        # Counting it, the fallback sent again every entry since its
-        # admission, to every member, each order_fallback.
+        # Counted, it would have the fallback send again every entry since
+        # its admission, to every member, each order_fallback.
         start = self._min_oupto(reported_only=True)
         if now - self._fallback_at < cfg.order_fallback:
             start = max(start, self._fallback_upto)   # what the last Heartbeats sent is on its way
