@@ -80,11 +80,12 @@ def run_program(clock, streams, cid, total: int, start: bool = True) -> dict:
 
 
 def group_with_a_connection():
-    """Three members (send window 8, so backups' windows fill) and a
-    gateway with one open connection; each member's outbox and reply stream."""
+    """Three members (send and kept windows of 8, so backups' windows fill:
+    what they log waits for the remote group's watermark) and a gateway
+    with one open connection; each member's outbox and reply stream."""
     clock = SimClock()
     net = SimNetwork(clock)
-    cfg = Config(send_window=8)
+    cfg = Config(send_window=8, kept_window=8)
     servers = make_group(net, SRV, 3, KEY, cfg)
     gateway = Gateway(make_group(net, GW, 1, KEY, cfg)[0])
     cid = gateway.ep.connect(SRV, 1)
