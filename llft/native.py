@@ -371,6 +371,15 @@ class StreamFile:
         """Wakes whoever waits in wait_data, so that it looks again now."""
         lib.llft_ring_wake(self.ring)
 
+    def _unconsumed_runs(self):
+        """(ring position, slots) of the slots it has yet to consume, in
+        order: at most two runs, as the ring wraps once."""
+        pos, head = self.tail, self.head
+        while pos < head:
+            run = min(head - pos, self.capacity - pos % self.capacity)
+            yield pos, run
+            pos += run
+
     def copy_from(self, src: "StreamFile", replica: int):
         """This (new, same-sized) stream becomes a copy of src as it is now:
         its control block and ring header, and the slots src has yet to
@@ -380,11 +389,8 @@ class StreamFile:
             raise StreamError(f"{self.path}: {self.capacity} slots, {src.path} has {src.capacity}")
         ffi.memmove(self.ctl, src.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR)
         self.ctl.replica = replica
-        pos, head = src.tail, src.head
-        while pos < head:   # in at most two runs: the ring wraps once
-            run = min(head - pos, self.capacity - pos % self.capacity)
+        for pos, run in src._unconsumed_runs():
             ffi.memmove(lib.llft_ring_slot(self.ring, pos), lib.llft_ring_slot(src.ring, pos), run * REC_SIZE)
-            pos += run
 
     def snapshot(self, records: bool = False) -> bytes:
         """Its control block and ring header as they are, for a ring on
@@ -395,11 +401,8 @@ class StreamFile:
         if self.head != self.tail and not records:
             raise StreamError(f"{self.path}: {self.head - self.tail} records are not consumed yet")
         out = bytearray(ffi.buffer(self.ctl, lib.LLFT_CTL_BYTES + lib.LLFT_RING_HDR))
-        pos, head = self.tail, self.head
-        while pos < head:   # in at most two runs: the ring wraps once
-            run = min(head - pos, self.capacity - pos % self.capacity)
+        for pos, run in self._unconsumed_runs():
             out += ffi.buffer(lib.llft_ring_slot(self.ring, pos), run * REC_SIZE)
-            pos += run
         return bytes(out)
 
     @staticmethod
@@ -415,17 +418,15 @@ class StreamFile:
             raise StreamError(f"{self.path}: a snapshot of {len(data)} bytes is not this library's")
         saved = bytes(ffi.buffer(self.ctl, n))
         ffi.memmove(self.ctl, data[:n], n)
-        slots = (len(data) - n) // REC_SIZE
-        if self.capacity != capacity or self.head - self.tail != slots:
+        if self.capacity != capacity or self.head - self.tail != self.snapshot_records(data):
             ffi.memmove(self.ctl, saved, n)
             raise StreamError(f"{self.path}: {capacity} slots; the stream copied has a different number "
                               "(--ring-slots), or not the records it says")
         self.ctl.replica = replica
-        pos, head, at = self.tail, self.head, n
-        while pos < head:
-            run = min(head - pos, capacity - pos % capacity)
+        at = n
+        for pos, run in self._unconsumed_runs():
             ffi.memmove(lib.llft_ring_slot(self.ring, pos), data[at:at + run * REC_SIZE], run * REC_SIZE)
-            pos, at = pos + run, at + run * REC_SIZE
+            at += run * REC_SIZE
 
     def raw_slot(self, pos: int):
         """The slot at ring position pos, as a writable cffi buffer (tests)."""
