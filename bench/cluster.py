@@ -52,7 +52,7 @@ from test_multihost import Cluster  # noqa: E402
 GATEWAY_HOST = 5          # hosts 0..4 hold members, 5 the gateway and the clients
 PORT = 7000               # the gateway's port (and the program's)
 PLAIN_PORT = 7100         # the unreplicated server's
-STARTUP_GRACE_S = 1.3     # a member suspects nobody in its first second (llft/cluster/detector.py)
+STARTUP_GRACE_S = 1.3     # a member suspects nobody in its first second (llft/ordering/llmp/membership/detector.py)
 DEFAULT_TIMEOUT_MS = FAULT_TIMEOUT_S * 1000  # the members' default fault timeout, as root
 NET = "netns"
 

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 
-from llft.messaging.node import open_member
+from llft.ordering.llmp.messaging.node import open_member
 from llft.transport import new_event_loop
 
 CLIENT, SERVER = 10, 20

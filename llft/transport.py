@@ -4,7 +4,7 @@ Each group has a virtual port: its members receive on one UDP multicast
 address derived from the group id (239.192.hi.lo) and a port, or, where the
 network has no multicast, by unicast fan-out to a known member list.  The
 transport only moves datagrams (`send_group(group, datagrams)` and a receive
-callback); frames, MACs and reassembly are in `llft.messaging.fragments`.
+callback); frames, MACs and reassembly are in `llft.ordering.llmp.messaging.fragments`.
 """
 from __future__ import annotations
 

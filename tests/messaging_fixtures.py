@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llft.auth import Keyring
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.history import CheckFailed, check_streams
-from llft.messaging.lossy import LossPolicy
-from llft.messaging.simnet import SimNetwork, make_group
-from llft.messaging.workload import REPLY_STREAM, ReplicaApp
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.history import CheckFailed, check_streams
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.messaging.workload import REPLY_STREAM, ReplicaApp
 
 CLIENT, SERVER = 10, 20
 KEY = Keyring(b"k" * 32)
@@ -98,7 +98,7 @@ class SimCluster:
                 raise CheckFailed(f"{m.name} buffers not drained: {left}")
 
 
-# --- real-socket runs: specs for llft.messaging.node and their checks ---------
+# --- real-socket runs: specs for llft.ordering.llmp.messaging.node and their checks ---------
 
 def member_specs(tmpdir, addresses: dict, *, mode: str, n: int, key: bytes = b"k" * 32,
                  conns: int = 2, reply_size: int = 40, lossy: dict | None = None,
@@ -109,7 +109,7 @@ def member_specs(tmpdir, addresses: dict, *, mode: str, n: int, key: bytes = b"k
         members = {str(m): list(a) for (gg, m), a in addresses.items() if gg == g}
         groups.append({"group": g, "port": port + g, "members": members})
     specs = []
-    done_dir = tmpdir / "done"     # members leave once all are drained (llft/messaging/node.py)
+    done_dir = tmpdir / "done"     # members leave once all are drained (llft/ordering/llmp/messaging/node.py)
     done_dir.mkdir(exist_ok=True)
     for (g, m), (ip, _) in sorted(addresses.items()):
         spec = {"mode": mode, "groups": groups, "key": key.hex(), "group": g, "member": m,

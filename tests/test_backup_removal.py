@@ -1,4 +1,4 @@
-"""The primary's removal of silent backups (llft/cluster/removal.py) on the
+"""The primary's removal of silent backups (llft/ordering/llmp/membership/removal.py) on the
 simulated network, with real GroupEndpoints: a newcomer whose admission
 (it carries the group's log, megabytes) has not reached it yet is not
 removed for the silence that costs, however long the admission takes;
@@ -7,12 +7,12 @@ and a backup that heartbeats is never taken for silent."""
 from __future__ import annotations
 
 from llft.auth import Keyring
-from llft.cluster.detector import Silence
-from llft.cluster.removal import CLOCK_SILENCE_FACTOR, JOIN_GRACE_S, BackupRemoval
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.lossy import LossPolicy
-from llft.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.membership.detector import Silence
+from llft.ordering.llmp.membership.removal import CLOCK_SILENCE_FACTOR, JOIN_GRACE_S, BackupRemoval
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
 
 GROUP = 21
 TIMEOUT_S = 0.1

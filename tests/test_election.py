@@ -6,14 +6,15 @@ is what a real run leaves to chance (tests/test_multihost.py)."""
 from __future__ import annotations
 
 from llft.auth import Keyring
-from llft.cluster.detector import Silence
-from llft.cluster.election import Election, Excluded
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.ids import View
-from llft.messaging.lossy import LossPolicy, message_matches
-from llft.messaging.simnet import SimNetwork, make_group
-from llft.wire import MsgType
+from llft.ordering.llmp.membership.detector import Silence
+from llft.ordering.group import Excluded
+from llft.ordering.llmp.membership.election import Election
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.ids import View
+from llft.ordering.llmp.messaging.lossy import LossPolicy, message_matches
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.wire import MsgType
 
 GROUP = 20
 TICK_S = 0.02            # the member's serve loop ticks the election this often

@@ -10,11 +10,11 @@ from __future__ import annotations
 from llft.auth import Keyring
 from llft.cluster import payload
 from llft.cluster.gateway import ClusterGateway, _Client
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.ids import ConnId
-from llft.messaging.lossy import LossPolicy
-from llft.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.ids import ConnId
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
 
 KEY = Keyring(b"k" * 32)
 GW, SRV = 10, 20

@@ -3,9 +3,9 @@ precedence (re-multicast, then reset-and-rejoin), a new remote primary view,
 membership messages; and the idle-connection machinery."""
 from __future__ import annotations
 
-from llft import wire
-from llft.messaging.lossy import LossPolicy
-from llft.wire import MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.wire import MsgType
 from messaging_fixtures import CLIENT, SERVER, SimCluster, Workload
 
 

@@ -1,16 +1,16 @@
-"""Finished connections are retired (llft/messaging/retire.py), idle ones
+"""Finished connections are retired (llft/ordering/llmp/messaging/retire.py), idle ones
 cost next to nothing, on the simulated network with loss."""
 from __future__ import annotations
 
 import pytest
 
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.ids import ConnId, View
-from llft.messaging.config import Config
-from llft.messaging.lossy import LossPolicy
-from llft.messaging.retire import GIVE_UP_S, LINGER_S, RETIRED_DROP, Tombstones
-from llft.messaging.viewchange import adopt_connection, connection_state
-from llft.wire import MsgType
+from llft.ordering.llmp.messaging.endpoint import GroupEndpoint
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.retire import GIVE_UP_S, LINGER_S, RETIRED_DROP, Tombstones
+from llft.ordering.llmp.messaging.viewchange import adopt_connection, connection_state
+from llft.ordering.llmp.wire import MsgType
 
 from messaging_fixtures import KEY, SERVER, SimCluster, Workload
 
@@ -152,7 +152,7 @@ def test_members_list_the_same_retired_connections_whatever_order_they_retired_i
     """llft-status lists some retired connections' message counts, which the
     tests compare across members; members retire in their own time, so the
     listing keeps the lowest connections, not the first retired."""
-    monkeypatch.setattr("llft.messaging.retire.RETIRED_SENT_KEPT", 8)
+    monkeypatch.setattr("llft.ordering.llmp.messaging.retire.RETIRED_SENT_KEPT", 8)
     cluster = finished_workload(8, 0.0)
     primary, backup = cluster.servers[:2]
     cids = sorted(primary.ep.conns)

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llft.messaging.config import Config
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.history import CheckFailed
-from llft.messaging.lossy import LossPolicy, message_matches
-from llft.wire import MsgType
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.endpoint import GroupEndpoint
+from llft.ordering.llmp.messaging.history import CheckFailed
+from llft.ordering.llmp.messaging.lossy import LossPolicy, message_matches
+from llft.ordering.llmp.wire import MsgType
 from messaging_fixtures import CLIENT, SERVER, SimCluster, Workload
 
 # LLFT_PROPERTY_EXAMPLES=1000 for a soak run
@@ -178,8 +178,8 @@ def test_primary_knows_when_every_backup_holds_what_it_received():
     while a backup lacks a client message the primary has, true once the
     backup got it again through its Nack to the primary."""
     from llft.auth import Keyring
-    from llft.messaging.clock import SimClock
-    from llft.messaging.simnet import SimNetwork, make_group
+    from llft.ordering.llmp.messaging.clock import SimClock
+    from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
 
     copies = {"n": 0}
 
@@ -214,8 +214,8 @@ def test_a_backup_that_missed_a_whole_connection_learns_it_from_the_primary():
     backup learns of it, Nacks from the first message, and gets them from
     the primary."""
     from llft.auth import Keyring
-    from llft.messaging.clock import SimClock
-    from llft.messaging.simnet import SimNetwork, make_group
+    from llft.ordering.llmp.messaging.clock import SimClock
+    from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
 
     clock = SimClock()
     net = SimNetwork(clock, LossPolicy(delay=0.0005))
@@ -245,8 +245,8 @@ def test_a_backlog_of_ordering_information_no_message_carries_reaches_the_backup
     datagrams is lost.  (Simulated time: the count of Heartbeats is the
     property, not this machine's speed.)"""
     from llft.auth import Keyring
-    from llft.messaging.clock import SimClock
-    from llft.messaging.simnet import SimNetwork, make_group
+    from llft.ordering.llmp.messaging.clock import SimClock
+    from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
     clock = SimClock()
     net = SimNetwork(clock, LossPolicy(seed=3, drop=drop, delay=0.0005))
     config = Config()

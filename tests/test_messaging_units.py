@@ -1,8 +1,8 @@
 """The send side's timing rules, each of which the netns run once broke."""
 from __future__ import annotations
 
-from llft.messaging.recvside import RecvEntry, RecvSide
-from llft.messaging.sendside import SendSide, SentEntry
+from llft.ordering.llmp.messaging.recvside import RecvEntry, RecvSide
+from llft.ordering.llmp.messaging.sendside import SendSide, SentEntry
 
 
 def filled(n: int, at: float = 0.0) -> SendSide:

@@ -253,9 +253,9 @@ FORGER = """
 import os, socket, sys
 from llft.auth import Keyring
 from llft.cluster.naming import group_id
-from llft.messaging.fragments import split
+from llft.ordering.llmp.messaging.fragments import split
 from llft.transport import group_multicast_address
-from llft import wire
+from llft.ordering.llmp import wire
 gid = group_id("kv")
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 dest = (group_multicast_address(gid), 17400)
@@ -533,7 +533,7 @@ for i in range(n):
 
 
 def test_many_short_connections_are_retired_and_the_group_stays_calm(cluster, examples):
-    """A connection both sides ended leaves messaging (llft/messaging/retire.py).
+    """A connection both sides ended leaves messaging (llft/ordering/llmp/messaging/retire.py).
     Before, every connection ever made stayed, visited on every tick and kept
     alive with a KeepAlive every 50 ms: after ~400 short connections the
     primary missed its Heartbeats and the group failed over again and again."""

@@ -79,9 +79,9 @@ def test_the_fuzzers_bad_datagrams_are_all_refused_by_the_groups_codec():
     (and is counted); its replays pass it: the fuzz run's accounting rests
     on this."""
     import random
-    from llft import wire
+    from llft.ordering.llmp import wire
     from llft.auth import Keyring
-    from llft.messaging.fragments import split
+    from llft.ordering.llmp.messaging.fragments import split
     from llft.nemesis.fuzz import bad_datagrams
     key = Keyring(b"k" * 32)
     gid, other = 4242, 777

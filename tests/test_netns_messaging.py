@@ -44,7 +44,7 @@ def test_two_groups_of_three_over_lossy_multicast(hosts, tmp_path):
             path.write_text(json.dumps(spec))
             ns = hosts[(spec["group"], spec["member"])][0]
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "llft.messaging.node", str(path)],
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "llft.ordering.llmp.messaging.node", str(path)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         end = time.monotonic() + 270
         for p in procs:

@@ -9,12 +9,12 @@ entry, arrives.  Deterministic: real GroupEndpoints on the simulated network."""
 from __future__ import annotations
 
 from llft.auth import Keyring
-from llft.messaging.clock import SimClock
-from llft.messaging.ids import ConnId, View
-from llft.messaging.lossy import LossPolicy, message_matches
-from llft.messaging.simnet import SimNetwork, make_group
-from llft.messaging.viewchange import answer_new_primary_view, new_primary_view
-from llft.wire import MsgType
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.messaging.lossy import LossPolicy, message_matches
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.messaging.viewchange import answer_new_primary_view, new_primary_view
+from llft.ordering.llmp.wire import MsgType
 
 KEY = Keyring(b"k" * 32)
 GW, SRV = 10, 20

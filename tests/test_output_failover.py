@@ -12,14 +12,14 @@ from __future__ import annotations
 from llft.auth import Keyring
 from llft.cluster import payload
 from llft.cluster.output import Outbox, ReplyStream, rebase_connection
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.ids import ConnId, View
-from llft.messaging.lossy import message_matches
-from llft.messaging.simnet import SimNetwork, make_group
-from llft.messaging.viewchange import (answer_new_primary_view, follow_new_view, new_primary_view, order_base,
-                                       parse_new_primary_view_ack, take_over)
-from llft.wire import MsgType
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.messaging.lossy import message_matches
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.messaging.viewchange import (answer_new_primary_view, follow_new_view, new_primary_view,
+                                                     order_base, parse_new_primary_view_ack, take_over)
+from llft.ordering.llmp.wire import MsgType
 
 KEY = Keyring(b"k" * 32)
 GW, SRV = 10, 20
@@ -109,7 +109,7 @@ def backups_cut_where_the_primary_did(servers, outboxes, streams):
 
 
 def gateway_has(clock, new, view) -> int:
-    """Phase 2 (llft/cluster/membership_protocol.py take_over), asked before the new
+    """Phase 2 (llft/ordering/llmp/membership/membership_protocol.py take_over), asked before the new
     primary takes over: the gateway's receivedUpTo of the connection."""
     acks = []
 

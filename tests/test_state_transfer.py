@@ -11,7 +11,7 @@ import pytest
 from llft.cluster import state_transfer
 from llft.cluster.state_transfer import FileState, SpoolFailed, StateOffers, StateTransferError, fetch_state
 from llft.transport import new_event_loop
-from llft.wire import DropCounters
+from llft.ordering.llmp.wire import DropCounters
 
 
 def run(coro):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from llft.messaging.lossy import LossPolicy, LossyTransport
-from llft.messaging.node import run_member
+from llft.ordering.llmp.messaging.lossy import LossPolicy, LossyTransport
+from llft.ordering.llmp.messaging.node import run_member
 from llft.transport import Directory, GroupAddress, group_multicast_address, new_event_loop
 from messaging_fixtures import CLIENT, SERVER, check_histories, member_specs
 
@@ -72,8 +72,8 @@ def test_two_groups_of_three_on_loopback(tmp_path):
 def test_async_member_waits_for_window_on_real_sockets():
     """A 4-message send window and 300 requests: senders wait for
     on_writable (never polling), and every request and reply arrives."""
-    from llft.messaging.aio import AsyncMember
-    from llft.messaging.node import open_member
+    from llft.ordering.llmp.messaging.aio import AsyncMember
+    from llft.ordering.llmp.messaging.node import open_member
     ports = free_ports(2)
     groups = [{"group": g, "port": 0, "members": {"0": ["127.0.0.1", ports[i]]}}
               for i, g in enumerate((CLIENT, SERVER))]

@@ -1,4 +1,4 @@
-"""The new primary's view notice (llft/cluster/view_notice.py) reaches a
+"""The new primary's view notice (llft/ordering/llmp/membership/view_notice.py) reaches a
 lagging backup across a lossy link: the old view's entries it lacks come in
 parts small enough to get through.  Deterministic: real GroupEndpoints on
 the simulated network (virtual clock), a tenth of the datagrams lost."""
@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llft.auth import Keyring
-from llft.cluster.view_notice import ViewNotice, split_entries
-from llft.messaging.clock import SimClock
-from llft.messaging.lossy import LossPolicy
-from llft.messaging.simnet import SimNetwork, make_group
-from llft.wire import MsgType
+from llft.ordering.llmp.membership.view_notice import ViewNotice, split_entries
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.simnet import SimNetwork, make_group
+from llft.ordering.llmp.wire import MsgType
 
 KEY = Keyring(b"k" * 32)
 SRV = 20

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llft import wire
+from llft.ordering.llmp import wire
 from llft.auth import Keyring, KeyFileError, generate_key_file, load_key
-from llft.messaging.config import Config
-from llft.messaging.fragments import Codec, split
-from llft.wire import DropError, MsgType, Piggyback
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.fragments import Codec, split
+from llft.ordering.llmp.wire import DropError, MsgType, Piggyback
 
 KEYS = Keyring(b"a" * 32)
 FIG2 = ("messageType", "sourceGroupId", "destGroupId", "connSeqNum", "primaryViewNum", "precedence",

@@ -9,14 +9,14 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llft import wire
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.fragments import split
-from llft.messaging.ids import View
-from llft.messaging.lossy import LossPolicy
-from llft.wire import MsgType, Piggyback
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.endpoint import GroupEndpoint
+from llft.ordering.llmp.messaging.fragments import split
+from llft.ordering.ids import View
+from llft.ordering.llmp.messaging.lossy import LossPolicy
+from llft.ordering.llmp.wire import MsgType, Piggyback
 from messaging_fixtures import CLIENT, KEY, SERVER, SimCluster, Workload
 
 

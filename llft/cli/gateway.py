@@ -12,17 +12,14 @@ import time
 from pathlib import Path
 
 from llft import rundir
-from llft.auth import Keyring, generate_key_file
+from llft.auth import generate_key_file
 from llft.cli.cluster_options import add_network_options, network_settings, run_until_signal
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, reader_may_stop, setup_logging
 from llft.cluster.datagrams import GatewayDatagrams, parse_port_map
 from llft.cluster.gateway import ClusterGateway
 from llft.cluster.gateway_outgoing import GatewayOutgoing
-from llft.cluster.naming import DerivedDirectory, gateway_group_name, group_id
-from llft.messaging.clock import LoopClock
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.ids import View
-from llft.transport import UdpTransport
+from llft.cluster.naming import gateway_group_name, group_id
+from llft.ordering.group import open_gateway
 
 PROG = "llft-gateway"
 log = logging.getLogger("llft.gateway")
@@ -91,12 +88,7 @@ class GatewayProcess:
         gid = group_id(gateway_group_name(a.group, a.port, f"{socket.gethostname()}/{os.getpid()}"))
         if gid == server_gid:
             gid ^= 0x8000
-        ep = GroupEndpoint(View(gid, primary=1, precedences={1: 1}), 1, LoopClock(loop), None,
-                           Keyring(a.key))
-        udp = await UdpTransport.open(DerivedDirectory([gid, server_gid], a.group_port), gid, 1,
-                                      ep.datagram_received, a.interface, loop)
-        ep.transport = udp
-        ep.start()
+        ep = await open_gateway("llft", gid, server_gid, a.group_port, a.interface, loop, a.key)
         self.gid = gid
         self.gateway = ClusterGateway(ep, server_gid, a.program_port)
         try:
@@ -130,7 +122,6 @@ class GatewayProcess:
             await self.gateway.close()
             self.write_state("finished")
             ep.close()
-            udp.close()
         return 0
 
     def write_state(self, phase: str):

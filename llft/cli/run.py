@@ -15,7 +15,7 @@ from llft.cli.cluster_options import add_network_options, network_settings, run_
 from llft.cli.common import LOG_LEVELS, Parser, UsageError, fail, reader_may_stop, setup_logging
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
 from llft.cluster.member import FAULT_TIMEOUT_ORDINARY_S, FAULT_TIMEOUT_S, HostMember, MemberOptions
-from llft.cluster.membership import JoinRefused
+from llft.ordering.group import JoinRefused
 from llft.follow import STALL_S
 from llft.local_group import GroupOptions, LocalGroup
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError

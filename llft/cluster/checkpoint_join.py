@@ -61,8 +61,8 @@ from llft.cluster import payload
 from llft.cluster.state_transfer import FileState
 from llft.determinizer.streams import image_dir, stream_path
 from llft.members import start_time
-from llft.messaging.ids import ConnId
-from llft.messaging.viewchange import adopt_connection, connection_state, number_from, unconsumed
+from llft.ordering.group import CheckpointRefused
+from llft.ordering.ids import ConnId
 from llft.native import ROLE_BACKUP, ROLE_COPY, StreamError, StreamFile
 from llft.replica import RestoredReplica
 
@@ -73,10 +73,6 @@ FROZEN_STEP_S = 5.0      # the most the cut waits for the event loop
 GIVE_BACK_S = 5.0        # the most it waits for room in a listener's queue
 IMAGE_NUMBER = 99        # the newcomer's image directory's number (llft-<pid>-ck99)
 TAKEN_NUMBERS = itertools.count(100)   # the primary's: one directory per checkpoint, kept while offered
-
-
-class CheckpointRefused(Exception):
-    """No checkpoint of the primary can be taken for a newcomer now; says why."""
 
 
 # What a newcomer's restore may fail with (the state is authenticated, but
@@ -216,25 +212,25 @@ class NewcomerCheckpoint:
         m.replica.channel._readable()     # what the program said on its channel before it froze
         if self.of_primary:
             m.shipper.pull()              # every record it made, into the ordering information
-            ring, oseq, held = m.replica.stream.snapshot(), m.ep.order_log.next_oseq - 1, []
+            ring, oseq, held = m.replica.stream.snapshot(), m.ep.ordered_upto(), []
             delivered = m.replica.stream.records
         else:
             # Its ring, with the records it has yet to replay; what was
             # ordered since hold_order() follows in the cut's history.
             if not m.feeder.caught_up():
                 raise CheckpointRefused("the replica's ring had not taken every record given to it")
-            ring, oseq = m.replica.stream.snapshot(records=True), m.ep.sequencer.upto
+            ring, oseq = m.replica.stream.snapshot(records=True), m.ep.ordered_upto()
             held, delivered = [[k, b] for k, b in m.order_held], m.feeder.sink.delivered
         externals, program = self._program_sockets()
         self.pending: dict[int, bytes] = {}   # per connection, what the program wrote that the relay had not read
         self.closing: list[int] = []          # connections the program closed, their end not yet read
-        conns = [self._connection(cid, program.get(m._conn_num(cid))) for cid in list(m.ep.conns)]
+        conns = [self._connection(cid, program.get(m._conn_num(cid))) for cid in m.ep.connections()]
         self.cut = {"ring": ring, "oseq": oseq, "held": held, "delivered": delivered, "source": self.source(),
                     "conns": conns,
                     "relay": m.relay.summary_state(self.pending), "closing": self.closing,
                     "channel": self.channel, "listeners": self.listeners,
-                    "tombstones": m.ep.tombstones.listed(),
-                    "retired": [[*cid, n] for cid, n in m.ep.retired_sent.items()],
+                    "tombstones": m.ep.forgotten(),
+                    "retired": [[*cid, n] for cid, n in m.ep.retired().items()],
                     "next_open": [[c, s] for c, s in m.next_open.items()],
                     "stdout": (m.replica.out_dir / "stdout").read_bytes(),
                     "stderr": (m.replica.out_dir / "stderr").read_bytes()}
@@ -292,13 +288,13 @@ class NewcomerCheckpoint:
         if m.datagrams.handles(cid) or m.outgoing.handles(cid):
             raise CheckpointRefused("the program has UDP ports or outgoing connections, which a checkpoint "
                                     "does not carry to another host")
-        consumed, acked, _logged_from = connection_state(m.ep, cid)
+        consumed, acked, _logged_from = m.ep.connection_state(cid)
         # Messages released to the program but not yet taken (the input
         # waits): the newcomer takes them from the cut, as it may not get
         # them again (the group watermark may have freed them).
-        inputs = unconsumed(m.ep, cid)
+        inputs = m.ep.unconsumed(cid)
         consumed += len(inputs)
-        numbered = m.ep.conns[cid].tx.msg_seq_count
+        numbered = m.ep.sent_count(cid)
         start, buf, closed, close_sent, input_ended, cuts = m.output.cut_state(cid)
         # Messages waiting for messaging's window are not numbered yet: the
         # primary orders where it cut them when it sends them, and the
@@ -457,16 +453,16 @@ class NewcomerRestore:
     def adopt_connections(self) -> None:
         """The messaging state and reply streams of the cut's connections."""
         m, ep = self.m, self.m.ep
-        ep.tombstones.adopt(self.cut["tombstones"])
+        ep.adopt_forgotten(self.cut["tombstones"])
         for client, server, seq, sent in self.cut["retired"]:
-            ep.retire_now(ConnId(client, server, seq), sent)
+            ep.retire(ConnId(client, server, seq), sent)
         for client, seq in self.cut["next_open"]:
             m.next_open[int(client)] = int(seq)
         for (client, server, seq, consumed, acked, numbered, start, buf, closed, close_sent, input_ended,
              _relay, cuts, inputs) in self.cut["conns"]:
             cid = ConnId(client, server, seq)
-            adopt_connection(ep, cid, consumed, acked, numbered + 1)
-            number_from(ep, cid, numbered)
+            ep.adopt_connection(cid, consumed, acked, numbered + 1)
+            ep.number_from(cid, numbered)
             m.output.adopt(cid, start, buf, closed, close_sent, input_ended, cuts)
             m._conn_num(cid)
             if inputs:

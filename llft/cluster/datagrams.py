@@ -24,8 +24,7 @@ from collections import OrderedDict, deque
 
 from llft.cluster import payload
 from llft.cluster.outgoing import is_outgoing
-from llft.messaging.ids import ConnId
-from llft.messaging.viewchange import number_from
+from llft.ordering.ids import ConnId
 from llft.native import conn_header
 from llft.serving.datagrams import QUEUE_LIMIT, ReplicaPort
 from llft.serving.public_udp import PublicUdpPort
@@ -118,7 +117,7 @@ class GatewayDatagrams:
             k, host, port, data = payload.parse_datagram_reply(body)
         except payload.BadPayload as e:
             self.stats["bad_replies"] += 1
-            self.ep.drops.count("bad-payload")
+            self.ep.count_drop("bad-payload")
             log.debug("UDP connection %s: %s", cid, e)
             return
         self.by_cid[cid].reply(k, host, port, data)
@@ -203,7 +202,7 @@ class MemberDatagrams:
         if self.primary and not expected:
             while arrived:
                 (cid, number), req = arrived.popitem(last=False)
-                self.outbox.ep.add_order_info(payload.datagram_blob(tuple(cid), number))
+                self.outbox.ep.order(payload.datagram_blob(tuple(cid), number))
                 self._deliver(cid, req)
 
     def _deliver(self, cid: ConnId, req: tuple):
@@ -246,7 +245,7 @@ class MemberDatagrams:
         k is message k + 1 on its connection at every member, whenever this
         member's replica produced it (see number_from)."""
         if not is_outgoing(cid):   # (outgoing connections' rebases come here too: not numbered here)
-            number_from(self.outbox.ep, cid, self.numbered.get(cid, 0) - len(later))
+            self.outbox.ep.number_from(cid, self.numbered.get(cid, 0) - len(later))
         for body in later:
             self.outbox.put(cid, body)
 

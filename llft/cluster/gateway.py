@@ -14,11 +14,9 @@ import logging
 import socket
 
 from llft.cluster import payload
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.ids import ConnId
-from llft.messaging.viewchange import answer_new_primary_view
+from llft.ordering.group import Connections
+from llft.ordering.ids import ConnId
 from llft.serving.relay import write_once
-from llft.wire import MsgType
 
 log = logging.getLogger("llft.gateway")
 
@@ -42,7 +40,7 @@ class _Client:
 
 
 class ClusterGateway:
-    def __init__(self, ep: GroupEndpoint, server_group: int, program_port: int):
+    def __init__(self, ep: Connections, server_group: int, program_port: int):
         self.ep = ep
         self.server_group = server_group
         self.program_port = program_port
@@ -58,11 +56,7 @@ class ClusterGateway:
         ep.on_event = self._event
 
     def _event(self, name: str, info: dict):
-        msg = info.get("msg")
-        if name == "membership-message" and msg is not None and msg.src_group == self.server_group \
-                and msg.TYPE == MsgType.NEW_PRIMARY_VIEW:
-            answer_new_primary_view(self.ep, msg)
-        elif name == "remote-primary-changed":
+        if name == "remote-primary-changed":
             log.warning("group %d has a new primary (view %d)", info["group"], info["pvn"])
 
     async def serve(self, host: str, port: int) -> asyncio.base_events.Server:
@@ -127,7 +121,7 @@ class ClusterGateway:
             kind, offset, *rest = payload.parse_reply(body)
         except payload.BadPayload as e:
             self.stats["bad_replies"] += 1
-            self.ep.drops.count("bad-payload")
+            self.ep.count_drop("bad-payload")
             log.debug("connection %s: %s", cid, e)
             return
         if c is None:

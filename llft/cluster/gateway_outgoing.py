@@ -19,7 +19,7 @@ import logging
 from llft.cluster import payload
 from llft.cluster.gateway_outgoing_udp import GatewayOutgoingUdp
 from llft.cluster.outgoing import CONTROL_SEQ, FIRST_SEQ
-from llft.messaging.ids import ConnId
+from llft.ordering.ids import ConnId
 
 log = logging.getLogger("llft.gateway.outgoing")
 
@@ -55,7 +55,7 @@ class GatewayOutgoing:
             k, host, port = payload.parse_xopen_reply(body)
         except payload.BadPayload as e:
             self.stats["dropped"] += 1
-            self.gw.ep.drops.count("bad-payload")
+            self.gw.ep.count_drop("bad-payload")
             log.warning("control connection: %s", e)
             return
         if k in self.opened:

@@ -19,7 +19,7 @@ import socket
 from llft.cluster import payload
 from llft.cluster.datagrams import GatewayDatagrams, _PublicPort
 from llft.cluster.outgoing_udp import UDP_CONTROL_SEQ, UDP_FIRST_SEQ
-from llft.messaging.ids import ConnId
+from llft.ordering.ids import ConnId
 
 log = logging.getLogger("llft.gateway.outgoing_udp")
 
@@ -61,7 +61,7 @@ class GatewayOutgoingUdp(GatewayDatagrams):
             kind, *rest = payload.parse_port_reply(body)
         except payload.BadPayload as e:
             self.stats["bad_replies"] += 1
-            self.ep.drops.count("bad-payload")
+            self.ep.count_drop("bad-payload")
             log.warning("outgoing UDP connection %s: %s", tuple(cid), e)
             return
         port = self.by_cid[cid]

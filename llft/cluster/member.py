@@ -20,34 +20,27 @@ import secrets
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from llft import rundir
-from llft.auth import Keyring
 from llft.cluster import payload
 from llft.checkpoint import criu
-from llft.cluster.backup_checkpoint import SourceRefused, silent_for
-from llft.cluster.checkpoint_join import (RESTORE_ERRORS, CheckpointRefused, NewcomerCheckpoint, NewcomerRestore,
-                                          newcomer_images, offered_state)
+from llft.cluster.checkpoint_join import (RESTORE_ERRORS, NewcomerCheckpoint, NewcomerRestore, newcomer_images,
+                                          offered_state)
 from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT, GroupHistory
-from llft.cluster.membership import Joiner, ranks
-from llft.cluster.membership_protocol import Excluded, MemberHooks, MembershipProtocol
 from llft.cluster.naming import DerivedDirectory, group_id
-from llft.cluster.output import Outbox, ReplyStream, rebase_connection
+from llft.cluster.output import OUTPUT_OF_RETIRED, Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
 from llft.cluster.state_transfer import FileState, SpoolFailed
 from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
-from llft.messaging.clock import LoopClock
-from llft.messaging.config import Config
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.ids import ConnId, View
-from llft.messaging.retire import RETIRED_DROP
-from llft.messaging.viewchange import adopt_connection, connection_state
+from llft.ordering.group import (CheckpointRefused, Excluded, GroupMember, MemberHooks, Membership, SourceRefused,
+                                 member_backend)
+from llft.ordering.ids import ConnId, View
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica, RestoredReplica, release_replicas, stop_replicas, watch_exit
 from llft.serving.relay import ReplicaRelay
@@ -95,9 +88,8 @@ class MemberOptions:
     private_files: bool = False     # its replica in its own view of the files (llft/private_files.py)
     serialize: bool = False         # --serialize: threads take turns (native/serialize.c)
     checkpoint_dir: str | None = None   # where checkpoints' images are written (checkpoint_join.py); /dev/shm
-    # Heartbeats carry watermarks every 20 ms; a bodiless one in between keeps
-    # the fault detectors' silence short.
-    config: Config = field(default_factory=lambda: Config(liveness=0.005))
+    order: str = "llft"             # the ordering backend (llft/ordering/group.py)
+    config: object | None = None    # the backend's own settings (None: its defaults for a member)
 
 
 def host_addresses() -> list[str]:
@@ -115,8 +107,7 @@ class HostMember:
         self.interrupted: int | None = None
         self.failed: str | None = None          # why this member stopped its group's program, if it did
         self.replica: Replica | None = None
-        self.ep: GroupEndpoint | None = None
-        self.joiner: Joiner | None = None
+        self.ep: GroupMember | None = None
         self.rounds = 0
         self.restore_failures = 0   # checkpoints given that could not be restored here, in a row
         self._reset()
@@ -135,7 +126,7 @@ class HostMember:
         self.primary_status: int | None = None   # backups: the primary program's exit status
         self.source: PrimarySource | None = None
         self.shipped = asyncio.Event()
-        self.group: MembershipProtocol | None = None   # LLFT's membership, this membership's
+        self.group: Membership | None = None   # the backend's membership protocol, this membership's
         self.stepped_down: str | None = None
         self.replica_frozen_since: float | None = None  # its replica stopped (SIGSTOP) since then
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
@@ -152,18 +143,15 @@ class HostMember:
 
     # -- joining -----------------------------------------------------------
     def _datagram(self, data: bytes, addr) -> None:
-        if self.joiner is not None:
-            self.joiner.datagram(data, addr)
-        elif self.restorer is not None and self.replica is None:
+        if self.ep is None:   # (not before the first membership begins)
+            return
+        if self.restorer is not None and self.replica is None:
             # Restoring its replica: nothing of the group is taken in before
             # it can be followed (ordering information released to nobody is
             # lost).  The primary keeps it for this member, which asks again.
-            self.ep.drops.count(RESTORING_DROP)
-        elif self.ep is not None:   # (not before the first membership begins)
-            requests = self.ep.counters["rx_request"]
-            self.ep.datagram_received(data, addr)
-            if self.ep.counters["rx_request"] != requests:   # clients' traffic (no nap for Heartbeats alone)
-                self.naps.took_request()
+            self.ep.count_drop(RESTORING_DROP)
+        elif self.ep.datagram(data, addr):   # clients' traffic (no nap for Heartbeats alone)
+            self.naps.took_request()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -206,34 +194,27 @@ class HostMember:
         if not restores and self.rounds == 0:
             log.warning("checkpoints are off here (%s): this member joins only while the group's history is "
                         "complete (--history-limit), and as primary admits newcomers only so", criu_problem)
-        self.ep = GroupEndpoint(View(self.gid, primary=0, precedences={}, pvn=0), self.me, LoopClock(loop),
-                                self.udp, Keyring(o.key), o.config)
+        self.ep = member_backend(o.order, self.gid, self.me, loop, self.udp, o.key, o.config)
         # As primary, every entry it orders (records, where it cut its output,
         # view changes, the end) goes to the log a newcomer replays; a
         # newcomer without the cuts would number its messages differently.
         self.ep.on_order_added = self.history.add_entry
         # A member that rejoins never founds a group of its own (it may still be
         # cut off from the others), and waits for them as long as it takes.
-        self.joiner = Joiner(self.ep, float("inf") if self.rounds else o.found_after,
-                             REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores,
-                             spool=newcomer_images(o.checkpoint_dir))
         try:
-            joined = await self.joiner.join()
-            seen = self.joiner.seen_admissions
+            joined = await self.ep.join(float("inf") if self.rounds else o.found_after,
+                                        REJOIN_PATIENCE_S if self.rounds else o.join_timeout, restores=restores,
+                                        spool=newcomer_images(o.checkpoint_dir))
         except SpoolFailed as e:
             self.ep.close()
             return self._restore_failed(f"its image could not be written: {e}")
-        finally:
-            self.joiner = None
         if joined is None:
-            self.ep.view = View(self.gid, self.me, {self.me: 1}, pvn=1)
+            self.ep.found()
             index = 0
             log.warning("group %s (id %d): nobody there, this member (%d) founds it as primary",
                         o.group, self.gid, self.me)
         else:
-            self.ep.lineage.adopt(joined.lineage)
-            self.ep.view = joined.view
-            self.ep.sequencer.skip_to(joined.oseq)
+            self.ep.adopt(joined)
             self.history.start_from(joined.history)
             index = joined.index
             ck = joined.checkpoint
@@ -259,7 +240,7 @@ class HostMember:
         self.ep.start()
         self._start_replica(index, joined, restored)
         if joined is not None:
-            self.group.accepted(seen)
+            self.group.accepted(joined.seen)
         try:
             return await self._serve(loop)
         finally:
@@ -296,7 +277,7 @@ class HostMember:
         self.output = ReplyStream(self.outbox, primary=joined is None)
         self.datagrams = MemberDatagrams(self.replica, self.outbox, primary=joined is None)
         self.outgoing = MemberOutgoing(self.replica, self.ep, self.outbox, self.output, primary=joined is None)
-        self.group = MembershipProtocol(self.ep, self.udp.unread, self.opts, MemberHooks(
+        self.group = self.ep.start_membership(self.udp.unread, self.opts, MemberHooks(
             view_changed=self._view_changed, leave=self._leave, held_after=self._held_after, elected=self._elected,
             heard=self.naps.hold_off, joiner_state=self._state, why_no_joining=self._why_no_joining,
             checkpoint_for=self._checkpoint_for, checkpoint_here=self._checkpoint_here))
@@ -315,9 +296,9 @@ class HostMember:
             for client, server, seq, consumed, acked, logged_from, reqs in joined.conns:
                 cid = ConnId(client, server, seq)
                 if consumed < 0:
-                    self.ep.retire_now(cid, acked)
+                    self.ep.retire(cid, acked)
                 else:
-                    adopt_connection(self.ep, cid, consumed, acked, logged_from)
+                    self.ep.adopt_connection(cid, consumed, acked, logged_from)
                 self.pending_inputs.append((cid, reqs))
             for _oseq, blob in joined.history:
                 self._order(blob)
@@ -339,7 +320,7 @@ class HostMember:
         # A newcomer's fault detector settles as long as the older backups'
         # do: with its rank's shorter timeout, a newcomer of rank 3 would
         # propose itself before the rank-2 backup and leave it out.
-        return {"oseq": self.ep.order_log.next_oseq - 1, "history": [[k, b] for k, b in self.history.entries.items()],
+        return {"oseq": self.ep.ordered_upto(), "history": [[k, b] for k, b in self.history.entries.items()],
                 "conns": conns, "settling_ms": max(0, int(self.group.settling_left() * 1000))}
 
     def _transferred(self, cid: ConnId) -> tuple[int, int, int]:
@@ -347,9 +328,9 @@ class HostMember:
         the remote acknowledged, the first of ours still logged), or (-1,
         msgs we sent, 0) for one retired (retire.py), whose input the
         newcomer's program replays all the same."""
-        if cid not in self.ep.conns:
-            return -1, self.ep.retired_sent.get(cid, 0), 0
-        return connection_state(self.ep, cid)
+        if not self.ep.has_connection(cid):
+            return -1, self.ep.retired().get(cid, 0), 0
+        return self.ep.connection_state(cid)
 
     def _why_no_joining(self) -> str | None:
         if self.primary_status is not None:
@@ -385,23 +366,14 @@ class HostMember:
                 self._admit_by_checkpoint(member, self.group.admission))
         return True
 
-    def _checkpoint_source(self, newcomer: int) -> int | None:
-        """The backup whose replica is checkpointed for a newcomer, so that
-        the primary serves on unpaused: the last in rank of those that
-        report and were heard within the fault timeout; None if there is none."""
-        view, pending = self.ep.view, self.group.admission.pending
-        able = [b for b in view.backups() if b != newcomer and b not in pending and b in self.ep.backup_reports
-                and silent_for(self.ep, b) < self.opts.fault_timeout]
-        rank = ranks(view)
-        return max(able, key=rank.get, default=None)
-
     async def _admit_by_checkpoint(self, member: int, admission):
         try:
-            source = self._checkpoint_source(member)
+            # A backup's replica, so that the primary serves on unpaused
+            source = self.group.checkpoint_source(member)
             if source is not None:
                 admission.begin(member)   # (before the backup's cut: kept for the newcomer from here on)
                 try:
-                    offer = await self.group.checkpoints.ask(source, member)
+                    offer = await self.group.ask_checkpoint(source, member)
                 except SourceRefused as e:
                     log.warning("member %d asked to join: %s; this primary's replica is checkpointed instead",
                                 member, e)
@@ -472,7 +444,7 @@ class HostMember:
 
     def _ship(self, blobs: list[bytes], position: int):
         for b in blobs:
-            self.ep.add_order_info(b)
+            self.ep.order(b)
         self.outbox.shipped(position)
 
     def _ready_shipping(self, loop):
@@ -516,7 +488,7 @@ class HostMember:
         try:
             kind, *rest = payload.parse_blob(blob)
         except payload.BadPayload:
-            self.ep.drops.count("bad-order-info")
+            self.ep.count_drop("bad-order-info")
             return
         if kind == payload.TAG_RECORDS:
             self.feeder.feed(rest[0])
@@ -533,7 +505,7 @@ class HostMember:
         elif kind == payload.TAG_VIEW:
             for cid, base in rest[1]:
                 cid = ConnId(*cid)
-                if cid in self.ep.conns:
+                if self.ep.has_connection(cid):
                     self._rebase(cid, base)
         elif kind == payload.TAG_END:
             self.primary_status = rest[0]
@@ -559,7 +531,7 @@ class HostMember:
             try:
                 req = payload.parse_request(body)
             except payload.BadPayload as e:
-                self.ep.drops.count("bad-payload")
+                self.ep.count_drop("bad-payload")
                 log.debug("connection %s: %s", cid, e)
                 return
         if log_it:
@@ -624,7 +596,6 @@ class HostMember:
         ready = asyncio.Event()
         self.ep.on_ready = ready.set
         self.ep.on_writable = self.outbox.writable
-        self.ep.on_event = self.group.on_event
         if not self.ep.is_primary:
             self.ep.on_order = self._released_order
         relay_log = (self.replica.out_dir / "output") if self.opts.log_output else None
@@ -636,7 +607,7 @@ class HostMember:
                 try:
                     self._request(cid, payload.encode_request(r))
                 except payload.BadPayload:
-                    self.ep.drops.count("bad-payload")
+                    self.ep.count_drop("bad-payload")
         self.pending_inputs = []
         if self.restorer is not None:
             await self.restorer.relay_connections()
@@ -744,7 +715,7 @@ class HostMember:
         if bases is None:
             return
         self.release_order()   # (a checkpoint under way refuses at its cut: it is primary now)
-        self.ep.add_order_info(payload.view_blob(view.pvn, sorted(bases.items())))
+        self.ep.order(payload.view_blob(view.pvn, sorted(bases.items())))
         self.output.primary = True
         for cid, base in bases.items():
             self._rebase(cid, base)
@@ -762,7 +733,7 @@ class HostMember:
         self.group.took_over()
         gc.freeze()                             # the state taken over lives on (see _serve)
         log.warning("took over as primary of view %d with backups %s in %.1f ms (ordering information up to "
-                    "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, self.ep.sequencer.upto)
+                    "%d)", view.pvn, view.backups(), (loop.time() - start) * 1000, self.ep.ordered_upto())
         self.write_state("running")
 
     async def _finish_primary(self, status: int):
@@ -771,19 +742,20 @@ class HostMember:
         them to reach the end, and only its primary answers its Nacks) and
         the gateways every reply (bounded)."""
         self.primary_status = status
-        oseq = self.ep.add_order_info(payload.end_blob(status))
+        oseq = self.ep.order(payload.end_blob(status))
         deadline = time.monotonic() + self.opts.end_timeout
         while time.monotonic() < deadline:
             self.group.ending_tick()
-            backups_done = not self.ep.view.backups() or (self.ep.order_log.confirmed >= oseq
+            backups_done = not self.ep.view.backups() or (self.ep.order_stable(oseq)
                                                            and self.ep.backups_hold_all_received())
             if backups_done and not self.ep.buffers()["sent"] and not self.outbox.queued():
                 return
             await asyncio.sleep(TICK_S)
         log.warning("the program ended, but not every backup or gateway confirmed the end within %g s "
-                    "(ordering information confirmed up to %d of %d, backups %s every client message, %s "
-                    "messages unacknowledged, %d queued)", self.opts.end_timeout, self.ep.order_log.confirmed,
-                    oseq, "hold" if self.ep.backups_hold_all_received() else "do not hold",
+                    "(ordering information up to %d %s, backups %s every client message, %s "
+                    "messages unacknowledged, %d queued)", self.opts.end_timeout, oseq,
+                    "confirmed" if self.ep.order_stable(oseq) else "not confirmed",
+                    "hold" if self.ep.backups_hold_all_received() else "do not hold",
                     self.ep.buffers()["sent"], self.outbox.queued())
 
     def _verdict(self, status: int) -> int:
@@ -824,11 +796,13 @@ class HostMember:
 
     # -- what llft-status shows ------------------------------------------------
     def _log_drops(self):
-        now = self.ep.drops.snapshot() if self.ep else {}
+        now = self.ep.drop_counts() if self.ep else {}
         new = {k: v - self._drops_logged.get(k, 0) for k, v in now.items() if v > self._drops_logged.get(k, 0)}
         if new:
-            # Stray messages for a connection retired here are expected (retire.py).
-            level = logging.INFO if new.keys() <= {RETIRED_DROP, RESTORING_DROP} else logging.WARNING
+            # Routine drops (stray messages of a connection retired here, the
+            # group's traffic while restoring) are logged quietly.
+            quiet = self.ep.expected_drops() | {RESTORING_DROP, OUTPUT_OF_RETIRED}
+            level = logging.INFO if new.keys() <= quiet else logging.WARNING
             log.log(level, "dropped datagrams/messages: %s (total %d)",
                     ", ".join(f"{k} +{v}" for k, v in sorted(new.items())), sum(now.values()))
             self._drops_logged = now
@@ -836,7 +810,7 @@ class HostMember:
     def write_state(self, phase: str):
         self._log_drops()   # the drops llft-status shows are in the log already
         view, r = self.ep.view, self.replica
-        rank = ranks(view)
+        rank = view.ranks()
         members = [{"member": m, "role": "primary" if m == view.primary else "backup",
                     "precedence": p, "rank": rank[m], "here": m == self.me}
                    for m, p in sorted(view.precedences.items(), key=lambda kv: rank[kv[0]])]
@@ -855,7 +829,7 @@ class HostMember:
             "last_checkpoint": self.last_checkpoint,
             # The fault timeout (rank 2's) applied now: longer than configured after long silences (detector.py)
             "fault_timeout_ms": {"configured": round(self.opts.fault_timeout * 1000, 1),
-                                 "applied": round(self.group.silence.timeout(self.opts.fault_timeout) * 1000, 1)
+                                 "applied": round(self.group.fault_timeout_applied(self.opts.fault_timeout) * 1000, 1)
                                  if self.group is not None else None},
             # CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py
             "failover_at": dict(self.group.failover_times() if self.group is not None else {},

@@ -24,7 +24,7 @@ import logging
 
 from llft.cluster import payload
 from llft.cluster.outgoing_udp import MemberOutgoingUdp
-from llft.messaging.ids import ConnId
+from llft.ordering.ids import ConnId
 from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
 from llft.serving.outgoing import MAX_ERRORS, READ_CHUNK
 
@@ -156,7 +156,7 @@ class MemberOutgoing:
             return
         if self.chosen is None and self.primary and self.heard:
             self.chosen = self.heard[0]
-            self.ep.add_order_info(payload.control_blob(tuple(self.chosen)))
+            self.ep.order(payload.control_blob(tuple(self.chosen)))
         if self.chosen is not None and self.chosen in self.heard:
             self.control = self.chosen
             self._announce()

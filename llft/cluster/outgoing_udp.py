@@ -21,7 +21,7 @@ import logging
 from collections import deque
 
 from llft.cluster import payload
-from llft.messaging.ids import ConnId
+from llft.ordering.ids import ConnId
 from llft.native import conn_header
 from llft.serving.datagrams import KEEP_LIMIT, DatagramLog, ReplicaPort
 

@@ -14,10 +14,11 @@ import logging
 from collections import deque
 
 from llft.cluster import payload
-from llft.messaging.ids import ConnId
-from llft.messaging.viewchange import rebase as rebase_messaging
+from llft.ordering.ids import ConnId
 
 log = logging.getLogger("llft.output")
+
+OUTPUT_OF_RETIRED = "output-of-retired"   # a drop: output for a connection retired before this member joined
 
 
 class Outbox:
@@ -64,10 +65,10 @@ class Outbox:
         self._put(cid, body, order_info)
 
     def _put(self, cid: ConnId, body: bytes, order_info: bytes):
-        if cid not in self.ep.conns:
+        if not self.ep.has_connection(cid):
             # Retired before this member joined: its replica replays the
             # connection from the transferred input, and the gateway is done with it.
-            self.ep.counters["output_of_retired"] += 1
+            self.ep.count_drop(OUTPUT_OF_RETIRED)
             return
         q = self.waiting.get(cid)
         if q is None and self.ep.writable(cid):
@@ -92,9 +93,9 @@ class Outbox:
         by messaging or still waiting here: once quiet, the same at every
         member (semi-active replication: a backup cuts its output where the
         primary did), retired connections' too."""
-        counts = dict(self.ep.retired_sent)   # the lowest retired ones (retire.py)
-        counts.update((cid, self.ep.conns[cid].tx.msg_seq_count + len(self.waiting.get(cid, ())))
-                      for cid in heapq.nsmallest(limit, self.ep.conns))
+        counts = dict(self.ep.retired())   # the lowest retired ones
+        counts.update((cid, self.ep.sent_count(cid) + len(self.waiting.get(cid, ())))
+                      for cid in heapq.nsmallest(limit, self.ep.connections()))
         return {"%d:%d:%d" % cid: n for cid, n in sorted(counts.items())[:limit]}
 
     def take(self, cid: ConnId) -> list[bytes]:
@@ -262,7 +263,7 @@ def rebase_connection(ep, outbox: Outbox, stream, cid: ConnId, base: int) -> Non
     megabytes), go back to the stream (a ReplyStream or MemberDatagrams),
     in that order, to be sent again: the waiting part too, or the output
     from there on would be lost."""
-    logged = rebase_messaging(ep, cid, base)
+    logged = ep.rebase(cid, base)
     waiting = outbox.take(cid)
     if logged or waiting:
         log.info("connection %s: after msn %d, %d logged and %d waiting messages go out again", cid, base,

@@ -14,9 +14,9 @@ import struct
 import threading
 import time
 
-from llft import wire
+from llft.ordering.llmp import wire
 from llft.auth import Keyring
-from llft.messaging.fragments import split
+from llft.ordering.llmp.messaging.fragments import split
 from llft.nemesis import hosts
 from llft.transport import DEFAULT_PORT, group_multicast_address
 

@@ -24,7 +24,7 @@ from llft.nemesis.shapes import SHAPES
 from llft.nemesis.workload import Workload
 
 CAPTURE_S = 2.0
-# What a bad datagram is counted as (llft/wire.py DropReason): not the
+# What a bad datagram is counted as (llft/ordering/llmp/wire.py DropReason): not the
 # drops a busy group counts on its own (reassembly timeouts, stale views).
 DROP_REASONS = ("bad-mac", "bad-version", "foreign-group", "malformed", "truncated", "unknown-type")
 

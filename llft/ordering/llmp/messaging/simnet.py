@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Callable
 
 from llft.auth import Keyring
-from llft.messaging.clock import SimClock
-from llft.messaging.config import Config
-from llft.messaging.ids import View
-from llft.messaging.lossy import LossPolicy
+from llft.ordering.llmp.messaging.clock import SimClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.ids import View
+from llft.ordering.llmp.messaging.lossy import LossPolicy
 
 
 class SimNetwork:
@@ -34,7 +34,7 @@ class SimNetwork:
 def make_group(net: SimNetwork, group: int, size: int, keyring: Keyring,
                config: Config | None = None, endpoint_cls=None) -> list:
     """`size` members of `group`, member 0 the primary, precedences 1..size."""
-    from llft.messaging.endpoint import GroupEndpoint
+    from llft.ordering.llmp.messaging.endpoint import GroupEndpoint
     cls = endpoint_cls or GroupEndpoint
     members = []
     for m in range(size):

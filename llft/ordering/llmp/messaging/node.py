@@ -1,7 +1,7 @@
 """One group member as a process on real sockets, running the client/server
 workload and writing a JSON-lines delivery history:
 
-    python -m llft.messaging.node SPEC.json
+    python -m llft.ordering.llmp.messaging.node SPEC.json
 
 SPEC (JSON): mode ("multicast"|"unicast"), groups ([{group, port,
 multicast?, members: {id: [ip, port]}}]), key (hex), group, member,
@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 from llft.auth import Keyring
-from llft.messaging.clock import LoopClock
-from llft.messaging.config import Config
-from llft.messaging.endpoint import GroupEndpoint
-from llft.messaging.ids import View
-from llft.messaging.lossy import LossPolicy, LossyTransport
-from llft.messaging.workload import ReplicaApp, mixed_sizes
+from llft.ordering.llmp.messaging.clock import LoopClock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.endpoint import GroupEndpoint
+from llft.ordering.ids import View
+from llft.ordering.llmp.messaging.lossy import LossPolicy, LossyTransport
+from llft.ordering.llmp.messaging.workload import ReplicaApp, mixed_sizes
 from llft.transport import Directory, GroupAddress, UdpTransport, loop_name, new_event_loop
 
 

@@ -13,9 +13,9 @@ member has not yet heard of a new connection (it reports nothing for it, so
 the group watermark of that connection stays 0)."""
 from __future__ import annotations
 
-from llft import wire
-from llft.messaging.ids import ConnId
-from llft.wire import MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.ids import ConnId
+from llft.ordering.llmp.wire import MsgType
 
 GAP_BUCKETS_MS = (10, 20, 30, 50, 100, 200)
 # A Heartbeat lists the connections whose row changed in the last

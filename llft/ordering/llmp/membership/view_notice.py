@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from llft.wire import MsgType
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.membership")
 

@@ -2,7 +2,7 @@
 
 A *message* is a msgpack array of the Fig. 2 header fields followed by the
 piggybacked ordering information, a type-specific body and the application
-payload.  Messages travel in *frames* (see `llft.messaging.fragments`): each
+payload.  Messages travel in *frames* (see `llft.ordering.llmp.messaging.fragments`): each
 datagram carries a fixed binary header with the protocol version and the
 destination group, and ends with a keyed MAC, so a datagram that is not for
 us, or not from someone holding the group's key, is dropped before msgpack

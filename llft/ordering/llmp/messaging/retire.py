@@ -24,7 +24,7 @@ acknowledgment on any connection frees it.
 """
 from __future__ import annotations
 
-from llft.messaging.ordering import Reflector
+from llft.ordering.llmp.messaging.ordering import Reflector
 
 LINGER_S = 2.0          # finished and quiet for this long before it goes
 GIVE_UP_S = 30.0        # finished this long: it goes even if not quiet (the remote side retired it)

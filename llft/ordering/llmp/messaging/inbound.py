@@ -2,14 +2,14 @@
 connection (Fig. 6 lines 18-33 and 60-75)."""
 from __future__ import annotations
 
-from llft import wire
-from llft.messaging.connection import Connection
-from llft.messaging.ids import conn_of
-from llft.messaging.lineage import parse_lineage
-from llft.messaging.ordering import RemoteOrder
-from llft.messaging.recvside import RecvEntry
-from llft.messaging.viewchange import refuse_new_primary_view
-from llft.wire import APPLICATION_TYPES, DropError, DropReason, MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.messaging.connection import Connection
+from llft.ordering.llmp.messaging.ids import conn_of
+from llft.ordering.llmp.messaging.lineage import parse_lineage
+from llft.ordering.llmp.messaging.ordering import RemoteOrder
+from llft.ordering.llmp.messaging.recvside import RecvEntry
+from llft.ordering.llmp.messaging.viewchange import refuse_new_primary_view
+from llft.ordering.llmp.wire import APPLICATION_TYPES, DropError, DropReason, MsgType
 
 # Sent only by a primary; their timestamps and last_msn describe the
 # primary's stream.  (A SecondAck may come from a backup.)

@@ -20,20 +20,22 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any, Callable
 
-from llft import wire
-from llft.messaging.clock import Clock
-from llft.messaging.config import Config
-from llft.messaging.connection import Connection
-from llft.messaging.fragments import Codec
-from llft.messaging.ids import ConnId, View
-from llft.messaging.inbound import InboundMixin
-from llft.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
-from llft.messaging.lineage import Lineage
-from llft.messaging.ordering import OrderLog, OrderSequencer, Reflector, RemoteOrder
-from llft.messaging.periodic import PeriodicMixin
-from llft.messaging.retire import RETIRED_DROP, RetireMixin, Tombstones
-from llft.messaging.sendside import SentEntry
-from llft.wire import MsgType, Piggyback, Role
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.messaging.clock import Clock
+from llft.ordering.llmp.messaging.config import Config
+from llft.ordering.llmp.messaging.connection import Connection
+from llft.ordering.llmp.messaging.fragments import Codec
+from llft.ordering.llmp.messaging.handover import HandoverMixin
+from llft.ordering.group import Connections
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.messaging.inbound import InboundMixin
+from llft.ordering.llmp.messaging.intragroup import GAP_BUCKETS_MS, IntraGroupMixin
+from llft.ordering.llmp.messaging.lineage import Lineage
+from llft.ordering.llmp.messaging.ordering import OrderLog, OrderSequencer, Reflector, RemoteOrder
+from llft.ordering.llmp.messaging.periodic import PeriodicMixin
+from llft.ordering.llmp.messaging.retire import RETIRED_DROP, RetireMixin, Tombstones
+from llft.ordering.llmp.messaging.sendside import SentEntry
+from llft.ordering.llmp.wire import MsgType, Piggyback, Role
 
 
 class WindowFull(BlockingIOError):
@@ -41,7 +43,7 @@ class WindowFull(BlockingIOError):
     `on_writable` (or poll `writable`)."""
 
 
-class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
+class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin, HandoverMixin, Connections):
     MAX_CONNECTIONS = 4096
 
     def __init__(self, view: View, member: int, clock: Clock, transport, keyring,
@@ -136,6 +138,9 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin):
         cid = ConnId(self.group, server_group, conn_seq)
         self._conn(cid)
         return cid
+
+    def count_drop(self, reason: str) -> None:
+        self.drops.count(reason)
 
     def connections(self) -> list[ConnId]:
         return list(self.conns)

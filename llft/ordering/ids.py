@@ -1,15 +1,15 @@
-"""Connection identities and the static view of a group's membership."""
+"""The seam's vocabulary: what the replication core and every ordering
+backend name alike.  A connection between two groups, and a group's view
+(who is in it, who is primary, and in which order the backups rank)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from llft.wire import DropError, DropReason, Role
-
 
 class ConnId(NamedTuple):
     """(client group, server group, connSeqNum): with the sender's role on
-    the wire this is the paper's (sourceGroupId, destGroupId, connSeqNum, role)."""
+    the wire this is LLFT's (sourceGroupId, destGroupId, connSeqNum, role)."""
     client: int
     server: int
     seq: int
@@ -17,24 +17,12 @@ class ConnId(NamedTuple):
     def remote(self, group: int) -> int:
         return self.server if group == self.client else self.client
 
-    def role_of(self, group: int) -> Role:
-        return Role.CLIENT if group == self.client else Role.SERVER
-
-
-def conn_of(msg) -> ConnId:
-    """The connection an inter-group message belongs to."""
-    if msg.role == Role.CLIENT:
-        return ConnId(msg.src_group, msg.dst_group, msg.conn_seq)
-    if msg.role == Role.SERVER:
-        return ConnId(msg.dst_group, msg.src_group, msg.conn_seq)
-    raise DropError(DropReason.MALFORMED, "intra-group role on inter-group message")
-
 
 @dataclass
 class View:
     """Who is in the group, who is primary, and precedences (LLFT §IV).
 
-    Changing it is the membership protocol's job; messaging only reads it.
+    Changing it is the membership's job; everything else only reads it.
     """
     group: int
     primary: int
@@ -47,6 +35,11 @@ class View:
 
     def backups(self) -> list[int]:
         return [m for m in self.precedences if m != self.primary]
+
+    def ranks(self) -> dict[int, int]:
+        """Rank 1 is the primary; backups follow in order of precedence."""
+        order = [self.primary] + sorted(self.backups(), key=lambda m: self.precedences[m])
+        return {m: k + 1 for k, m in enumerate(order)}
 
     def __contains__(self, member: int) -> bool:
         return member in self.precedences

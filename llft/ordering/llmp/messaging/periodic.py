@@ -2,7 +2,7 @@
 Nacks, KeepAlive, Heartbeat, buffer freeing, reassembly expiry."""
 from __future__ import annotations
 
-from llft.wire import MsgType
+from llft.ordering.llmp.wire import MsgType
 
 
 class PeriodicMixin:

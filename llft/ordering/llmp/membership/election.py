@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 import time
 
-from llft import wire
-from llft.cluster.detector import Deadline, Silence
-from llft.cluster.membership import ranks
-from llft.messaging.ids import View
-from llft.wire import MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.membership.detector import Deadline, Silence
+from llft.ordering.group import Excluded
+from llft.ordering.ids import View
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.election")
 
@@ -39,10 +39,6 @@ GRACE_SENDS = 3
 SWITCH_WINDOW_S = 0.1
 SETTLING_S = 5.0       # a new primary's first seconds: it may pause (see timeout())
 LOOP_STALL_S = 0.045   # a gap between ticks (every 20 ms) this long means we were not listening
-
-
-class Excluded(Exception):
-    """This member is not in the group's new view: it must reset and rejoin."""
 
 
 class Election:
@@ -97,7 +93,7 @@ class Election:
         base = self.silence.timeout(self.fault_base)
         if self.ep.clock.now() < self.settling_until:
             base = max(base, self.settling_timeout)
-        return base + self.fault_step * max(0, ranks(self.ep.view).get(self.ep.me, 2) - 2)
+        return base + self.fault_step * max(0, self.ep.view.ranks().get(self.ep.me, 2) - 2)
 
     def settle_for(self, seconds: float) -> None:
         """The current primary took over recently: its first seconds count

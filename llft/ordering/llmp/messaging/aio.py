@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llft.messaging.ids import ConnId
+from llft.ordering.ids import ConnId
 
 
 class AsyncMember:

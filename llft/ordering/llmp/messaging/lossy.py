@@ -49,7 +49,7 @@ def message_matches(predicate: Callable) -> Target:
     to the message, e.g. drop every Nack: `message_matches(lambda m: m.TYPE == MsgType.NACK)`."""
     import struct
 
-    from llft import wire
+    from llft.ordering.llmp import wire
 
     def target(datagram: bytes, dst_group: int) -> bool:
         try:

@@ -15,9 +15,9 @@ remote side then needs no expectedMsn reset, and the application payloads
 carry stream offsets, so anything repeated is recognised there."""
 from __future__ import annotations
 
-from llft import wire
-from llft.messaging.ids import ConnId, View
-from llft.wire import MsgType, Role
+from llft.ordering.llmp import wire
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.wire import MsgType, Role
 
 
 VIEW_BASE_SHIFT = 40

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import msgpack
 
-from llft import wire
+from llft.ordering.llmp import wire
 from llft.cluster.state_transfer import FileState, StateOffers, StateTransferError, discard, fetch_state
-from llft.messaging.fragments import Codec
-from llft.messaging.ids import View
-from llft.messaging.lineage import parse_views
-from llft.wire import MsgType
+from llft.ordering.llmp.messaging.fragments import Codec
+from llft.ordering.group import JoinRefused, Joined, NewcomerAdmission
+from llft.ordering.ids import View
+from llft.ordering.llmp.messaging.lineage import parse_views
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.membership")
 
@@ -45,22 +46,6 @@ def admission_deadline(now: float, state_size: int) -> float:
     return now + ACK_WAIT_S + state_size / STATE_BYTES_PER_S
 
 
-class JoinRefused(Exception):
-    pass
-
-
-@dataclass
-class Joined:
-    view: View
-    index: int              # this member's replica index (precedence - 1)
-    oseq: int               # ordering information up to this oseq is in history
-    history: list           # [[oseq, blob], ...]
-    conns: list             # [client, server, seq, consumed msn, [request, ...]] per client connection
-    settling_s: float = 0.0  # how long the primary still settles after its takeover (election.SETTLING_S)
-    lineage: list = field(default_factory=list)   # the primary's views (messaging/lineage.py)
-    checkpoint: dict | None = None   # a checkpoint of the primary's replica, instead of the history (checkpoint_join.py)
-
-
 def view_body(view: View) -> dict:
     return {"primary": view.primary, "pvn": view.pvn, "prec": [[m, p] for m, p in view.precedences.items()]}
 
@@ -74,12 +59,6 @@ def parse_view(group: int, body) -> View:
     if view.primary not in prec:
         raise wire.DropError("malformed", "membership view without its primary")
     return view
-
-
-def ranks(view: View) -> dict[int, int]:
-    """Rank 1 is the primary; backups follow in order of precedence."""
-    order = [view.primary] + sorted(view.backups(), key=lambda m: view.precedences[m])
-    return {m: k + 1 for k, m in enumerate(order)}
 
 
 class Joiner:
@@ -195,7 +174,7 @@ class _Pending:
     body: dict = field(default_factory=dict)   # the AcceptBackup's
 
 
-class Admission:
+class Admission(NewcomerAdmission):
     """At the primary: accepts new members (ProposeBackup -> AcceptBackup)."""
 
     def __init__(self, ep, history, serving, on_change, remove, interface: str, checkpoint=None):

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 
-from llft import wire
-from llft.cluster.detector import Deadline, Silence
-from llft.cluster.membership import parse_view, view_body
-from llft.wire import MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.membership.detector import Deadline, Silence
+from llft.ordering.llmp.membership.membership import parse_view, view_body
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.membership")
 

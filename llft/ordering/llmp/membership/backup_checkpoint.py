@@ -36,10 +36,10 @@ import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from llft.cluster.checkpoint_join import CheckpointRefused
-from llft.cluster.membership import admission_deadline
+from llft.ordering.group import CheckpointRefused, SourceRefused
+from llft.ordering.llmp.membership.membership import admission_deadline
 from llft.cluster.state_transfer import FileState, StateOffers, discard
-from llft.wire import MsgType
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.checkpoint")
 
@@ -49,10 +49,6 @@ REFUSAL_KEPT_S = 2.0      # a refusal is repeated this long (a request on its wa
 # A backup taking a checkpoint heartbeats on (CRIU and the hash run aside):
 # one this long silent is gone, or reset (it may be the very newcomer).
 SOURCE_SILENT_S = 1.0
-
-
-class SourceRefused(Exception):
-    """The backup asked gives no checkpoint (why); the primary takes its own."""
 
 
 def silent_for(ep, member: int) -> float:

@@ -2,17 +2,17 @@
 keep-alive, flow-control and reflection state around them."""
 from __future__ import annotations
 
-from llft.messaging.ids import ConnId
-from llft.messaging.ordering import Reflector
-from llft.messaging.recvside import RecvSide
-from llft.messaging.sendside import SendSide
-from llft.wire import Role
+from llft.ordering.ids import ConnId
+from llft.ordering.llmp.messaging.ordering import Reflector
+from llft.ordering.llmp.messaging.recvside import RecvSide
+from llft.ordering.llmp.messaging.sendside import SendSide
+from llft.ordering.llmp.wire import Role
 
 
 class Connection:
     def __init__(self, cid: ConnId, group: int, config, now: float):
         self.id = cid
-        self.role: Role = cid.role_of(group)
+        self.role: Role = Role.CLIENT if group == cid.client else Role.SERVER
         self.remote = cid.remote(group)
         self.tx = SendSide(config.rto, config.rto_min, config.rto_max)
         self.rx = RecvSide(config.recv_window, config.kept_window, config.kept_window_bytes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from llft.messaging.history import make_payload, parse_payload
+from llft.ordering.llmp.messaging.history import make_payload, parse_payload
 
 REPLY_STREAM = 100
 

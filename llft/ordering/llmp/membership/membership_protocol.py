@@ -15,20 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Callable
 
-from llft import wire
-from llft.cluster.backup_checkpoint import BackupCheckpoints
-from llft.cluster.detector import Silence
-from llft.cluster.election import SETTLING_S, Election, Excluded
-from llft.cluster.membership import Admission, follow
-from llft.cluster.removal import BackupRemoval, follow_removal
-from llft.cluster.view_notice import ViewNotice
-from llft.messaging.ids import ConnId, View
-from llft.messaging.viewchange import (deliver_held_order, follow_new_view, nack_remote, new_primary_view,
-                                       order_base, parse_new_primary_view_ack, refusal_of, take_over)
-from llft.wire import MsgType
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.membership.backup_checkpoint import BackupCheckpoints, silent_for
+from llft.ordering.llmp.membership.detector import Silence
+from llft.ordering.llmp.membership.election import SETTLING_S, Election
+from llft.ordering.llmp.membership.membership import Admission, follow
+from llft.ordering.llmp.membership.removal import BackupRemoval, follow_removal
+from llft.ordering.llmp.membership.view_notice import ViewNotice
+from llft.ordering.group import Excluded, MemberHooks, Membership
+from llft.ordering.ids import ConnId, View
+from llft.ordering.llmp.messaging.viewchange import (deliver_held_order, follow_new_view, nack_remote, new_primary_view,
+                                                     order_base, parse_new_primary_view_ack, refusal_of, take_over)
+from llft.ordering.llmp.wire import MsgType
 
 log = logging.getLogger("llft.member")
 
@@ -44,21 +44,7 @@ SETTLING_TIMEOUT_S = 0.3
 REMOTE_SILENCE_S = 2.0
 
 
-@dataclass
-class MemberHooks:
-    """What the membership asks of the member's replication core."""
-    view_changed: Callable[[], None]                  # the view changed (llft-status shows it)
-    leave: Callable[[str], None]                      # this member must leave the group: why
-    held_after: Callable[..., tuple[int, list[bytes]]]   # (oseq, upto=None): released entries after oseq
-    elected: Callable[[View, dict], None]             # phase 1 won: the core takes over
-    heard: Callable[[], None]                         # a membership message arrived
-    joiner_state: Callable[[], dict]                  # what a newcomer needs, by log
-    why_no_joining: Callable[[], str | None]          # why no newcomer can be admitted now
-    checkpoint_for: Callable[[int, bool], bool]       # (member, restores): admitted by checkpoint
-    checkpoint_here: Callable[[int], Awaitable[tuple]]   # (member): a backup's checkpoint for it, offered
-
-
-class MembershipProtocol:
+class MembershipProtocol(Membership):
     def __init__(self, ep, unread: Callable[[], bool], opts, hooks: MemberHooks):
         self.ep, self.opts, self.hooks = ep, opts, hooks
         self.view_notice = ViewNotice(ep, self._follow_new_view)
@@ -327,6 +313,22 @@ class MembershipProtocol:
         self.become_primary()
         self.taking_over = False
         self.took_over_at = time.monotonic()
+
+    def checkpoint_source(self, newcomer: int) -> int | None:
+        """The last in rank of the backups that report and were heard
+        within the fault timeout, other than newcomer and those admitted
+        but not yet up; None if there is none."""
+        ep, pending = self.ep, self.admission.pending
+        able = [b for b in ep.view.backups() if b != newcomer and b not in pending and b in ep.backup_reports
+                and silent_for(ep, b) < self.opts.fault_timeout]
+        rank = ep.view.ranks()
+        return max(able, key=rank.get, default=None)
+
+    async def ask_checkpoint(self, source: int, newcomer: int) -> dict:
+        return await self.checkpoints.ask(source, newcomer)
+
+    def fault_timeout_applied(self, configured: float) -> float:
+        return self.silence.timeout(configured)
 
     def failover_times(self) -> dict:
         """CLOCK_MONOTONIC times of this member's last primary change, for bench/cluster.py."""

@@ -13,8 +13,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from llft import wire
-from llft.wire import DropCounters
+from llft.ordering.llmp import wire
+from llft.ordering.llmp.wire import DropCounters
 
 
 def message_id(data: bytes) -> int:
