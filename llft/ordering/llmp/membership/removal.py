@@ -38,6 +38,12 @@ TELL_EVERY_S = 0.1        # how often a removed member still heard is told again
 # group watermarks.  A backup silent this many removal timeouts by the
 # clock, with every datagram that arrived read, is removed all the same.
 CLOCK_SILENCE_FACTOR = 5
+# A backup removed for silence (or for not acknowledging) may be cut off
+# and take over on its side: its last report holds back what the remote
+# groups keep for a new primary this long after (forget_backups).  It
+# covers partitions whose directions fail up to this far apart; the
+# remote groups' kept messages (Config.kept_window) bound it as well.
+SILENT_LINGER_S = 2.0
 
 
 class BackupRemoval:
@@ -67,7 +73,7 @@ class BackupRemoval:
             self.pending = None
             return
         if p[1] >= MAX_COUNT:
-            self.remove(sorted(p[2]), f"did not acknowledge RemoveBackup {MAX_COUNT} times")
+            self.remove(sorted(p[2]), f"did not acknowledge RemoveBackup {MAX_COUNT} times", silent=True)
             return
         p[1] += 1
         self.last_sent = now
@@ -92,7 +98,7 @@ class BackupRemoval:
         silent = sorted(b for b, s in silences.items() if s >= timeout)
         if silent:
             self.remove(silent, "silent for " + ", ".join(f"{self._by_clock(b, now) * 1000:.0f}" for b in silent)
-                        + " ms")
+                        + " ms", silent=True)
             return timeout
         return min((timeout - s for s in silences.values()), default=timeout)
 
@@ -102,7 +108,7 @@ class BackupRemoval:
         return now - max(self.ep.last_heard.get(b, 0.0), self.since[b])
 
     # -- RemoveBackup -------------------------------------------------------------
-    def remove(self, members: list[int], why: str) -> None:
+    def remove(self, members: list[int], why: str, silent: bool = False) -> None:
         ep = self.ep
         members = [m for m in members if m in ep.view.backups()]
         if not members:
@@ -110,7 +116,7 @@ class BackupRemoval:
         for m in members:
             ep.view.precedences.pop(m)
             self.since.pop(m, None)
-        ep.forget_backups(members)
+        ep.forget_backups(members, linger=SILENT_LINGER_S if silent else 0.0)
         self.round += 1
         log.warning("backup%s %s %s: removed from the group (view %d now %s)", "s" * (len(members) > 1),
                     ", ".join(map(str, members)), why, ep.view.pvn, sorted(ep.view.precedences))

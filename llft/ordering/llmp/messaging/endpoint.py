@@ -73,6 +73,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin, H
         self.remote_order: dict[int, RemoteOrder] = {}      # group -> its primary's ordering information held
         self._held_back: dict[int, set[Connection]] = {}    # group -> connections waiting for some of it
         self.backup_reports: dict[int, dict] = {}            # backup -> last heartbeat report
+        self.lingering: dict[int, tuple[dict, float]] = {}   # removed backup -> (last report, until): forget_backups
         self.last_heard: dict[int, float] = {}               # member -> when its last intra-group message came
         self.sender_addr = None                              # the address of the datagram being received
         self.remote_heard: dict[int, float] = {}             # remote group -> when its last message came
@@ -189,7 +190,7 @@ class GroupEndpoint(InboundMixin, IntraGroupMixin, PeriodicMixin, RetireMixin, H
         """Primary: queue ordering information not tied to a message (it
         rides on the next message, KeepAlive or Heartbeat).  Every entry,
         this one or one that `send` adds, goes to on_order_added too."""
-        oseq = self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups()))
+        oseq = self.order_log.add(bytes(blob), self.clock.now(), keep=bool(self.view.backups() or self.lingering))
         if self.on_order_added is not None:
             self.on_order_added(oseq, blob)
         return oseq

@@ -105,8 +105,10 @@ class IntraGroupMixin:
         return wm
 
     def _backups_rw(self) -> list[dict]:
-        """Primary: each backup's last reported watermarks (empty: none yet)."""
-        return [self.backup_reports.get(b, {}).get("rw", {}) for b in self.view.backups()]
+        """Primary: each backup's last reported watermarks (empty: none yet),
+        lingering ones' included (forget_backups)."""
+        return [self.backup_reports.get(b, {}).get("rw", {}) for b in self.view.backups()] + \
+            [report.get("rw", {}) for report, _until in self.lingering.values()]
 
     # --- heartbeats ------------------------------------------------------------
 
@@ -212,15 +214,38 @@ class IntraGroupMixin:
                 return False
         return True
 
-    def forget_backups(self, members) -> None:
+    def forget_backups(self, members, linger: float = 0.0) -> None:
         """Primary: these backups left the view (RemoveBackup); their last
-        reports no longer hold back confirmations, watermarks or flow control."""
+        reports no longer hold back flow control, nor, `linger` seconds
+        from now, confirmations and watermarks.
+
+        A backup removed for its silence may be cut off rather than dead,
+        and take over on its side of a partition: a partition whose two
+        directions fail some time apart lets this primary remove its
+        backups before they miss it (llft-kill's rules, one namespace after
+        the other, cut 90 ms apart).  What this primary orders and
+        acknowledges meanwhile, alone, reaches its clients; the remote
+        groups hold those entries and messages (reflections, kept
+        messages) only as long as a backup may still need them, and the new
+        primary on the other side takes them from there (viewchange.py).
+        Lingering, the removed backups' last reports keep them held."""
+        until = self.clock.now() + linger
         for m in members:
-            self.backup_reports.pop(m, None)
+            report = self.backup_reports.pop(m, None)
+            if linger > 0 and report is not None:
+                self.lingering[m] = (report, until)
         self._backups_progressed()
 
+    def _expire_lingering(self, now: float) -> None:
+        gone = [m for m, (_report, until) in self.lingering.items() if until <= now]
+        for m in gone:
+            del self.lingering[m]
+        if gone:
+            self._backups_progressed()
+
     def _backups_progressed(self) -> None:
-        self.order_log.confirm(self._min_oupto())
+        lingering = (report.get("oupto", 0) for report, _until in self.lingering.values())
+        self.order_log.confirm(min([self._min_oupto(), *lingering]))
         for c in self.conns.values():
             if c.throttle_msn and all(
                     self.backup_reports.get(b, {}).get("gen", {}).get(c.id, 0) >= c.throttle_msn

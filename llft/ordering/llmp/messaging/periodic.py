@@ -32,6 +32,8 @@ class PeriodicMixin:
                     self._keepalive(c)
                 if rx.delivered:
                     rx.gc(self._group_wm(c))                           # lines 82-84
+        if self.lingering:
+            self._expire_lingering(now)
         if now - self._last_hb >= cfg.heartbeat:                       # lines 56-59
             self._last_hb = now
             self._send_heartbeat(now)

@@ -42,6 +42,7 @@ def take_over(ep, view: View, base: int) -> None:
     ep.reflected.skip_to(base - 1)
     ep.sequencer.pending.clear()
     ep.backup_reports.clear()
+    ep.lingering.clear()
     ep.counters["view_changes"] += 1
 
 
