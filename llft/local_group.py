@@ -356,7 +356,7 @@ class LocalGroup:
         self.tasks.append(asyncio.create_task(relay.run()))
         self.write_state("running")
 
-    def _check_frozen(self, frozen_since: dict):
+    def _check_frozen(self):
         """Timing faults: a replica stopped longer than the fault timeout is
         fenced (SIGKILL), so that it can never act in the view that replaced
         it; a primary's death then makes a backup take over, and a frozen
@@ -364,13 +364,12 @@ class LocalGroup:
         replica takes the fenced one's place: it never serves in the old view."""
         now = time.monotonic()
         for r in self.replicas:
-            if r.role not in ("primary", "backup") or not r.alive() or r.checkpointing or not r.frozen():
-                frozen_since.pop(r.index, None)
+            if r.role not in ("primary", "backup"):
                 continue
-            since = frozen_since.setdefault(r.index, now)
-            if now - since >= self.opts.fault_timeout:
+            frozen = r.frozen_for(now)
+            if frozen >= self.opts.fault_timeout:
                 log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
-                            (now - since) * 1000)
+                            frozen * 1000)
                 r.fenced_at = time.monotonic()
                 r.signal(signal.SIGKILL)
                 if r.role == "backup":
@@ -379,7 +378,6 @@ class LocalGroup:
     async def _wait_replicas(self, primary):
         deadline = None
         next_state = time.monotonic() + 1
-        frozen_since: dict[int, float] = {}
         # --fork replicate: the primary's first process has exited and the
         # replica goes on as a daemon it forked (_adopt_daemon); the first
         # processes' stream has ended, the program has not.
@@ -388,7 +386,7 @@ class LocalGroup:
         # (Semi-passive: a primary's death leaves no replica alive, and the
         # group goes on with a copy of its checkpoint.)
         while any(r.alive() for r in self.replicas) or (self.opts.semi_passive and not self.source.finished()):
-            self._check_frozen(frozen_since)
+            self._check_frozen()
             if time.monotonic() > next_state:  # live counters for llft-status
                 self.write_state("running")
                 next_state = time.monotonic() + 1
@@ -526,9 +524,9 @@ class LocalGroup:
 
     def _verdict(self, primary: Replica | None) -> int:
         self._check_serial_steals(primary)
-        refused = next((r for r in self.replicas if r.stream.refused), None)
-        if refused is not None and not self.failed:
-            self.failed = f"cannot replicate the program: {refused.stream.divergence}"
+        refusal = next(filter(None, (r.refusal() for r in self.replicas)), None)
+        if refusal is not None and not self.failed:
+            self.failed = refusal
             log.info("%s", self.failed)   # llft-run says it on its stderr
         if self.interrupted is not None:
             # Stopped by a signal: the group did not finish, but a replica it

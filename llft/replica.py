@@ -52,6 +52,7 @@ class Replica:
     private_files: bool = False         # in its own view of the files, kept in files_dir
     serialize: bool = False             # --serialize: its threads take turns (native/serialize.c)
     checkpointing: bool = False         # frozen by CRIU for a checkpoint of it: not a timing fault
+    frozen_since: float | None = None   # time.monotonic() when first seen stopped, while it stays so
     forked_streams: list = field(default_factory=list)   # --fork replicate: its processes' streams, when one diverged
     # --fork replicate: (its first process's pid) -> a process of the replica
     # that goes on as it once that process has exited (a daemon whose parent
@@ -138,6 +139,21 @@ class Replica:
     def frozen(self) -> bool:
         """Stopped (SIGSTOP, or stopped by a debugger): a timing fault once it lasts."""
         return stopped(self.pid)
+
+    def frozen_for(self, now: float) -> float:
+        """Seconds this replica has been stopped (SIGSTOP, a debugger; not
+        CRIU's holds) as seen by the calls so far; 0 if it runs: a timing
+        fault once longer than the fault timeout."""
+        if self.checkpointing or not self.alive() or not self.frozen():
+            self.frozen_since = None
+            return 0.0
+        if self.frozen_since is None:
+            self.frozen_since = now
+        return now - self.frozen_since
+
+    def refusal(self) -> str | None:
+        """Why llft cannot replicate the program, if the shim refused it here."""
+        return f"cannot replicate the program: {self.stream.divergence}" if self.stream.refused else None
 
     def dying(self) -> bool:
         """True once the process has begun to exit (PF_EXITING), even before it

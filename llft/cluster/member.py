@@ -17,7 +17,6 @@ import gc
 import logging
 import os
 import secrets
-import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -26,20 +25,19 @@ from pathlib import Path
 from llft import rundir
 from llft.cluster import payload
 from llft.checkpoint import criu
-from llft.cluster.checkpoint_join import (RESTORE_ERRORS, NewcomerCheckpoint, NewcomerRestore, newcomer_images,
-                                          offered_state)
+from llft.cluster.checkpoint_join import RESTORE_ERRORS, NewcomerRestore, newcomer_images
 from llft.cluster.datagrams import MemberDatagrams
 from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT, GroupHistory
 from llft.cluster.naming import DerivedDirectory, group_id
+from llft.cluster.newcomer_checkpoints import NewcomerCheckpoints
 from llft.cluster.output import OUTPUT_OF_RETIRED, Outbox, ReplyStream, rebase_connection
 from llft.cluster import priority
 from llft.cluster.outgoing import MemberOutgoing
 from llft.cluster.records import RecordFeeder, RecordShipper
-from llft.cluster.state_transfer import FileState, SpoolFailed
+from llft.cluster.state_transfer import SpoolFailed
 from llft.determinizer.streams import PrimarySource, stream_path, sweep_dead_rings
 from llft.follow import STALL_S, FollowWatch
-from llft.ordering.group import (CheckpointRefused, Excluded, GroupMember, MemberHooks, Membership, SourceRefused,
-                                 member_backend)
+from llft.ordering.group import Excluded, GroupMember, MemberHooks, Membership, member_backend
 from llft.ordering.ids import ConnId, View
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica, RestoredReplica, release_replicas, stop_replicas, watch_exit
@@ -128,11 +126,9 @@ class HostMember:
         self.shipped = asyncio.Event()
         self.group: Membership | None = None   # the backend's membership protocol, this membership's
         self.stepped_down: str | None = None
-        self.replica_frozen_since: float | None = None  # its replica stopped (SIGSTOP) since then
         self.pending_inputs: list = []          # a late joiner's transferred inputs, for its relay
         self.restorer: NewcomerRestore | None = None   # a newcomer's, restored from a checkpoint
-        self.checkpoint_task: asyncio.Task | None = None   # a checkpoint being taken for a newcomer
-        self.last_checkpoint: dict | None = None   # llft-status: the last one taken here, or restored
+        self.checkpoints = NewcomerCheckpoints(self)
         self.intake = asyncio.Event()           # clear: client input waits (a checkpoint drains it)
         self.order_held: list | None = None     # a backup's checkpoint: (oseq, blob) released, not yet applied
         self.intake.set()
@@ -232,8 +228,8 @@ class HostMember:
                 self.ep.close()
                 return self._restore_failed(e)
             self.restore_failures = 0
-            self.last_checkpoint = dict(restored.checkpoint, at=time.time(), restored=True)
-            self.last_checkpoint["source"] = joined.checkpoint["source"]
+            self.checkpoints.last = dict(restored.checkpoint, at=time.time(), restored=True,
+                                         source=joined.checkpoint["source"])
             log.warning("replica %d restored from the %s's checkpoint (%d KiB) in %.0f ms: pid %d", index,
                         joined.checkpoint["source"], restored.checkpoint["image_bytes"] // 1024,
                         restored.checkpoint["restore_ms"], restored.pid)
@@ -280,7 +276,7 @@ class HostMember:
         self.group = self.ep.start_membership(self.udp.unread, self.opts, MemberHooks(
             view_changed=self._view_changed, leave=self._leave, held_after=self._held_after, elected=self._elected,
             heard=self.naps.hold_off, joiner_state=self._state, why_no_joining=self._why_no_joining,
-            checkpoint_for=self._checkpoint_for, checkpoint_here=self._checkpoint_here))
+            checkpoint_for=self.checkpoints.admits, checkpoint_here=self.checkpoints.here))
         if joined is None:
             self.group.become_primary()
         elif restored is not None:
@@ -338,98 +334,10 @@ class HostMember:
         if self.group.taking_over:
             return "a primary change is under way"
         why = self.history.why_incomplete()
-        problem = why and self._checkpoint_problem()
+        problem = why and self.checkpoints.problem()
         if problem is None:
             return None
         return f"{why}, and no checkpoint can stand for it: {problem}"
-
-    def _checkpoint_problem(self) -> str | None:
-        """Why a newcomer cannot be brought up from a checkpoint of this
-        member's replica."""
-        if not self.criu_check.done():
-            return "CRIU is being checked"
-        return self.criu_check.result()
-
-    def _checkpoint_for(self, member: int, restores: bool) -> bool:
-        """Admission: True if the newcomer gets a checkpoint (the history
-        cannot bring it up to date), taken now, or once the one under way
-        is done (it asks again meanwhile); or if it cannot restore one, and
-        is refused."""
-        if self.history.complete:
-            return False
-        if not restores:
-            self.group.admission.refuse(member, f"{self.history.why_incomplete()}, and the newcomer cannot "
-                                                "restore a checkpoint instead (its CRIU does not work: see its log)")
-            return True
-        if self.checkpoint_task is None:
-            self.checkpoint_task = asyncio.get_running_loop().create_task(
-                self._admit_by_checkpoint(member, self.group.admission))
-        return True
-
-    async def _admit_by_checkpoint(self, member: int, admission):
-        try:
-            # A backup's replica, so that the primary serves on unpaused
-            source = self.group.checkpoint_source(member)
-            if source is not None:
-                admission.begin(member)   # (before the backup's cut: kept for the newcomer from here on)
-                try:
-                    offer = await self.group.ask_checkpoint(source, member)
-                except SourceRefused as e:
-                    log.warning("member %d asked to join: %s; this primary's replica is checkpointed instead",
-                                member, e)
-                else:
-                    admission.offered_elsewhere(member, offer, f"a checkpoint of member {source}'s replica")
-                    return
-                if admission is not self.group.admission or not self.ep.is_primary:
-                    return   # no longer primary: the newcomer asks the new one
-            taker = NewcomerCheckpoint(self, member, on_cut=None if source is not None else
-                                       lambda: admission.begin(member))
-            try:
-                offered, digest = await self._offered_checkpoint(taker)
-            except CheckpointRefused as e:
-                log.warning("member %d asked to join: %s", member, e)
-                admission.abandon(member, str(e))
-                return
-            except Exception as e:   # noqa: BLE001 - a newcomer in the view must not wait for good
-                log.exception("member %d asked to join: its state could not be made", member)
-                admission.abandon(member, f"the primary could not make its state ({e!r})")
-                return
-        finally:
-            self.checkpoint_task = None
-        if admission is not self.group.admission or not self.ep.is_primary:
-            offered.discard()
-            return   # no longer primary: the newcomer asks the new one
-        admission.complete(member, offered, "a checkpoint", digest)
-
-    async def _checkpoint_here(self, newcomer: int) -> tuple[FileState, bytes]:
-        """At a backup the primary asked (backup_checkpoint.py): a
-        checkpoint of its replica for newcomer, ready to offer."""
-        problem = self._checkpoint_problem()
-        if problem is not None:
-            raise CheckpointRefused(f"CRIU does not work at member {self.me} ({problem})")
-        if self.checkpoint_task is not None or self.restorer is not None or self.ep.is_primary:
-            raise CheckpointRefused(f"member {self.me} is busy (restoring, or checkpointing already)")
-        self.checkpoint_task = asyncio.current_task()
-        try:
-            return await self._offered_checkpoint(NewcomerCheckpoint(self, newcomer))
-        finally:
-            self.checkpoint_task = None
-
-    async def _offered_checkpoint(self, taker: NewcomerCheckpoint) -> tuple[FileState, bytes]:
-        """taker's checkpoint as a newcomer's state, with its SHA-256."""
-        try:
-            cut = await taker.take()
-            self.last_checkpoint = dict(taker.figures, newcomer=taker.newcomer, source=taker.source())
-            self.write_state("running")   # (llft-status shows it at once)
-            state = {"oseq": cut["oseq"], "history": cut.pop("held"), "conns": [], "checkpoint": cut,
-                     "settling_ms": max(0, int(self.group.settling_left() * 1000))}
-            offered = offered_state(state, taker.images)
-            # Megabytes of image: hashed aside, or the event loop would stop
-            # its Heartbeats past the fault timeout.
-            return offered, await asyncio.to_thread(offered.digest)
-        except BaseException:
-            shutil.rmtree(taker.images, ignore_errors=True)
-            raise
 
     # -- a backup's checkpoint: what is ordered waits for its cut ----------------
     def hold_order(self):
@@ -675,8 +583,7 @@ class HostMember:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if self.checkpoint_task is not None:   # (it uses the replica's ring until it ends)
-                await asyncio.wait([self.checkpoint_task], timeout=CHECKPOINT_END_S)
+            await self.checkpoints.finish(CHECKPOINT_END_S)
             self.datagrams.close()
             self.outgoing.close()
             self.write_state("finished")
@@ -694,13 +601,9 @@ class HostMember:
         timeout is a timing fault of this member, though its controller
         still heartbeats: it steps down, so that as primary it is replaced,
         and resets (its replica is killed, even stopped) and rejoins."""
-        if not self.replica.frozen() or self.replica.checkpointing:   # (CRIU holds it: no timing fault)
-            self.replica_frozen_since = None
-            return
-        now = time.monotonic()
-        since = self.replica_frozen_since = self.replica_frozen_since or now
-        if now - since > self.opts.fault_timeout and not self.stepped_down:
-            self.stepped_down = f"its replica has been stopped for {(now - since) * 1000:.0f} ms"
+        frozen = self.replica.frozen_for(time.monotonic())
+        if frozen > self.opts.fault_timeout and not self.stepped_down:
+            self.stepped_down = f"its replica has been stopped for {frozen * 1000:.0f} ms"
 
     # -- taking over ---------------------------------------------------------
     def _elected(self, view: View, acks: dict):
@@ -761,8 +664,8 @@ class HostMember:
     def _verdict(self, status: int) -> int:
         r = self.replica
         log.info("replica %d (%s) exited with status %s", r.index, r.role, status)
-        if r.stream.refused:
-            self.failed = f"cannot replicate the program: {r.stream.divergence}"
+        if r.refusal():
+            self.failed = r.refusal()
             log.error("%s", self.failed)
         if r.role == "primary":
             return status
@@ -826,7 +729,7 @@ class HostMember:
                               outgoing=self.outgoing.summary() if hasattr(self, "outgoing") else {})] if r else [],
             "messaging": self.ep.stats(), "generated": self.outbox.generated() if hasattr(self, "outbox") else {},
             "group_port": self.opts.group_port, "addresses": host_addresses(), "history": self.history.summary(),
-            "last_checkpoint": self.last_checkpoint,
+            "last_checkpoint": self.checkpoints.last,
             # The fault timeout (rank 2's) applied now: longer than configured after long silences (detector.py)
             "fault_timeout_ms": {"configured": round(self.opts.fault_timeout * 1000, 1),
                                  "applied": round(self.group.fault_timeout_applied(self.opts.fault_timeout) * 1000, 1)
