@@ -12,6 +12,7 @@ PRELOAD_SOURCES = [
     "native/core.c",
     "native/record.c",
     "native/replay.c",
+    "native/replay_queues.c",
     "native/turnstile.c",
     "native/wait_order.c",
     "native/objtable.c",

@@ -9,8 +9,9 @@
  * object's turnstile until the previous turn is done, so acquisitions of one
  * lock happen in the primary's order while threads using different locks
  * run concurrently (turnstile.c), and event-loop waits return after the
- * calls the primary made before them (wait_order.c).  The shim's own locks
- * are spinlocks: it never calls the functions it wraps. */
+ * calls the primary made before them (wait_order.c).  The queues and their
+ * chunk pool are replay_queues.c's.  The shim's own locks are spinlocks: it
+ * never calls the functions it wraps. */
 #include "replay_queues.h"
 
 #include <limits.h>
@@ -19,67 +20,12 @@
 #include <sched.h>
 #include <string.h>
 #include <time.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "atomics.h"
 
-void *llft_map_anon(size_t bytes, const char *what)
-{
-    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) {
-        llft_log("llft: cannot allocate %s", what);
-        llft_exit_now(LLFT_EXIT_NOSTREAM);
-    }
-    return m;
-}
+/* ---- dispatcher ----------------------------------------------------- */
 
-/* ---- chunk pool ----------------------------------------------------- */
-/* The pool is one region reserved at start-up (pages are touched only as
- * used): mapping memory while replaying, whenever the dispatcher happens to
- * need it, would move the program's own later mappings, and programs let
- * addresses steer behaviour (hash tables of pointers). */
-#define POOL_CHUNKS (1u << 16) /* 1 GiB of address space */
-static uint32_t pool_lock;
-static struct qchunk *pool_free_list, *pool_base;
-static uint32_t pool_used;
-
-static struct qchunk *chunk_alloc(void)
-{
-    spin_lock(&pool_lock);
-    struct qchunk *c = pool_free_list;
-    if (c)
-        pool_free_list = c->next;
-    else if (pool_used < POOL_CHUNKS)
-        c = &pool_base[pool_used++];
-    spin_unlock(&pool_lock);
-    if (!c)
-        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u replay queue chunks: the backup is too far "
-                     "behind its primary", POOL_CHUNKS);
-    c->next = NULL;
-    c->count = 0;
-    return c;
-}
-
-static void chunk_free(struct qchunk *c)
-{
-    spin_lock(&pool_lock);
-    c->next = pool_free_list;
-    pool_free_list = c;
-    spin_unlock(&pool_lock);
-}
-
-/* ---- per-thread queues --------------------------------------------------
- * Slots of a fixed table, found from the thread id (tid & mask, then the
- * next ones): threads are numbered in creation order, one per client
- * connection in many servers, and an ended thread's slot is taken again
- * by a later one, so that what a backup holds follows the threads alive,
- * not every thread the program ever made.  An ended thread's slot says so
- * until it is taken again (a record for it then is a divergence). */
-
-struct tqueue *llft_queues;
-uint32_t *llft_live_slots;        /* slots of the live queues, in no order (dispatch lock) */
-uint32_t llft_nlive_slots;
 static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
 static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (tid_bit) */
@@ -109,110 +55,6 @@ static uint32_t stopped_futex;    /* bumped when either count changes */
  * look again. */
 static inline uint32_t tid_bit(uint32_t tid) { return 1u << (tid & 31); }
 #define ALL_THREADS (~0u)
-
-/* tid's queue (live or ended), or NULL (dispatch lock held). */
-struct tqueue *llft_queue_find(uint32_t tid)
-{
-    for (uint32_t i = 0; i < QSLOTS; i++) {
-        struct tqueue *q = &llft_queues[(tid + i) & QMASK];
-        if (q->state == Q_FREE)
-            return NULL;
-        if (q->tid == tid)
-            return q;
-    }
-    return NULL;
-}
-
-static struct tqueue *queue_for(uint32_t tid) /* dispatch lock held */
-{
-    struct tqueue *q = llft_queue_find(tid);
-    if (q != NULL)
-        return q;
-    for (uint32_t i = 0; i < QSLOTS && q == NULL; i++) {
-        struct tqueue *c = &llft_queues[(tid + i) & QMASK];
-        if (c->state != Q_LIVE)
-            q = c;   /* free, or an ended thread's */
-    }
-    if (q == NULL)
-        llft_diverge(NULL, 0, NULL, LLFT_EXIT_NOSTREAM, "more than %u threads at once", QSLOTS);
-    q->rd_chunk = q->wr_chunk = chunk_alloc();
-    q->rd = 0;
-    q->pushed = q->popped = q->to_finish = q->finished = 0;
-    q->tid = tid;
-    q->gen++;
-    llft_live_slots[llft_nlive_slots++] = (uint32_t)(q - llft_queues);
-    STORE(&q->state, Q_LIVE, REL);
-    return q;
-}
-
-/* The thread of q has ended (dispatch lock held). */
-static void queue_ended(struct tqueue *q)
-{
-    uint32_t slot = (uint32_t)(q - llft_queues);
-    for (uint32_t i = 0; i < llft_nlive_slots; i++)
-        if (llft_live_slots[i] == slot) {
-            llft_live_slots[i] = llft_live_slots[--llft_nlive_slots];
-            break;
-        }
-    STORE(&q->state, Q_DEAD, REL);
-}
-
-static void q_push(struct tqueue *q, const void *rec) /* dispatch lock held */
-{
-    struct qchunk *c = q->wr_chunk;
-    if (c->count == CHUNK_RECS) {
-        struct qchunk *n = chunk_alloc();
-        STORE(&c->next, n, REL);
-        q->wr_chunk = c = n;
-    }
-    memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
-    STORE(&c->count, c->count + 1, REL);
-    q->pushed++;
-}
-
-/* A replayed call that must end before this replica takes over, or a
- * native call could contradict it: a turn (a native acquisition would
- * overtake it).  New fds and accepts take turns and end them once their
- * numbers are placed: a native socket() or accept() would otherwise take
- * the lowest free number, which the replaying thread is about to claim,
- * and the new primary would record that number twice, in an order its
- * backups cannot follow. */
-static inline int must_finish(const llft_rec_t *r)
-{
-    return r->op != LLFT_OP_DATA && r->turn;
-}
-
-/* The thread's next record into out: taken (consume), or only looked at. */
-static int q_take(struct tqueue *q, llft_rec_t *out, int consume)
-{
-    struct qchunk *c = q->rd_chunk;
-    if (q->rd == CHUNK_RECS) {
-        struct qchunk *n = LOAD(&c->next, ACQ);
-        if (!n)
-            return 0;
-        q->rd_chunk = n;
-        q->rd = 0;
-        chunk_free(c);
-        c = n;
-    }
-    if (q->rd >= LOAD(&c->count, ACQ))
-        return 0;
-    memcpy(out, &c->recs[q->rd], LLFT_REC_SIZE);
-    if (!consume)
-        return 1;
-    q->rd++;
-    /* Counted before the record counts as taken, so that try_promote never
-     * sees every record taken and this call not pending.  Only this thread
-     * writes these counts: the hot path shares no line. */
-    if (must_finish(out))
-        STORE(&q->to_finish, q->to_finish + 1, RLX);
-    STORE(&q->popped, q->popped + 1, REL);
-    return 1;
-}
-
-static int q_pop(struct tqueue *q, llft_rec_t *out) { return q_take(q, out, 1); }
-
-/* ---- dispatcher ----------------------------------------------------- */
 
 static __attribute__((noreturn)) void corrupt_stream(uint64_t pos, int why)
 {
@@ -278,7 +120,7 @@ static long drain(void)
         }
         if (i < n)
             break;
-        struct tqueue *q = queue_for(h->tid);
+        struct tqueue *q = llft_queue_for(h->tid);
         if (q->state == Q_DEAD)
             llft_diverge(NULL, h->op, h, LLFT_EXIT_DIVERGED,
                          "the primary recorded a call by thread %u after that thread ended here", h->tid);
@@ -486,7 +328,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
 static void take_queue(struct llft_thread *t, uint32_t tid)
 {
     spin_lock(&dispatch_lock);
-    t->q = queue_for(tid);
+    t->q = llft_queue_for(tid);
     t->q_era = era;
     spin_unlock(&dispatch_lock);
     __atomic_fetch_add(&live_threads, 1, SEQ);
@@ -504,18 +346,7 @@ static void own_queue(struct llft_thread *t)
 void llft_replay_restart(uint32_t last_tid)
 {
     spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < QSLOTS; i++) {
-        struct tqueue *q = &llft_queues[i];
-        if (q->state != Q_FREE) {
-            q->rd_chunk = q->wr_chunk = NULL;
-            STORE(&q->state, Q_FREE, REL);   /* (gen goes on: a stale slot|gen never matches) */
-        }
-    }
-    llft_nlive_slots = 0;
-    spin_lock(&pool_lock);
-    pool_free_list = NULL;
-    pool_used = 0;
-    spin_unlock(&pool_lock);
+    llft_queues_reset();
     exec_barrier = signal_barrier = 0;
     STORE(&promote_pending, 0, SEQ);
     STORE(&promoted, 0, SEQ);
@@ -603,22 +434,6 @@ int llft_replay_next_if(struct llft_thread *t, uint16_t op, llft_rec_t *out)
     return llft_replay_next(t, op, out);
 }
 
-/* For a divergence report: up to max of the calls this thread replayed
- * last, newest first (the record in hand among them, when consumed):
- * what is left of them in its queue's current chunk, read back, data
- * slots skipped.  Nothing on the replay path keeps them for this. */
-int llft_replay_recent(const struct llft_thread *t, llft_rec_t *out, int max)
-{
-    const struct tqueue *q = t ? t->q : NULL;
-    if (!q || !q->rd_chunk)
-        return 0;
-    int n = 0;
-    for (int i = (int)q->rd - 1; i >= 0 && n < max; i--)
-        if (q->rd_chunk->recs[i].op != LLFT_OP_DATA)
-            out[n++] = q->rd_chunk->recs[i];
-    return n;
-}
-
 void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
 {
     llft_rec_t slot;
@@ -634,32 +449,6 @@ void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
         off += n;
     }
     t->depth--;
-}
-
-/* Waits until the thread of queue slot|gen<<16 (slotgen) has taken `upto`
- * slots of its queue, or has ended (its slot taken by a later thread, which
- * means it took all). */
-void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto)
-{
-    const struct tqueue *q = &llft_queues[slotgen & QMASK];
-    uint16_t gen = (uint16_t)(slotgen >> 16);
-    struct llft_waited waited = {0, 0};
-    for (unsigned spins = 0; LOAD(&q->gen, ACQ) == gen && LOAD(&q->popped, ACQ) < upto; spins++) {
-        if (spins < 64) {
-            __builtin_ia32_pause();
-        } else if (spins < 80) {
-            llft_yield();
-        } else {
-            if (llft_waited_ms(&waited) > llft_ctl->stall_timeout_ms)
-                llft_diverge(t, e->op, e, LLFT_EXIT_DIVERGED,
-                             "stalled waiting for thread %u to reach its call before this one (it has taken %llu "
-                             "of its records, %llu of them by then; it %s)", q->tid,
-                             (unsigned long long)q->popped, (unsigned long long)upto,
-                             q->state == Q_DEAD ? "has ended" : "runs");
-            struct timespec us = {0, 50000};
-            llft_nap(&us);
-        }
-    }
 }
 
 /* execve failed here as it did at the primary: this image goes on. */
@@ -683,10 +472,8 @@ void llft_replay_signal_sent(void)
  * address spaces match whatever their role and replay timing. */
 void llft_replay_reserve(void)
 {
-    llft_queues = llft_map_anon(sizeof(struct tqueue) * QSLOTS, "replay queues");
-    llft_live_slots = llft_map_anon(sizeof(uint32_t) * QSLOTS, "replay queues");
+    llft_queues_reserve();
     llft_turnstiles_reserve();
-    pool_base = llft_map_anon(sizeof(struct qchunk) * POOL_CHUNKS, "replay queues");
     llft_wait_notes_reserve();
 }
 
@@ -706,17 +493,9 @@ void llft_replay_thread_end(struct llft_thread *t)
     spin_lock(&dispatch_lock);
     struct tqueue *q = t->q;
     llft_rec_t extra;
-    int more = q_pop(q, &extra);
-    if (!more) {
-        struct qchunk *c = q->rd_chunk;
-        while (c) {
-            struct qchunk *n = c->next;
-            chunk_free(c);
-            c = n;
-        }
-        q->rd_chunk = q->wr_chunk = NULL;
-        queue_ended(q);
-    }
+    int more = q_take(q, &extra, 1);
+    if (!more)
+        llft_queue_ended(q);
     spin_unlock(&dispatch_lock);
     if (more)
         llft_diverge(t, LLFT_OP_THREAD_EXIT, &extra, LLFT_EXIT_DIVERGED,

@@ -1,11 +1,15 @@
 /* The backup's replay queues, shared by the files of the replay engine:
- * replay.c (the queues, the dispatcher, takeover, thread lifecycle),
+ * replay_queues.c (the queues and their chunk pool), replay.c (the
+ * dispatcher, takeover, thread lifecycle),
  * turnstile.c (turns on ordered objects) and wait_order.c (event-loop
  * waits after the calls recorded before them).  Internal to the preload
  * library. */
 #ifndef LLFT_REPLAY_QUEUES_H
 #define LLFT_REPLAY_QUEUES_H
 
+#include <string.h>
+
+#include "atomics.h"
 #include "shim.h"
 
 #define CHUNK_RECS 255
@@ -17,7 +21,7 @@ struct qchunk {
 };
 
 
-/* ---- per-thread queues (replay.c) ---- */
+/* ---- per-thread queues (replay_queues.c) ---- */
 #define QSLOTS (1u << 16)         /* threads alive at once, at most */
 #define QMASK (QSLOTS - 1)
 enum { Q_FREE = 0, Q_LIVE = 1, Q_DEAD = 2 };
@@ -42,7 +46,71 @@ extern uint32_t llft_nlive_slots;
 extern uint32_t llft_stream_ended;
 
 void *llft_map_anon(size_t bytes, const char *what);
+void llft_queues_reserve(void);
+void llft_queues_reset(void);           /* every slot free, the pool empty (no thread replaying) */
+struct qchunk *llft_chunk_alloc(void);
+void llft_chunk_free(struct qchunk *c);
 struct tqueue *llft_queue_find(uint32_t tid);
+/* tid's queue, a free slot taken for it if it has none (dispatch lock held). */
+struct tqueue *llft_queue_for(uint32_t tid);
+/* The thread of q has ended: its slot says so, its chunks go back (dispatch lock held). */
+void llft_queue_ended(struct tqueue *q);
+
+/* The dispatcher's (dispatch lock held). */
+static inline void q_push(struct tqueue *q, const void *rec)
+{
+    struct qchunk *c = q->wr_chunk;
+    if (c->count == CHUNK_RECS) {
+        struct qchunk *n = llft_chunk_alloc();
+        STORE(&c->next, n, REL);
+        q->wr_chunk = c = n;
+    }
+    memcpy(&c->recs[c->count], rec, LLFT_REC_SIZE);
+    STORE(&c->count, c->count + 1, REL);
+    q->pushed++;
+}
+
+/* A replayed call that must end before this replica takes over, or a
+ * native call could contradict it: a turn (a native acquisition would
+ * overtake it).  New fds and accepts take turns and end them once their
+ * numbers are placed: a native socket() or accept() would otherwise take
+ * the lowest free number, which the replaying thread is about to claim,
+ * and the new primary would record that number twice, in an order its
+ * backups cannot follow. */
+static inline int must_finish(const llft_rec_t *r)
+{
+    return r->op != LLFT_OP_DATA && r->turn;
+}
+
+/* The owning thread's: its next record into out, taken (consume) or only
+ * looked at; 0 if there is none yet. */
+static inline int q_take(struct tqueue *q, llft_rec_t *out, int consume)
+{
+    struct qchunk *c = q->rd_chunk;
+    if (q->rd == CHUNK_RECS) {
+        struct qchunk *n = LOAD(&c->next, ACQ);
+        if (!n)
+            return 0;
+        q->rd_chunk = n;
+        q->rd = 0;
+        llft_chunk_free(c);
+        c = n;
+    }
+    if (q->rd >= LOAD(&c->count, ACQ))
+        return 0;
+    memcpy(out, &c->recs[q->rd], LLFT_REC_SIZE);
+    if (!consume)
+        return 1;
+    q->rd++;
+    /* Counted before the record counts as taken, so that try_promote never
+     * sees every record taken and this call not pending.  Only this thread
+     * writes these counts: the hot path shares no line. */
+    if (must_finish(out))
+        STORE(&q->to_finish, q->to_finish + 1, RLX);
+    STORE(&q->popped, q->popped + 1, REL);
+    return 1;
+}
+
 /* Waits until the thread of queue slot|gen<<16 (slotgen) has taken upto slots. */
 void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto);
 
