@@ -134,10 +134,13 @@ def image(tmp_path, files: dict[str, bytes]) -> FileState:
     return FileState(b"the cut", d, sorted(files))
 
 
+KEY = b"k" * 32   # the group's
+
+
 async def offered_files(state: FileState):
-    offers = StateOffers("127.0.0.1", DropCounters())
+    offers = StateOffers("127.0.0.1", DropCounters(), KEY)
     offers.open()
-    return offers, offers.offer(state, await asyncio.to_thread(state.digest))
+    return offers, offers.offer(state)
 
 
 def test_a_state_with_files_is_written_into_the_spool_and_its_header_returned(tmp_path):
@@ -147,30 +150,59 @@ def test_a_state_with_files_is_written_into_the_spool_and_its_header_returned(tm
 
     async def go():
         offers, desc = await offered_files(state)
-        got = await fetch_state("127.0.0.1", desc, 10, spool)
+        got = await fetch_state("127.0.0.1", desc, 10, spool, key=KEY)
         offers.withdraw(desc)
         offers.close()
         return got, desc
 
     header, desc = run(go())
-    assert header == b"the cut" and desc["files"] is True and desc["size"] == state.size
+    assert header == b"the cut" and desc["files"] is True and desc["size"] == state.size and desc["mac"] == "hmac-sha256"
     assert {p.name: p.read_bytes() for p in spool.iterdir()} == files
     assert not state.directory.exists(), "a withdrawn offer's files stay behind"
 
 
-def test_files_changed_after_their_digest_are_refused_and_nothing_is_kept(tmp_path):
+def test_a_state_not_made_with_the_groups_key_is_refused_and_nothing_is_kept(tmp_path):
+    """Whoever sends a state without the newcomer's group key (forged, or
+    another group's source) fails the MAC, however right the bytes."""
     state = image(tmp_path, {"pages-1.img": b"a" * 100_000})
     spool = tmp_path / "spool"
 
     async def go():
         offers, desc = await offered_files(state)
-        (state.directory / "pages-1.img").write_bytes(b"b" * 100_000)   # same size, other bytes
-        with pytest.raises(StateTransferError, match="does not match its digest"):
-            await fetch_state("127.0.0.1", desc, 5, spool)
+        offers.key = b"another group's key".ljust(32)
+        with pytest.raises(StateTransferError, match="does not match its MAC"):
+            await fetch_state("127.0.0.1", desc, 5, spool, key=KEY)
         offers.close()
 
     run(go())
     assert not spool.exists() and not state.directory.exists()
+
+
+def test_a_state_whose_mac_is_cut_off_is_refused(tmp_path):
+    state = image(tmp_path, {"pages-1.img": os.urandom(200_000)})
+    spool = tmp_path / "spool"
+
+    async def go():
+        offers, desc = await offered_files(state)
+        real_send = state.send
+
+        class WithoutMac:   # everything sent, then the connection closed where the MAC goes
+            update = None
+
+            def digest(self):
+                return b""
+
+        async def send_without_mac(writer, mac):
+            cut = WithoutMac()
+            cut.update = mac.update
+            await real_send(writer, cut)
+        state.send = send_without_mac
+        with pytest.raises(StateTransferError, match="ended early"):
+            await fetch_state("127.0.0.1", desc, 5, spool, key=KEY)
+        offers.close()
+
+    run(go())
+    assert not spool.exists()
 
 
 @pytest.mark.parametrize("name", ["../escaped.img", "/etc/passwd", ".hidden", ""])
@@ -183,7 +215,7 @@ def test_a_file_table_naming_anything_but_a_plain_name_is_refused(tmp_path, name
     async def go():
         offers, desc = await offered_files(state)
         with pytest.raises(StateTransferError, match="names a file"):
-            await fetch_state("127.0.0.1", desc, 5, tmp_path / "spool")
+            await fetch_state("127.0.0.1", desc, 5, tmp_path / "spool", key=KEY)
         offers.close()
 
     run(go())
@@ -198,7 +230,7 @@ def test_a_spool_that_cannot_be_written_is_not_a_transfer_error(tmp_path):
     async def go():
         offers, desc = await offered_files(state)
         with pytest.raises(SpoolFailed):
-            await fetch_state("127.0.0.1", desc, 5, blocker / "spool")
+            await fetch_state("127.0.0.1", desc, 5, blocker / "spool", key=KEY)
         offers.close()
 
     run(go())

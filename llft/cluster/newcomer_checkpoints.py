@@ -66,7 +66,7 @@ class NewcomerCheckpoints:
             taker = NewcomerCheckpoint(m, member, on_cut=None if source is not None else
                                        lambda: admission.begin(member))
             try:
-                offered, digest = await self._offered(taker)
+                offered = await self._offered(taker)
             except CheckpointRefused as e:
                 log.warning("member %d asked to join: %s", member, e)
                 admission.abandon(member, str(e))
@@ -80,9 +80,9 @@ class NewcomerCheckpoints:
         if admission is not m.group.admission or not m.ep.is_primary:
             offered.discard()
             return   # no longer primary: the newcomer asks the new one
-        admission.complete(member, offered, "a checkpoint", digest)
+        admission.complete(member, offered, "a checkpoint")
 
-    async def here(self, newcomer: int) -> tuple[FileState, bytes]:
+    async def here(self, newcomer: int) -> FileState:
         """At a backup the primary asked (backup_checkpoint.py): a
         checkpoint of its replica for newcomer, ready to offer."""
         m = self.m
@@ -97,8 +97,9 @@ class NewcomerCheckpoints:
         finally:
             self.task = None
 
-    async def _offered(self, taker: NewcomerCheckpoint) -> tuple[FileState, bytes]:
-        """taker's checkpoint as a newcomer's state, with its SHA-256."""
+    async def _offered(self, taker: NewcomerCheckpoint) -> FileState:
+        """taker's checkpoint as a newcomer's state (authenticated as it is
+        sent: state_transfer.py)."""
         m = self.m
         try:
             cut = await taker.take()
@@ -106,10 +107,7 @@ class NewcomerCheckpoints:
             m.write_state("running")   # (llft-status shows it at once)
             state = {"oseq": cut["oseq"], "history": cut.pop("held"), "conns": [], "checkpoint": cut,
                      "settling_ms": max(0, int(m.group.settling_left() * 1000))}
-            offered = offered_state(state, taker.images)
-            # Megabytes of image: hashed aside, or the event loop would stop
-            # its Heartbeats past the fault timeout.
-            return offered, await asyncio.to_thread(offered.digest)
+            return offered_state(state, taker.images)
         except BaseException:
             shutil.rmtree(taker.images, ignore_errors=True)
             raise

@@ -11,23 +11,30 @@ fetches it; TCP paces it, and nobody else sees it.
 
 The port is open only while an admission is pending, and gives nothing
 without a token from an authenticated AcceptBackup; what the newcomer
-receives is checked against the digest that AcceptBackup carries, so a
-forged or damaged state is refused, not replayed.
+receives is checked end to end, so a forged or damaged state is refused,
+not replayed.
 
-A state with files (a checkpoint's image, hundreds of megabytes: FileState)
-is never held in memory at either end: the primary hashes the files and
-sends them from disk a piece at a time, and the newcomer writes them into a
-directory of its own as they come, hashing them on the way; nothing it
-received is used before the whole matches the digest.  On the wire:
+A state in memory (a history) is checked against the SHA-256 that
+AcceptBackup carries.  A state with files (a checkpoint's image, hundreds
+of megabytes: FileState) is never held in memory at either end, and is
+not read once more to be hashed before it is offered: the source sends
+the files from disk a piece at a time, computing an HMAC-SHA256 of the
+token and everything it sends with the group's key as it goes, and sends
+the MAC last; the newcomer writes the files into a directory of its own as
+they come, computing the same, and uses nothing it received unless the
+MACs match.  Only a holder of the group's key makes a state that passes,
+and the token ties it to this one offer.  On the wire:
 
-    length of all that follows
+    length of all that follows but the MAC
     length of the file table, the table (msgpack: [[name, size], ...])
     length of the header, the header (the state without the files)
-    each file's bytes, in the table's order"""
+    each file's bytes, in the table's order
+    the MAC (32 bytes; files only)"""
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import secrets
 import shutil
 import socket
@@ -41,7 +48,9 @@ TOKEN_BYTES = 16
 LENGTH = struct.Struct("!Q")
 TOKEN_WAIT_S = 5.0       # a connection that sends no token this soon is closed
 DROP_REFUSED = "state-transfer-refused"
-CHUNK = 1 << 20          # files are hashed, received and written in pieces this big
+CHUNK = 1 << 20          # files are sent, received and written in pieces this big
+MAC = "hmac-sha256"      # how a state with files is authenticated (its description says)
+MAC_BYTES = 32
 
 
 class StateTransferError(Exception):
@@ -67,28 +76,34 @@ class FileState:
     def _prefix(self) -> bytes:
         return LENGTH.pack(len(self.table)) + self.table + LENGTH.pack(len(self.header)) + self.header
 
-    def digest(self) -> bytes:
-        """SHA-256 of what is sent (blocking: reads the files; run it in a thread)."""
-        h = hashlib.sha256(self._prefix())
-        for n in self.names:
-            with open(self.directory / n, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-        return h.digest()
-
-    async def send(self, writer: asyncio.StreamWriter) -> None:
-        """The files read aside, a piece at a time, at the pace TCP takes
-        them (uvloop, the members' loop, has no loop.sendfile)."""
-        writer.write(self._prefix())
+    async def send(self, writer: asyncio.StreamWriter, mac) -> None:
+        """The files read and MACed aside, a piece at a time, at the pace TCP
+        takes them (uvloop, the members' loop, has no loop.sendfile); then
+        the MAC."""
+        prefix = self._prefix()
+        mac.update(prefix)
+        writer.write(prefix)
         await writer.drain()
         for n in self.names:
             with open(self.directory / n, "rb") as f:
-                while chunk := await asyncio.to_thread(f.read, CHUNK):
+                while chunk := await asyncio.to_thread(_read_and_mac, f, mac):
                     writer.write(chunk)
                     await writer.drain()
+        writer.write(mac.digest())
 
     def discard(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _read_and_mac(f, mac) -> bytes:
+    chunk = f.read(CHUNK)
+    mac.update(chunk)
+    return chunk
+
+
+def _mac(key: bytes, token: bytes):
+    """The MAC of one offer's state with files: keyed by the group, bound to the token."""
+    return hmac.new(key, token, hashlib.sha256)
 
 
 def discard(state) -> None:
@@ -98,11 +113,14 @@ def discard(state) -> None:
 
 
 class StateOffers:
-    """At the primary: the states of pending admissions, one token each."""
+    """At the primary (or the backup checkpointed for a newcomer): the
+    states of pending admissions, one token each; key: the group's, which
+    authenticates states with files."""
 
-    def __init__(self, interface: str, drops):
+    def __init__(self, interface: str, drops, key: bytes | None = None):
         self.interface = interface
         self.drops = drops
+        self.key = key
         self.offers: dict[bytes, bytes | FileState] = {}      # token -> state
         self.sock: socket.socket | None = None
         self.server: asyncio.AbstractServer | None = None
@@ -124,12 +142,14 @@ class StateOffers:
         self.server = await asyncio.start_server(self._serve, sock=sock)
 
     def offer(self, state: bytes | FileState, sha256: bytes | None = None) -> dict:
-        """Offers one state (its SHA-256 computed already, or here: a
-        FileState's must be); returns what AcceptBackup says of it."""
+        """Offers one state (a state in memory with its SHA-256 computed
+        already, or here); returns what AcceptBackup says of it."""
+        if isinstance(state, FileState) and not self.key:
+            raise ValueError("a state with files is offered only with the group's key")
         token = secrets.token_bytes(TOKEN_BYTES)
         self.offers[token] = state
         if isinstance(state, FileState):
-            return {"port": self.port, "token": token, "size": state.size, "sha256": sha256, "files": True}
+            return {"port": self.port, "token": token, "size": state.size, "files": True, "mac": MAC}
         return {"port": self.port, "token": token, "size": len(state),
                 "sha256": sha256 or hashlib.sha256(state).digest()}
 
@@ -145,7 +165,7 @@ class StateOffers:
                 return
             if isinstance(state, FileState):
                 writer.write(LENGTH.pack(state.size))
-                await state.send(writer)
+                await state.send(writer, _mac(self.key, token))
             else:
                 writer.write(LENGTH.pack(len(state)))
                 writer.write(state)
@@ -169,25 +189,27 @@ class StateOffers:
         self.sock = self.server = None
 
 
-async def fetch_state(host: str, description, timeout: float, spool: Path | None = None) -> bytes:
+async def fetch_state(host: str, description, timeout: float, spool: Path | None = None,
+                      key: bytes | None = None) -> bytes:
     """At the newcomer: the state an AcceptBackup describes, from the
-    primary at `host`, checked against its digest.  A state with files
-    has them written into `spool` (made afresh; removed again if the
-    fetch fails), and its header returned; SpoolFailed if they cannot be
-    written there."""
+    member at `host`, checked end to end.  A state with files has them
+    written into `spool` (made afresh; removed again if the fetch fails),
+    and its header returned; SpoolFailed if they cannot be written there.
+    key: the group's (states with files)."""
     try:
         port, token = int(description["port"]), description["token"]
-        size, digest = int(description["size"]), description["sha256"]
-        if not (isinstance(token, bytes) and len(token) == TOKEN_BYTES and isinstance(digest, bytes)
-                and 0 < port < 65536 and size >= 0):
+        size, files = int(description["size"]), bool(description.get("files"))
+        digest = None if files else description["sha256"]
+        if not (isinstance(token, bytes) and len(token) == TOKEN_BYTES and 0 < port < 65536 and size >= 0
+                and (isinstance(digest, bytes) or files and description.get("mac") == MAC)):
             raise ValueError("bad field")
     except (KeyError, TypeError, ValueError) as e:
         raise StateTransferError(f"the state's description is malformed ({e})") from None
-    if description.get("files"):
-        if spool is None:
+    if files:
+        if spool is None or not key:
             raise StateTransferError("the state has files, and this member keeps none")
         try:
-            return await asyncio.to_thread(_fetch_files, host, port, token, size, digest, Path(spool), timeout)
+            return await asyncio.to_thread(_fetch_files, host, port, token, size, key, Path(spool), timeout)
         except BaseException:
             shutil.rmtree(spool, ignore_errors=True)
             raise
@@ -215,7 +237,7 @@ async def fetch_state(host: str, description, timeout: float, spool: Path | None
     return state
 
 
-def _fetch_files(host: str, port: int, token: bytes, size: int, digest: bytes, spool: Path,
+def _fetch_files(host: str, port: int, token: bytes, size: int, key: bytes, spool: Path,
                  timeout: float) -> bytes:
     """fetch_state's for a FileState, in a thread of its own (blocking)."""
     deadline = time.monotonic() + timeout
@@ -240,7 +262,7 @@ def _fetch_files(host: str, port: int, token: bytes, size: int, digest: bytes, s
             (length,) = LENGTH.unpack(exactly(LENGTH.size))
             if length != size:
                 raise StateTransferError(f"the primary sent {length} bytes of state, not the {size} announced")
-            h = hashlib.sha256()
+            h = _mac(key, token)
             left = size
 
             def part() -> bytes:
@@ -283,12 +305,13 @@ def _fetch_files(host: str, port: int, token: bytes, size: int, digest: bytes, s
                         except OSError as e:
                             raise SpoolFailed(f"{spool / name}: {e}") from None
                         n -= got
+            mac = exactly(MAC_BYTES)
         except (socket.timeout, TimeoutError):
             raise StateTransferError(f"the state did not arrive from {where} within {timeout:g} s") from None
         except OSError as e:
             raise StateTransferError(f"the state could not be fetched from {where}: {e}") from None
-    if h.digest() != digest:
-        raise StateTransferError(f"the state from {where} does not match its digest")
+    if not hmac.compare_digest(h.digest(), mac):
+        raise StateTransferError(f"the state from {where} does not match its MAC (altered, or not of this group)")
     return header
 
 

@@ -70,7 +70,7 @@ class MemberHooks:
     joiner_state: Callable[[], dict]                  # what a newcomer needs, by log
     why_no_joining: Callable[[], str | None]          # why no newcomer can be admitted now
     checkpoint_for: Callable[[int, bool], bool]       # (member, restores): admitted by checkpoint
-    checkpoint_here: Callable[[int], Awaitable[tuple]]   # (member): a backup's checkpoint for it, offered
+    checkpoint_here: Callable[[int], Awaitable[object]]   # (member): a backup's checkpoint for it, to offer
 
 
 class Connections(abc.ABC):

@@ -69,13 +69,13 @@ class _Offered:
 
 class BackupCheckpoints:
     """Both sides: the primary asks (ask), a backup takes and offers
-    (take: async fn(newcomer) -> (FileState, sha256), raising with the
-    reason it cannot)."""
+    (take: async fn(newcomer) -> FileState, raising with the reason it
+    cannot)."""
 
-    def __init__(self, ep, interface: str, take: Callable[[int], Awaitable[tuple[FileState, bytes]]]):
+    def __init__(self, ep, interface: str, take: Callable[[int], Awaitable[FileState]]):
         self.ep = ep
         self.take = take
-        self.offers = StateOffers(interface, ep.drops)
+        self.offers = StateOffers(interface, ep.drops, ep.codec.keyring.key(ep.group))
         self.asked: dict[int, tuple[int, asyncio.Future]] = {}   # primary: newcomer -> (backup, its answer)
         self.offered: dict[int, _Offered] = {}                    # backup: newcomer -> its checkpoint
 
@@ -138,7 +138,7 @@ class BackupCheckpoints:
 
     async def _checkpoint(self, newcomer: int, entry: _Offered) -> None:
         try:
-            state, sha256 = await self.take(newcomer)
+            state = await self.take(newcomer)
         except asyncio.CancelledError:
             raise
         except Exception as e:   # noqa: BLE001 - the primary must hear why, and checkpoints itself
@@ -159,7 +159,7 @@ class BackupCheckpoints:
             discard(state)
             self._refuse(newcomer, entry, f"no port to offer it on ({e})")
             return
-        entry.offer = self.offers.offer(state, sha256)
+        entry.offer = self.offers.offer(state)
         entry.deadline = admission_deadline(self.ep.clock.now(), entry.offer["size"])
         log.warning("a checkpoint of this replica for member %d: %d KiB, offered on port %d", newcomer,
                     entry.offer["size"] // 1024, entry.offer["port"])

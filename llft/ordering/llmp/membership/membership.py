@@ -131,7 +131,7 @@ class Joiner:
             host = described.get("host") if isinstance(described, dict) else None
             try:
                 state = await fetch_state(host if isinstance(host, str) else addr[0], described, STATE_TIMEOUT_S,
-                                          self.spool)
+                                          self.spool, key=self.ep.codec.keyring.key(self.ep.group))
             except StateTransferError as e:
                 # The primary repeats AcceptBackup while the admission is
                 # pending (and admits us afresh once it gave up): try again.
@@ -189,7 +189,7 @@ class Admission(NewcomerAdmission):
         self.remove = remove            # fn(member, why): RemoveBackup
         self.next_precedence = max(ep.view.precedences.values(), default=0) + 1
         self.pending: dict[int, _Pending] = {}
-        self.offers = StateOffers(interface, ep.drops)
+        self.offers = StateOffers(interface, ep.drops, ep.codec.keyring.key(ep.group))
 
     def on_message(self, msg) -> None:
         body = msg.body if isinstance(msg.body, dict) else {}
