@@ -4,8 +4,7 @@ round after round, so that a difference between two commits is told
 apart from this machine's drift (its speed changes from hour to hour by
 more than most changes cost).
 
-    git worktree add /tmp/old COMMIT && cp -a .venv /tmp/oldvenv
-    (cd /tmp/old && /tmp/oldvenv/bin/pip install -q .)
+    git worktree add /tmp/old COMMIT && scripts/venv-of.sh /tmp/old /tmp/oldvenv
     .venv/bin/python -m bench.versus /tmp/oldvenv/bin/llft-run .venv/bin/llft-run
 
 Prints, per installation, the p50 of every round and their median."""

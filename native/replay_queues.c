@@ -67,24 +67,9 @@ struct tqueue *llft_queues;
 uint32_t *llft_live_slots;        /* slots of the live queues, in no order (dispatch lock) */
 uint32_t llft_nlive_slots;
 
-/* tid's queue (live or ended), or NULL (dispatch lock held). */
-struct tqueue *llft_queue_find(uint32_t tid)
+struct tqueue *llft_queue_new(uint32_t tid)
 {
-    for (uint32_t i = 0; i < QSLOTS; i++) {
-        struct tqueue *q = &llft_queues[(tid + i) & QMASK];
-        if (q->state == Q_FREE)
-            return NULL;
-        if (q->tid == tid)
-            return q;
-    }
-    return NULL;
-}
-
-struct tqueue *llft_queue_for(uint32_t tid)
-{
-    struct tqueue *q = llft_queue_find(tid);
-    if (q != NULL)
-        return q;
+    struct tqueue *q = NULL;
     for (uint32_t i = 0; i < QSLOTS && q == NULL; i++) {
         struct tqueue *c = &llft_queues[(tid + i) & QMASK];
         if (c->state != Q_LIVE)

@@ -50,9 +50,29 @@ void llft_queues_reserve(void);
 void llft_queues_reset(void);           /* every slot free, the pool empty (no thread replaying) */
 struct qchunk *llft_chunk_alloc(void);
 void llft_chunk_free(struct qchunk *c);
-struct tqueue *llft_queue_find(uint32_t tid);
+/* A slot taken for tid, which has none (dispatch lock held). */
+struct tqueue *llft_queue_new(uint32_t tid);
+
+/* tid's queue (live or ended), or NULL (dispatch lock held).  Inline: the
+ * dispatcher looks up the queue of every record it moves. */
+static inline struct tqueue *llft_queue_find(uint32_t tid)
+{
+    for (uint32_t i = 0; i < QSLOTS; i++) {
+        struct tqueue *q = &llft_queues[(tid + i) & QMASK];
+        if (q->state == Q_FREE)
+            return NULL;
+        if (q->tid == tid)
+            return q;
+    }
+    return NULL;
+}
+
 /* tid's queue, a free slot taken for it if it has none (dispatch lock held). */
-struct tqueue *llft_queue_for(uint32_t tid);
+static inline struct tqueue *llft_queue_for(uint32_t tid)
+{
+    struct tqueue *q = llft_queue_find(tid);
+    return q != NULL ? q : llft_queue_new(tid);
+}
 /* The thread of q has ended: its slot says so, its chunks go back (dispatch lock held). */
 void llft_queue_ended(struct tqueue *q);
 
