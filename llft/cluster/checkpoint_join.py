@@ -23,8 +23,8 @@ given a checkpoint instead, taken on demand (NewcomerCheckpoint):
   it, as for a newcomer given the history;
 - CRIU writes the image while the primary runs on; the image, listed and
   checked (llft/checkpoint/images.py), goes with the cut to the newcomer
-  alone, over state_transfer.py's channel (a one-time token, the SHA-256
-  carried by the authenticated AcceptBackup), sent from the files CRIU
+  alone, over state_transfer.py's channel (a one-time token; an HMAC with
+  the group's key computed as it is sent), sent from the files CRIU
   wrote (FileState: a directory of its own per checkpoint, removed once
   the offer is withdrawn); neither end holds the image in memory.
 

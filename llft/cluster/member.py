@@ -664,8 +664,9 @@ class HostMember:
     def _verdict(self, status: int) -> int:
         r = self.replica
         log.info("replica %d (%s) exited with status %s", r.index, r.role, status)
-        if r.refusal():
-            self.failed = r.refusal()
+        refusal = r.refusal()
+        if refusal:
+            self.failed = refusal
             log.error("%s", self.failed)
         if r.role == "primary":
             return status

@@ -6,8 +6,8 @@ history) does not: multicast to every member, its fragments kept every
 member's event loop busy reassembling and authenticating them, backups
 went unheard past their fault timeouts and were suspected.  So the
 primary offers the state on a TCP port of its own, AcceptBackup names
-the port, a one-time token and the state's SHA-256, and the newcomer
-fetches it; TCP paces it, and nobody else sees it.
+the port, a one-time token and how the state is checked, and the
+newcomer fetches it; TCP paces it, and nobody else sees it.
 
 The port is open only while an admission is pending, and gives nothing
 without a token from an authenticated AcceptBackup; what the newcomer
@@ -141,9 +141,9 @@ class StateOffers:
     async def _start(self, sock: socket.socket) -> None:
         self.server = await asyncio.start_server(self._serve, sock=sock)
 
-    def offer(self, state: bytes | FileState, sha256: bytes | None = None) -> dict:
-        """Offers one state (a state in memory with its SHA-256 computed
-        already, or here); returns what AcceptBackup says of it."""
+    def offer(self, state: bytes | FileState) -> dict:
+        """Offers one state; returns what AcceptBackup says of it (a state
+        in memory: with its SHA-256; with files: how it is MACed)."""
         if isinstance(state, FileState) and not self.key:
             raise ValueError("a state with files is offered only with the group's key")
         token = secrets.token_bytes(TOKEN_BYTES)
@@ -151,7 +151,7 @@ class StateOffers:
         if isinstance(state, FileState):
             return {"port": self.port, "token": token, "size": state.size, "files": True, "mac": MAC}
         return {"port": self.port, "token": token, "size": len(state),
-                "sha256": sha256 or hashlib.sha256(state).digest()}
+                "sha256": hashlib.sha256(state).digest()}
 
     def withdraw(self, description: dict) -> None:
         discard(self.offers.pop(description.get("token"), None))

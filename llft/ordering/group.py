@@ -124,7 +124,7 @@ class NewcomerAdmission(abc.ABC):
         """member is in the view from here on; its state comes later."""
 
     @abc.abstractmethod
-    def complete(self, member: int, state, what: str, sha256: bytes | None = None) -> None:
+    def complete(self, member: int, state, what: str) -> None:
         """member's state (a FileState or bytes) is offered from this host."""
 
     @abc.abstractmethod

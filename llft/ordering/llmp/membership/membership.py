@@ -244,9 +244,9 @@ class Admission(NewcomerAdmission):
         self.pending[member] = _Pending(data, {}, set(view.backups()), due=now + RETRY_S, deadline=float("inf"),
                                         body=body)
 
-    def complete(self, member: int, state: bytes | FileState, what: str, sha256: bytes | None = None) -> None:
-        """The newcomer's state (encoded; what it holds, for the log; its
-        SHA-256 if computed already), as of begin(), offered to it alone."""
+    def complete(self, member: int, state: bytes | FileState, what: str) -> None:
+        """The newcomer's state (encoded; what it holds, for the log), as of
+        begin(), offered to it alone."""
         entry = self.pending.get(member)
         if entry is None:
             discard(state)
@@ -257,7 +257,7 @@ class Admission(NewcomerAdmission):
             discard(state)
             self.abandon(member, f"the primary has no port to hand over the state on ({e})")
             return
-        self._offer(member, entry, self.offers.offer(state, sha256), what)
+        self._offer(member, entry, self.offers.offer(state), what)
 
     def offered_elsewhere(self, member: int, offer: dict, what: str) -> None:
         """complete(), for a state another member offers on its own port
