@@ -615,7 +615,12 @@ def test_a_backup_left_out_of_a_new_view_does_not_take_over_beside_it(cluster, e
     one else's acknowledgment: only members ranked after it are asked) and
     serve beside A.  In the soak across hosts two primaries of one view
     served a gateway one after the other: answers repeated and lost."""
-    st = start_three(cluster, examples, extra=["--no-rejoin"])
+    # A fault timeout longer than llft-kill takes to install the partition:
+    # with the default 30 ms the primary removed the stopped B before the
+    # rules reached B's namespace, its RemoveBackup waited in B's socket
+    # buffer, and A's proposal no longer named B (a loaded host took 90 ms
+    # or more between namespaces).
+    st = start_three(cluster, examples, extra=["--no-rejoin", "--fault-timeout", "300"])
     writes_then_reads(cluster, "before", 20)
     backups = [(cluster.status(d), p, d) for p, d in cluster.members[1:]]
     (_, _, a_dir), (b_st, b_proc, b_dir) = sorted(backups, key=lambda x: x[0]["replicas"][0]["index"])
