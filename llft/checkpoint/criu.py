@@ -25,6 +25,10 @@ from types import SimpleNamespace
 from llft.members import process_state
 
 CRIU_PREFIX = Path(os.environ.get("LLFT_CRIU_PREFIX", "/opt/criu"))
+# Where a passed `criu check` is remembered until the next boot (/run is a
+# tmpfs): the check takes 60 ms or more, on the path of every newcomer
+# joining and of every llft-run start.
+CHECKED_DIR = Path(os.environ.get("LLFT_RUN_STATE", "/run/llft"))
 MIN_VERSION = (4, 2)
 RPC_MAX = 1 << 20
 FULL_BELOW = 1 << 20     # free bytes under which an images directory counts as full
@@ -111,16 +115,53 @@ def find() -> Criu:
     binary, version = usable[0]
     if os.geteuid() != 0:
         raise CriuUnavailable("CRIU needs root, and llft-run does not run as root")
-    check = subprocess.run([binary, "check"], capture_output=True, text=True, preexec_fn=ordinary_priority)
-    if check.returncode != 0:
-        last = (check.stderr or check.stdout).strip().splitlines()
-        raise CriuUnavailable(f"`{binary} check` fails on this kernel: {last[-1] if last else 'no output'}")
+    if not _checked_before(binary):
+        check = subprocess.run([binary, "check"], capture_output=True, text=True, preexec_fn=ordinary_priority)
+        if check.returncode != 0:
+            last = (check.stderr or check.stdout).strip().splitlines()
+            raise CriuUnavailable(f"`{binary} check` fails on this kernel: {last[-1] if last else 'no output'}")
+        _remember_checked(binary)
     python_dir = str(CRIU_PREFIX / "lib" / "python")
     if python_dir not in sys.path and os.path.isdir(python_dir):
         sys.path.append(python_dir)
     if importlib.util.find_spec("pycriu") is None:
         raise CriuUnavailable("CRIU's Python binding pycriu is not installed (scripts/build-criu.sh installs it)")
     return Criu(binary, version)
+
+
+def _check_key(binary: str) -> str | None:
+    """What a passed `criu check` holds for: this boot of this kernel, and
+    this very binary (a rebuilt or replaced CRIU is checked again)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(binary)
+    except OSError:
+        return None
+    return f"{boot} {os.uname().release} {os.path.realpath(binary)} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _checked_before(binary: str) -> bool:
+    key = _check_key(binary)
+    try:
+        return key is not None and (CHECKED_DIR / "criu-checked").read_text() == key
+    except OSError:
+        return False
+
+
+def _remember_checked(binary: str) -> None:
+    """Only a pass is remembered: a failure is looked at afresh each time
+    (a module loaded, a setting changed, may mend it)."""
+    key = _check_key(binary)
+    if key is None:
+        return
+    try:
+        CHECKED_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = CHECKED_DIR / f"criu-checked.{os.getpid()}"
+        tmp.write_text(key)
+        os.replace(tmp, CHECKED_DIR / "criu-checked")
+    except OSError:
+        pass   # (not remembered: checked again next time)
 
 
 def problem() -> str | None:

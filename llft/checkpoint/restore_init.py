@@ -43,10 +43,10 @@ def _status(code: int) -> int:
 
 def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int:
     """pid 1 of the new namespace: restores, then reaps until the program ends."""
-    from llft import private_files
-    from llft.native import die_with_parent, disable_aslr
-    die_with_parent(os.getppid())
+    from llft._native import lib
+    lib.llft_die_with_parent(os.getppid())
     if files_plan is not None:
+        from llft import private_files
         private_files.enter(files_plan)   # a mount namespace of its own, with the clone's upper layers
     else:
         _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount / private")
@@ -60,7 +60,7 @@ def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int
     # extent, and whether it adjoins the last: a redis copy took one lock
     # more than its primary in a calloc, and diverged).
     criu = subprocess.run(criu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          pass_fds=inherited, preexec_fn=disable_aslr)
+                          pass_fds=inherited, preexec_fn=lib.llft_disable_aslr)
     if criu.returncode == 0:   # (the pidfile is named through the images directory's fd)
         with open(criu_argv[criu_argv.index("--pidfile") + 1]) as f:
             program = int(f.read())
@@ -114,8 +114,11 @@ def main(argv: list[str]) -> int:
         print("usage: restore_init STATUS_FD [--files-plan FILE] -- CRIU ARGV...", file=sys.stderr)
         return 2
     criu_argv = rest[1:]
-    from llft.native import die_with_parent
-    die_with_parent(os.getppid())
+    # The compiled module alone, not llft.native's wrapper around it: this
+    # process starts on the path of every restore, and the wrapper's imports
+    # took 20 ms of it.
+    from llft._native import lib
+    lib.llft_die_with_parent(os.getppid())
     try:
         _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")
     except OSError as e:

@@ -78,6 +78,7 @@ class Joiner:
         self.found_after = found_after
         self.give_up_after = give_up_after
         self.group_seen = False
+        self.heard: asyncio.Future | None = None   # done at the group's first Heartbeat: propose then
         self.answer: asyncio.Future | None = None
         self.seen_admissions: list = []
         self.state_pending = False
@@ -92,6 +93,8 @@ class Joiner:
             return
         if msg.TYPE == MsgType.HEARTBEAT and msg.precedence > 0:
             self.group_seen = True
+            if self.heard is not None and not self.heard.done():
+                self.heard.set_result(None)
         elif msg.TYPE == MsgType.ACCEPT_BACKUP and isinstance(msg.body, dict):
             if msg.body.get("member") == ep.me:
                 if self.answer and not self.answer.done():
@@ -104,6 +107,7 @@ class Joiner:
         """The membership we joined, or None if we found the group."""
         loop = asyncio.get_running_loop()
         start = loop.time()
+        self.heard = loop.create_future()
         while True:
             self.answer = loop.create_future()
             while not self.answer.done():
@@ -115,7 +119,9 @@ class Joiner:
                 if self.group_seen:
                     self.ep.send_membership(MsgType.PROPOSE_BACKUP, {"member": self.ep.me,
                                                                      "restores": self.restores})
-                await asyncio.wait([self.answer], timeout=RETRY_S)
+                # Not yet heard: the first Heartbeat wakes us, and the proposal
+                # goes at once (not at the next retry, up to RETRY_S later).
+                await asyncio.wait([self.answer] if self.group_seen else [self.answer, self.heard], timeout=RETRY_S)
             body, addr = self.answer.result()
             if body.get("refused"):
                 raise JoinRefused(str(body["refused"]))
