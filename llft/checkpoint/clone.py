@@ -151,13 +151,9 @@ class BackupClone:
         self._prepare()
         self.src.checkpointing = True   # frozen by CRIU: not a timing fault
         try:
-            if self.of_primary:
-                asked = time.monotonic()
-                await asyncio.to_thread(quiesce.hold, self.src.stream, self.src.pid)
-                self.held_at = time.monotonic()
-                self.census_ms = (self.held_at - asked) * 1000
             self.dump_stats = await asyncio.to_thread(
-                criu.dump, self.src.pid, self.images, externals=self._externals(), on_frozen=self._frozen)
+                criu.dump, self.src.pid, self.images, externals=self._externals(), on_frozen=self._frozen,
+                before_freeze=self._hold if self.of_primary else None)
         except quiesce.QuiesceFailed as e:
             raise CloneFailed(f"the primary could not be held still: {e}") from None
         except criu.CheckpointFailed:
@@ -171,6 +167,14 @@ class BackupClone:
         self.listed = await asyncio.to_thread(images.manifest, self.images)
         self.image_bytes = sum(f.stat().st_size for f in self.images.iterdir() if f.is_file())
         self.taken_at = time.time()
+
+    def _hold(self):
+        """In CRIU's thread, CRIU about to freeze the primary: it is held
+        still (quiesce.py) from here to the freeze (_let_primary_go)."""
+        asked = time.monotonic()
+        quiesce.hold(self.src.stream, self.src.pid)
+        self.held_at = time.monotonic()
+        self.census_ms = (self.held_at - asked) * 1000
 
     def _stop_again(self):
         """A stop sent to the source while CRIU held it makes CRIU give the

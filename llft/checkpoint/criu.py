@@ -223,14 +223,22 @@ def _exchange(sk: socket.socket, criu: Criu, req, pid: int, proc: subprocess.Pop
     return resp
 
 
-def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict:
+def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen, before_freeze=None) -> dict:
     """Dumps process pid (and its children) into images_dir, leaving it
     running.  CRIU asks which files are external once the process is
     frozen: on_frozen() runs then and returns more externals; what it
     reads of the process is of the instant the image holds, as the
     process stays frozen until the image is written.  Returns CRIU's dump
     statistics (frozen_time in us, ...); CheckpointFailed if CRIU fails or
-    on_frozen raises (CRIU is then told, and thaws the process)."""
+    on_frozen raises (CRIU is then told, and thaws the process).
+
+    before_freeze(), if given, runs when CRIU is about to freeze the
+    process (its "pre-dump" notification): CRIU's own start-up is over by
+    then, 30-50 ms on this machine, whose /run is no tmpfs and so keeps no
+    cache of what CRIU learns of the kernel (its kerndat), and what the
+    caller does to the process there lasts only until the freeze, a
+    millisecond later.  Whatever it raises is raised again, the process
+    untouched by CRIU."""
     criu = find()
     dir_fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
     sk, proc = _swrk(criu, pid, dir_fd)
@@ -245,18 +253,26 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen) -> dict
         o.log_file = "dump.log"
         o.notify_scripts = True
         o.external.extend(externals)
-        failure = None
+        failure = unfrozen_failure = None
         resp = _exchange(sk, criu, req, pid, proc)
         while resp.type == criu.rpc.NOTIFY:
             ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=True)
             try:
-                if failure is None and resp.notify.script == "query-ext-files":
+                if failure is None and resp.notify.script == "pre-dump" and before_freeze is not None:
+                    try:
+                        before_freeze()
+                    except Exception as e:   # noqa: BLE001 - raised again below, once CRIU gave up
+                        unfrozen_failure = e
+                        raise
+                elif failure is None and resp.notify.script == "query-ext-files":
                     ack.opts.external.extend(on_frozen())
                     ack.opts.images_dir_fd = -1   # (a required field of the options)
             except Exception as e:   # noqa: BLE001 - CRIU must hear of any failure, or it waits
                 failure = e
                 ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=False)
             resp = _exchange(sk, criu, ack, pid, proc)
+        if unfrozen_failure is not None:
+            raise unfrozen_failure
         if failure is not None:
             raise CheckpointFailed(f"while process {pid} was frozen: {failure}") from failure
         if not resp.success:

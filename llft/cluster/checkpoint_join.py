@@ -128,11 +128,9 @@ class NewcomerCheckpoint:
                 await self._drained()
                 r.checkpointing = True
                 try:
-                    if self.of_primary:
-                        await asyncio.to_thread(quiesce.hold, r.stream, r.pid)
-                        self.held = True
                     stats = await asyncio.to_thread(criu.dump, r.pid, self.images, externals=self._externals(),
-                                                    on_frozen=self._frozen)
+                                                    on_frozen=self._frozen,
+                                                    before_freeze=self._hold if self.of_primary else None)
                 finally:
                     self._let_go()
                     r.checkpointing = False
@@ -185,6 +183,12 @@ class NewcomerCheckpoint:
         self.files_at_dump = restore.controller_files(r.pid, r.stream.path, r.out_dir)
         return ([f"unix[{ino}]" for _fd, ino, _peer in sockets.foreign_peers(r.pid)]
                 + [key for _fd, key, _what in self.files_at_dump])
+
+    def _hold(self):
+        """In CRIU's thread, CRIU about to freeze the primary: held still
+        (quiesce.py) until it is frozen (_frozen)."""
+        quiesce.hold(self.m.replica.stream, self.m.replica.pid)
+        self.held = True
 
     def _let_go(self):
         if self.held:
