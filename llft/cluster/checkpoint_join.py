@@ -6,13 +6,15 @@ A member keeps the group's history for newcomers only up to
 --history-limit (history.py).  Past it, a newcomer that asks to join is
 given a checkpoint instead, taken on demand (NewcomerCheckpoint):
 
-- the client input the member receives is held back until every byte of
-  it is in the program's sockets (at most DRAIN_S; a program that reads
-  nothing of a connection for that long is not checkpointed: the newcomer
-  is told why and may ask again), and flows again from the checkpoint's
-  instant (new connections wait until the listeners' queues, taken out
-  for the dump, are given back);
-- the primary is held still (llft/checkpoint/quiesce.py) and CRIU
+- once CRIU has started and is about to freeze the replica (not before:
+  its start-up takes 30-50 ms, criu.dump), the client input the member
+  receives is held back until every byte of it is in the program's
+  sockets (at most DRAIN_S; a program that reads nothing of a connection
+  for that long is not checkpointed: the newcomer is told why and may ask
+  again), and flows again from the checkpoint's instant (new connections
+  wait until the listeners' queues, taken out for the dump, are given
+  back);
+- then the primary is held still (llft/checkpoint/quiesce.py) and CRIU
   freezes it; at that instant, in the event loop, the records its ring
   holds are shipped, and what the newcomer needs besides the image is
   taken at once (`_cut`): the ring's control block, the last ordering
@@ -118,23 +120,13 @@ class NewcomerCheckpoint:
         self.images.mkdir(parents=True)
         started = time.monotonic()
         try:
-            m.intake.clear()
-            if not self.of_primary:
-                # What is ordered from here on is not applied before the
-                # cut, which carries it (_cut_in_loop): the ring copied
-                # then holds every record given to it.
-                m.hold_order()
+            r.checkpointing = True
             try:
-                await self._drained()
-                r.checkpointing = True
-                try:
-                    stats = await asyncio.to_thread(criu.dump, r.pid, self.images, externals=self._externals(),
-                                                    on_frozen=self._frozen,
-                                                    before_freeze=self._hold if self.of_primary else None)
-                finally:
-                    self._let_go()
-                    r.checkpointing = False
+                stats = await asyncio.to_thread(criu.dump, r.pid, self.images, externals=self._externals(),
+                                                on_frozen=self._frozen, before_freeze=self._before_freeze)
             finally:
+                self._let_go()
+                r.checkpointing = False
                 m.intake.set()
                 m.release_order()
                 await asyncio.to_thread(self._give_back)
@@ -184,11 +176,25 @@ class NewcomerCheckpoint:
         return ([f"unix[{ino}]" for _fd, ino, _peer in sockets.foreign_peers(r.pid)]
                 + [key for _fd, key, _what in self.files_at_dump])
 
-    def _hold(self):
-        """In CRIU's thread, CRIU about to freeze the primary: held still
-        (quiesce.py) until it is frozen (_frozen)."""
-        quiesce.hold(self.m.replica.stream, self.m.replica.pid)
-        self.held = True
+    def _before_freeze(self):
+        """In CRIU's thread, CRIU started and about to freeze the replica
+        (not before: its start-up takes 30-50 ms, criu.dump): the clients'
+        input stops and drains into the program, and a primary is held
+        still (quiesce.py) until it is frozen (_frozen)."""
+        asyncio.run_coroutine_threadsafe(self._stop_input(), self.loop).result(DRAIN_S + FROZEN_STEP_S)
+        if self.of_primary:
+            quiesce.hold(self.m.replica.stream, self.m.replica.pid)
+            self.held = True
+
+    async def _stop_input(self):
+        m = self.m
+        m.intake.clear()
+        if not self.of_primary:
+            # What is ordered from here on is not applied before the cut,
+            # which carries it (_cut_in_loop): the ring copied then holds
+            # every record given to it.
+            m.hold_order()
+        await self._drained()
 
     def _let_go(self):
         if self.held:
