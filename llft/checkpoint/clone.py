@@ -135,15 +135,17 @@ class BackupClone:
             self.close_inherited()
             self.keep_logs()
         checkpoint = self.figures(dumped - started, time.monotonic() - dumped)
-        self.adopt(pid, proc, checkpoint)
-        if self.of_primary:
-            quiesce.release(self.clone.stream)   # its threads held at a call's entry make it as a backup's
+        # Said before the group adopts it (and writes its state file):
+        # whoever sees the clone there finds it in the log too.
         log.warning("replica %d (backup) cloned from replica %d%s: pid %d; the source was %sfrozen %.1f ms (%.1f "
                     "ms of it taking its sockets, files and ring), image %d KiB, restored in %.0f ms", self.k,
                     self.src.index, " (the primary)" if self.of_primary else "", pid,
                     f"held still {self.held_ms:.1f} ms (after {self.census_ms:.1f} ms to hold it) and "
                     if self.of_primary else "", checkpoint["frozen_ms"],
                     checkpoint["frozen_work_ms"], checkpoint["image_bytes"] // 1024, checkpoint["restore_ms"])
+        self.adopt(pid, proc, checkpoint)
+        if self.of_primary:
+            quiesce.release(self.clone.stream)   # its threads held at a call's entry make it as a backup's
         return self.clone
 
     async def take(self):
