@@ -137,12 +137,13 @@ def cpu_share(pid: int, secs: float = 1.0) -> float:
     return (sum(p.cpu_times()[:2]) - before) / secs
 
 
-def kill_primary(run_dir: Path):
-    """llft-kill --primary on the group in run_dir."""
+def kill_primary(run_dir: Path) -> str:
+    """llft-kill --primary on the group in run_dir; what it said."""
     p = subprocess.run([tool("llft-kill"), "--run-dir", str(run_dir), "--primary"], capture_output=True,
                        text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert "sent SIGKILL" in p.stdout
+    return p.stdout.strip()
 
 
 class Progress:
