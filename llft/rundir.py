@@ -21,7 +21,11 @@ def default_run_dir(group: str, cwd: Path | None = None) -> Path:
 
 
 def prepare(run_dir: Path, replicas: int) -> Path:
-    """Creates the run dir and a directory per replica; RunDirError if unusable."""
+    """Creates the run dir and a directory per replica; RunDirError if
+    unusable.  Returns it absolute: the replicas' files are named by it, and
+    a checkpoint tells the controller's files (a replica's stdout) from the
+    program's by the paths the kernel gives, which are absolute."""
+    run_dir = Path(os.path.abspath(run_dir))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".llft-write-test"

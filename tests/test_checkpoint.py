@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -210,6 +211,29 @@ def test_a_primary_cloned_while_its_threads_hold_and_wait_for_locks(workers, exa
     clones = clones_in_log(group)
     assert len(clones) == 4 and all("(the primary)" in line for line in clones), clones
     finish_and_check(group)
+
+
+@needs_criu
+def test_a_clone_in_a_run_dir_given_relative_writes_its_own_stdout(examples, tmp_path):
+    """llft-run --run-dir given as a relative path (llft-nemesis's default
+    work dir is one): the kernel names the source's stdout by its absolute
+    path, and a checkpoint must still know it for the controller's file and
+    hand the clone its own, not have CRIU restore the source's (across
+    hosts, memcached's checkpoint failed outright: CRIU could not find the
+    mount of a file it took for the program's)."""
+    group = ServingGroup(Path("rd"), [examples / "kv_server", 7000], replicas=3, extra=["--keep", "3"],
+                         prefix=["sh", "-c", f'cd "{tmp_path}" && exec "$@"', "sh"])
+    group.run_dir = tmp_path / "rd"
+    try:
+        st = wait_for(lambda st: len(live(st)) == 3, "the group starts", group)
+        backup = next(r for r in live(st) if r["role"] == "backup")
+        os.kill(backup["pid"], signal.SIGKILL)
+        st = wait_for(back_to(3, backup, caught_up=False), "a clone replaces the killed backup", group)
+        clone = next(r for r in live(st) if r.get("cloned_from") is not None)
+        assert os.readlink(f"/proc/{clone['pid']}/fd/1") == str(tmp_path / "rd" / f"replica-{clone['index']}" /
+                                                                 "stdout")
+    finally:
+        group.stop()
 
 
 @needs_criu

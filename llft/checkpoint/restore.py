@@ -32,8 +32,10 @@ def controller_files(pid: int, ring_path: str, out_dir: Path) -> list[tuple[int,
     """(fd, CRIU's external key, which) for each fd of replica process pid
     that is one of the controller's files for it: its ring, the library,
     its stdout and stderr, /dev/null."""
-    wanted = {ring_path: "ring", os.path.realpath(PRELOAD_LIBRARY): "library",
-              str(out_dir / "stdout"): "stdout", str(out_dir / "stderr"): "stderr", "/dev/null": "null"}
+    # (the kernel names a file by its absolute path, symbolic links resolved)
+    wanted = {os.path.realpath(path): which for path, which in (
+        (ring_path, "ring"), (PRELOAD_LIBRARY, "library"), (out_dir / "stdout", "stdout"),
+        (out_dir / "stderr", "stderr"), ("/dev/null", "null"))}
     out = []
     for name in os.listdir(f"/proc/{pid}/fd"):
         try:

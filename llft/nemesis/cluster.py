@@ -44,6 +44,13 @@ KINDS = {
 }
 
 
+
+def _log_lines(run_dir: Path) -> list[str]:
+    try:
+        return (run_dir / "llft.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
 class Cluster:
     def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path, spare: int = 0,
                  member_options=()):
@@ -120,8 +127,11 @@ class Cluster:
         for _, d in self.members.values():
             h = (self.status(d) or {}).get("history") or {}
             if h and not h.get("complete", True):
+                refusals = [line for _, m in self.members.values() for line in _log_lines(m)
+                            if "asked to join: refused" in line]
                 return (f"; no member can join: the group's history passed --history-limit "
-                        f"({h['limit'] >> 20} MiB), and joins replay it (checkpoints would lift this)")
+                        f"({h['limit'] >> 20} MiB), so a newcomer needs a checkpoint"
+                        + (f", and the last one asked for was refused: {refusals[-1]}" if refusals else ""))
         return ""
 
     def primary_host(self) -> int:
