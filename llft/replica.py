@@ -124,12 +124,17 @@ class Replica:
             rc = self.proc.poll()
             if rc is not None:
                 status = rc if rc >= 0 else 128 - rc
-                end_process_group(self.proc.pid)   # what it forked goes with it (a daemon has a session of its own)
                 daemon = self.adopt(self.proc.pid) if self.adopt is not None and status < 128 else None
                 if daemon:
+                    # Its process group is left alone: a backup's daemon may
+                    # not have left it yet (the backup's first process,
+                    # replaying its wait for the daemon's word, waited for
+                    # nothing), and SIGKILL to the group would kill it.  What
+                    # else is there ends with the replica (release_replicas).
                     self.adopted, self.first_status = daemon, status
                     self.started = start_time(daemon)
                 else:
+                    end_process_group(self.proc.pid)   # what it forked goes with it (a daemon has a session of its own)
                     self.status = status
         return self.status
 
