@@ -536,12 +536,7 @@ class HostMember:
                     if self.stepped_down:
                         raise Excluded(self.stepped_down)
                 except Excluded as e:
-                    log.error("%s: this member leaves the group%s", e,
-                              " and resets" if self.opts.rejoin else "")
-                    self.stop()
-                    await self._stop_shipping()
-                    self.must_reset = True
-                    return EXIT_EXCLUDED
+                    return await self._leave_group(str(e))
                 if time.monotonic() >= next_state:
                     self._check_following()
                     self.write_state("running")
@@ -561,6 +556,11 @@ class HostMember:
                 self.stop()
                 await self._stop_shipping()
                 return 128 + self.interrupted
+            if self.stepped_down:
+                # Told to leave before its replica ended: a backup that could
+                # not reach the new view's synchrony point may diverge on its
+                # way out; the member resets and rejoins all the same.
+                return await self._leave_group(self.stepped_down)
             status = self.replica.poll()
             if status >= 128 and not self.replica.killed_by_llft:
                 log.error("replica %d (%s) was killed (status %d): this member leaves the group%s%s",
@@ -587,6 +587,13 @@ class HostMember:
             self.datagrams.close()
             self.outgoing.close()
             self.write_state("finished")
+
+    async def _leave_group(self, why: str) -> int:
+        log.error("%s: this member leaves the group%s", why, " and resets" if self.opts.rejoin else "")
+        self.stop()
+        await self._stop_shipping()
+        self.must_reset = True
+        return EXIT_EXCLUDED
 
     def _check_following(self):
         """A backup's replica that replays nothing while records wait no
