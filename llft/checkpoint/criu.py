@@ -25,9 +25,10 @@ from types import SimpleNamespace
 from llft.members import process_state
 
 CRIU_PREFIX = Path(os.environ.get("LLFT_CRIU_PREFIX", "/opt/criu"))
-# Where a passed `criu check` is remembered until the next boot (/run is a
-# tmpfs): the check takes 60 ms or more, on the path of every newcomer
-# joining and of every llft-run start.
+# Where a passed `criu check` is remembered for this boot (the boot id is
+# part of what is remembered, /run being no tmpfs on every machine): the
+# check takes 60 ms or more, on the path of every newcomer joining and of
+# every llft-run start.
 CHECKED_DIR = Path(os.environ.get("LLFT_RUN_STATE", "/run/llft"))
 MIN_VERSION = (4, 2)
 RPC_MAX = 1 << 20
@@ -115,12 +116,13 @@ def find() -> Criu:
     binary, version = usable[0]
     if os.geteuid() != 0:
         raise CriuUnavailable("CRIU needs root, and llft-run does not run as root")
-    if not _checked_before(binary):
+    key = _check_key(binary)
+    if not _checked_before(key):
         check = subprocess.run([binary, "check"], capture_output=True, text=True, preexec_fn=ordinary_priority)
         if check.returncode != 0:
             last = (check.stderr or check.stdout).strip().splitlines()
             raise CriuUnavailable(f"`{binary} check` fails on this kernel: {last[-1] if last else 'no output'}")
-        _remember_checked(binary)
+        _remember_checked(key)
     python_dir = str(CRIU_PREFIX / "lib" / "python")
     if python_dir not in sys.path and os.path.isdir(python_dir):
         sys.path.append(python_dir)
@@ -141,18 +143,16 @@ def _check_key(binary: str) -> str | None:
     return f"{boot} {os.uname().release} {os.path.realpath(binary)} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
 
 
-def _checked_before(binary: str) -> bool:
-    key = _check_key(binary)
+def _checked_before(key: str | None) -> bool:
     try:
         return key is not None and (CHECKED_DIR / "criu-checked").read_text() == key
     except OSError:
         return False
 
 
-def _remember_checked(binary: str) -> None:
+def _remember_checked(key: str | None) -> None:
     """Only a pass is remembered: a failure is looked at afresh each time
     (a module loaded, a setting changed, may mend it)."""
-    key = _check_key(binary)
     if key is None:
         return
     try:
@@ -253,26 +253,22 @@ def dump(pid: int, images_dir: Path, *, externals: list[str], on_frozen, before_
         o.log_file = "dump.log"
         o.notify_scripts = True
         o.external.extend(externals)
-        failure = unfrozen_failure = None
+        failure, failed_at = None, None
         resp = _exchange(sk, criu, req, pid, proc)
         while resp.type == criu.rpc.NOTIFY:
             ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=True)
             try:
                 if failure is None and resp.notify.script == "pre-dump" and before_freeze is not None:
-                    try:
-                        before_freeze()
-                    except Exception as e:   # noqa: BLE001 - raised again below, once CRIU gave up
-                        unfrozen_failure = e
-                        raise
+                    before_freeze()
                 elif failure is None and resp.notify.script == "query-ext-files":
                     ack.opts.external.extend(on_frozen())
                     ack.opts.images_dir_fd = -1   # (a required field of the options)
             except Exception as e:   # noqa: BLE001 - CRIU must hear of any failure, or it waits
-                failure = e
+                failure, failed_at = e, resp.notify.script
                 ack = criu.rpc.criu_req(type=criu.rpc.NOTIFY, notify_success=False)
             resp = _exchange(sk, criu, ack, pid, proc)
-        if unfrozen_failure is not None:
-            raise unfrozen_failure
+        if failed_at == "pre-dump":
+            raise failure   # (before the freeze: the caller's own failure, the process untouched)
         if failure is not None:
             raise CheckpointFailed(f"while process {pid} was frozen: {failure}") from failure
         if not resp.success:

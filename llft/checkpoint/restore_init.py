@@ -21,6 +21,11 @@ import signal
 import subprocess
 import sys
 
+# The compiled module alone, not llft.native's wrapper around it: this
+# process starts on the path of every restore, and the wrapper's imports
+# take 20 ms of it.
+from llft._native import lib
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x4000, 1 << 18, 2, 4, 8
@@ -43,7 +48,6 @@ def _status(code: int) -> int:
 
 def _init(status_fd: int, files_plan: bytes | None, criu_argv: list[str]) -> int:
     """pid 1 of the new namespace: restores, then reaps until the program ends."""
-    from llft._native import lib
     lib.llft_die_with_parent(os.getppid())
     if files_plan is not None:
         from llft import private_files
@@ -114,10 +118,6 @@ def main(argv: list[str]) -> int:
         print("usage: restore_init STATUS_FD [--files-plan FILE] -- CRIU ARGV...", file=sys.stderr)
         return 2
     criu_argv = rest[1:]
-    # The compiled module alone, not llft.native's wrapper around it: this
-    # process starts on the path of every restore, and the wrapper's imports
-    # took 20 ms of it.
-    from llft._native import lib
     lib.llft_die_with_parent(os.getppid())
     try:
         _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS), "unshare")

@@ -44,12 +44,12 @@ KINDS = {
 }
 
 
-
 def _log_lines(run_dir: Path) -> list[str]:
     try:
         return (run_dir / "llft.log").read_text(errors="replace").splitlines()
     except OSError:
         return []
+
 
 class Cluster:
     def __init__(self, stack: ExitStack, run_dir: Path, shape: Shape, examples: Path, spare: int = 0,
