@@ -352,6 +352,37 @@ int llft_read_exact(int fd, void *buf, size_t n, int peek)
     return 0;
 }
 
+/* A zero-length read is the end of a pipe or stream socket, but only an
+ * empty message of a datagram or seqpacket one. */
+static int zero_read_is_end(int fd)
+{
+    int type = 0;
+    socklen_t len = sizeof type;
+    return syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type == SOCK_STREAM;
+}
+
+int llft_await_end(int fd)
+{
+    if (!zero_read_is_end(fd))
+        return 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+        int r = REAL(poll)(&p, 1, 100);
+        if (r < 0 && errno != EINTR)
+            return errno;
+        if (r <= 0)
+            continue;
+        if (p.revents & POLLNVAL)
+            return EBADF;
+        int avail = 0;
+        if (ioctl(fd, FIONREAD, &avail) != 0)
+            return errno;
+        if (avail > 0)
+            return EIO; /* bytes wait where the primary found its end */
+        return 0;
+    }
+}
+
 void llft_drain_counter(int fd)
 {
     struct pollfd p = {.fd = fd, .events = POLLIN};

@@ -124,6 +124,11 @@ void llft_fds_shared_with_child(void);
  * the fd's blocking mode.  Return 0, or an errno. */
 int llft_read_exact(int fd, void *buf, size_t n, int peek);
 int llft_write_exact(int fd, const void *buf, size_t n);
+/* ...until a pipe or stream socket is at its end (its writers gone) and
+ * empty, as it was where the primary read its end: a backup's reader then
+ * waits for its own writers, its own forked processes among them.  EIO if
+ * bytes wait in it instead. */
+int llft_await_end(int fd);
 /* ...n bytes of file in (at *off, or its position) through out. */
 int llft_sendfile_exact(int out, int in, off_t *off, size_t n);
 /* Backup: the primary's record of a transfer on fd (wrap_io.c): 0, with

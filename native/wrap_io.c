@@ -124,9 +124,6 @@ static size_t iov_total(const struct iovec *iov, int n)
     return s;
 }
 
-/* Replays one transfer of the primary's: exactly its byte count through
- * this replica's fd, into or out of the caller's buffers.  The result goes
- * to *res; LLFT_PROMOTED means this replica has just taken over. */
 /* The primary's record of a transfer on fd into *e, its result into *res
  * (and errno, if it failed): 0, or LLFT_PROMOTED (see below). */
 int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, ssize_t *res)
@@ -141,12 +138,24 @@ int llft_replay_head(struct llft_thread *t, uint16_t op, int fd, llft_rec_t *e, 
     return 0;
 }
 
+/* Replays one transfer of the primary's: exactly its byte count through
+ * this replica's fd, into or out of the caller's buffers.  The result goes
+ * to *res; LLFT_PROMOTED means this replica has just taken over.  The end
+ * of a pipe of the program's own is waited for as the primary's read
+ * waited: a daemon's parent that reads its child's close as the word that
+ * it is up (dnsmasq) leaves only once its own child has said so. */
 static int replay_transfer(struct llft_thread *t, uint16_t op, int fd, const struct iovec *iov, int niov,
                            int peek, ssize_t *res)
 {
     llft_rec_t e;
     if (llft_replay_head(t, op, fd, &e, res))
         return LLFT_PROMOTED;
+    if (e.ret == 0 && op == LLFT_OP_READ && llft_fd_kind(fd) == FD_IPC) {
+        int err = llft_await_end(fd);
+        if (UNLIKELY(err))
+            llft_diverge(t, op, &e, LLFT_EXIT_DIVERGED, "the primary read the end of this pipe or socketpair "
+                         "here, where it is not at its end (error %d)", err);
+    }
     if (e.ret <= 0)
         return 0;
     size_t want = (size_t)e.ret;

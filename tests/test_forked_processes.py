@@ -10,9 +10,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
+import psutil
 import pytest
 
 from conftest import tool
@@ -424,6 +426,48 @@ def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, exam
     survivors = [r for r in state["replicas"] if r["role"] != "failed"]
     assert len(survivors) == 3 - kills and all(r["status"] == 0 for r in survivors)
     assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
+
+
+def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(examples, tmp_path):
+    """daemon_word's parent exits once its child closes the pipe between
+    them, the word that the server is up (dnsmasq's shape).  A backup's
+    parent leaves only once its own child has said so, not as soon as the
+    primary's end of the pipe is on record: otherwise it leaves while its
+    child is still setting up, before the daemon the backup goes on as
+    exists, and the backup is lost.  Its child is held stopped here for a
+    second past the primary's word; the backup then goes on as its daemon
+    and takes over from a killed primary."""
+    from serving import free_port, kill_primary, line_client
+    from test_group_lifecycle import wait_for
+    from test_processes import end
+
+    def pids(what="pid"):
+        return [r[what] for r in json.loads((rd / "llft-run.json").read_text())["replicas"]]
+
+    port = free_port()
+    proc, rd = start(tmp_path, [examples / "daemon_word", port, 1000])
+    try:
+        first = wait_for(lambda: (rd / "llft-run.json").exists() and pids(), "the replicas' first processes")
+        setting_up = wait_for(lambda: psutil.Process(first[1]).children(), "the backup's child")[0]
+        setting_up.suspend()
+        assert setting_up.children() == [], "the backup's daemon was forked before its parent could be held"
+        wait_for(lambda: pids()[0] != first[0], "the primary to go on as its daemon")
+        time.sleep(1.0)
+        assert setting_up.status() == psutil.STATUS_STOPPED, "the backup's child, held, did not outlive its parent"
+        assert psutil.Process(first[1]).status() != psutil.STATUS_ZOMBIE, "the backup's parent left without the word"
+        setting_up.resume()
+        log = rd / "llft.log"
+        wait_for(lambda: pids()[1] != first[1] or "diverged" in log.read_text(), "the backup to go on")
+        assert pids()[1] != first[1], log.read_text()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            before = line_client(s, ["a", "b"])[0]
+            kill_primary(rd)
+            after = line_client(s, ["c", "d"])[0]
+        assert before + after == ["1 a", "2 b", "3 c", "4 d"]
+        wait_for(lambda: pids("role")[:2] == ["failed", "primary"], "replica 1 to take over")
+    finally:
+        err = end(proc)
+    assert "diverged" not in err, err
 
 
 def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(examples, tmp_path):

@@ -285,10 +285,8 @@ class ForkedStreams:
     def daemon_of(self, replica, first: int, primary=None) -> int | None:
         """A process of replica's still running in a session other than its
         first process's (pid first), or None.  A backup's is its process of
-        the stream the primary went on as, in whatever session: a backup's
-        first process may exit before its daemon's setsid (its read of the
-        pipe its child closes replays the primary's EOF, waiting for
-        nothing)."""
+        the stream the primary went on as, in whatever session (the
+        backup's may not have reached its setsid yet)."""
         if primary is not None and primary is not replica and primary.adopted:
             for s in self.streams.values():
                 mine, theirs = s.files.get(replica.index), s.files.get(primary.index)
