@@ -24,8 +24,14 @@
  *     writes the pid file) are recorded and replayed as any are.
  *
  * Only a process that has started no thread does so: a child would have
- * none of its parent's other threads.  What the parent's path changed
- * outside its stack (rarely anything before an exit) stays changed. */
+ * none of its parent's other threads.  And only the replica's first
+ * process, whose exit no process of the program sees: a process it forked
+ * (on a stream of its own, fork_stream.c) that forks and exits is waited
+ * for by its parent, which must see that exit, at once and with its
+ * status (a server starting a detached job: fork, setsid, fork, exit);
+ * the process it forked goes on on a stream of its own.  What the
+ * parent's path changed outside its stack (rarely anything before an
+ * exit) stays changed. */
 #undef _FORTIFY_SOURCE /* the resumption jumps from another stack to an older frame */
 #include "shim.h"
 
@@ -190,7 +196,7 @@ pid_t llft_daemon_fork(pid_t (*real_fork)(void), int *how)
         llft_daemon_fork_settle(0);
     if (!llft_ctl)
         return real_fork();
-    if (__atomic_load_n(&llft_ctl->threads, __ATOMIC_RELAXED) != 0)
+    if (__atomic_load_n(&llft_ctl->threads, __ATOMIC_RELAXED) != 0 || llft_ctl->stream_id != 0)
         return fork_quietly(real_fork);
     /* The signal mask too: a parent that exits from a signal handler
      * resumes with the mask it forked with. */

@@ -470,6 +470,29 @@ def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(examples, tm
     assert "diverged" not in err, err
 
 
+def test_a_server_starting_detached_helpers_sees_each_helpers_parent_exit_at_once(examples, tmp_path):
+    """spawn_detached starts a helper for each line: it forks, the child
+    starts a session, forks the helper (which runs 30 s) and exits 3 at
+    once, and the server reaps the child before it replies.  That wait
+    sees the child's own exit, at once and with its status, as it does
+    unreplicated: a forked process that forks and exits does exit (only the
+    replica's first process goes on as its child, daemon_fork.c).  Five
+    lines, the primary killed, five more on the same connection."""
+    from serving import ServingGroup, kill_primary, line_client
+    group = ServingGroup(tmp_path / "rd", [examples / "spawn_detached", 7000])
+    with group.connect() as s:
+        s.settimeout(10)   # (a helper's 30 s would be waited for)
+        replies = line_client(s, [f"a{i}" for i in range(5)])[0]
+        kill_primary(group.run_dir)
+        replies += line_client(s, [f"b{i}" for i in range(5)])[0]
+    lines = [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)]
+    assert replies == [f"{n} {w} helper started, its parent exited 3" for n, w in enumerate(lines, 1)]
+    group.stop()
+    state = group.finish()
+    assert "diverged" not in group.stderr, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
+
+
 def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(examples, tmp_path):
     """child_feed's child writes into a pipe to its parent every
     millisecond and exits the moment a write fails.  Killing the primary

@@ -39,27 +39,6 @@ def _session(pid: int) -> int | None:
     return int(fields[3]) if fields else None
 
 
-class _NoRecords:
-    """The source of a stream whose primary process never handed it over
-    (it died before its first call): it has ended, empty."""
-    exit_status = None
-
-    def read(self, max_slots: int) -> bytes:
-        return b""
-
-    def wait(self, timeout_ms: int) -> None:
-        pass
-
-    def finished(self) -> bool:
-        return True
-
-    def finish(self, exit_status=None):
-        pass
-
-    def leftover(self) -> int:
-        return 0
-
-
 class ForkedStream:
     """One forked process, at every replica."""
 
@@ -75,13 +54,14 @@ class ForkedStream:
         self.successor: int | None = None         # takes over once its process hands its stream over
         self.pidfd: int | None = None             # the source's process (pidfds name one process for good)
         self.on_promoted = None                   # (replica index) -> None
+        self.on_chunk = None                      # (records) -> None: the accepts among them routed
 
-    def start(self, source, owner: int | None, on_chunk=None):
+    def start(self, source, owner: int):
         self.source, self.owner = source, owner
         # (each process's records go straight from ring to ring, whatever --order says)
         self.forwarder = RecordForwarder(source, [], ordering_for("llft", "", None), SavedStreamWriter(self.saved))
         self.forwarder.name = f"llft-fork-{self.id:016x}"
-        self.forwarder.on_chunk = on_chunk
+        self.forwarder.on_chunk = self.on_chunk
         self.forwarder.start()
         for sink in self.sinks.values():
             self._catch_up(sink)
@@ -124,18 +104,24 @@ class ForkedStream:
         process of this id takes over, now or once it exists."""
         if self.forwarder is not None and self.forwarder.ended:
             return
-        if self.forwarder is None:
-            self.start(_NoRecords(), None)   # (no record, so no accept to route)
         self.successor = successor
         if successor in self.sinks:
             self._promote(successor)
 
     def _promote(self, index: int):
         self.successor = None
-        new_source = PrimarySource(self.files[index])
-        self.forwarder.fail_over(new_source, self.sinks.pop(index))
-        old, self.source, self.owner = self.source, new_source, index
-        old.finish()
+        sink, new_source = self.sinks.pop(index), PrimarySource(self.files[index])
+        if self.forwarder is None:
+            # No process of the failed primary's handed this stream over:
+            # there is no record to forward first, and the successor's
+            # process takes over at once (the other replicas' follow it).
+            if not sink.stream.write_promote(timeout_ms=5000):
+                log.error("replica %d: could not tell its process of stream %x to take over", index, self.id)
+            self.start(new_source, index)
+        else:
+            self.forwarder.fail_over(new_source, sink)
+            old, self.source, self.owner = self.source, new_source, index
+            old.finish()
         if self.on_promoted is not None:
             self.on_promoted(index)
 
@@ -212,6 +198,7 @@ class ForkedStreams:
         if s is None:
             s = self.streams[msg.stream] = ForkedStream(msg.stream, self.dir / f"{msg.stream:016x}")
             s.on_promoted = lambda index, s=s: self._watch_exit(s, self.group.replica_at(index), s.files[index].attached_pid)
+            s.on_chunk = functools.partial(self.routes.accepted, s.id)
         if replica.index in s.files:
             self.drops += 1
             log.warning("replica %d handed over the stream %x twice; the second is ignored", replica.index,
@@ -232,9 +219,14 @@ class ForkedStreams:
                 self.drops += 1
                 log.warning("replica %d: a second primary process for stream %x; ignored", replica.index, msg.stream)
                 return
-            s.start(PrimarySource(stream), replica.index, functools.partial(self.routes.accepted, s.id))
+            s.start(PrimarySource(stream), replica.index)
             self._watch_exit(s, replica, stream.attached_pid)
         else:
+            if s.forwarder is None and replica.role == "primary":
+                # Forked by a backup's process while it was being taken over,
+                # before its fork was on record: the primary's process of the
+                # stream, which no other replica's process was first to be.
+                s.fail_over(replica.index)
             s.add_backup(replica.index, stream)
 
     def _watch_exit(self, s: ForkedStream, replica, pid: int):
