@@ -5,13 +5,16 @@
  * child's word: the pipe's end once the server is up (it exits 0), or a
  * byte if setting up failed (it exits 1).  The child starts a session of
  * its own, sets itself up for PAUSE_MS milliseconds, forks again and
- * exits; the grandchild closes the pipe, its word, and serves.
- * usage: daemon_word PORT [PAUSE_MS] */
+ * exits; the grandchild closes the pipe, its word, and serves.  With
+ * "stay" the child neither starts a session nor forks again: it stays in
+ * its parent's process group and serves itself once it has said its word.
+ * usage: daemon_word PORT [PAUSE_MS [stay]] */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +31,7 @@ int main(int argc, char **argv)
 {
     int port = argc > 1 ? atoi(argv[1]) : 7000;
     int pause_ms = argc > 2 ? atoi(argv[2]) : 0;
+    int stay = argc > 3 && strcmp(argv[3], "stay") == 0;
     int lfd = listen_on(port);
     int word[2];
     if (pipe(word) != 0) {
@@ -45,10 +49,10 @@ int main(int argc, char **argv)
         _exit(read(word[0], &failed, 1) == 0 ? 0 : 1);
     }
     close(word[0]);
-    if (setsid() < 0)
+    if (!stay && setsid() < 0)
         set_up_failed(word[1]);
     usleep(pause_ms * 1000);
-    pid_t daemon = fork();
+    pid_t daemon = stay ? 0 : fork();
     if (daemon != 0)
         _exit(daemon < 0);
     int null = open("/dev/null", O_RDWR);

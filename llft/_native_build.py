@@ -61,7 +61,7 @@ ffibuilder.cdef("""
         uint32_t refused;
         uint32_t serial_steals;
         char div_before[768];
-        uint64_t stream_id; uint64_t parent_stream; uint32_t forks; uint32_t fork_mode;
+        uint64_t stream_id; uint64_t parent_stream; uint32_t forks; uint32_t fork_mode; int32_t waited_for;
         char shared_memory[96];
         ...;
     } llft_ctl_t;

@@ -222,6 +222,12 @@ class StreamFile:
         return self.ctl.stream_id
 
     @property
+    def waited_for(self) -> bool:
+        """A forked process its parent waited for as it began (a read of a
+        pipe from it, a poll): a daemon's child whose word its parent awaits."""
+        return bool(self.ctl.waited_for)
+
+    @property
     def shared_memory(self) -> str:
         """A forked process's: the memory its parent shared with it, as a phrase ("" if none)."""
         return ffi.string(self.ctl.shared_memory).decode(errors="replace")

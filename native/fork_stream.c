@@ -223,6 +223,7 @@ static void child_goes_on(const struct fork_plan *plan)
     memcpy(c->shared_memory, plan->shared, sizeof c->shared_memory);
     c->shared_memory[sizeof c->shared_memory - 1] = 0;
     c->attached_pid = (int32_t)syscall(SYS_getpid);
+    c->waited_for = llft_fork_waited_for;
 
     /* The stream file takes the parent's kept number: an exec attaches to
      * it through the environment, as the replica's first image did. */

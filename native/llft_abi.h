@@ -294,7 +294,8 @@ typedef struct llft_ctl {
                                    * process's own (wrap_process.c): kept here across an exec */
     int32_t  parent_program;      /* a forked process's parent: its pid as the program sees it... */
     int32_t  parent_local;        /* ...and as this process's kernel does */
-    int32_t  _pad_pids;
+    int32_t  waited_for;          /* a forked process let go as its parent waited for it (a read of a pipe
+                                   * from it, a poll: a daemon's word), before it had any thread */
     char     shared_memory[96];   /* a forked process: the first memory its parent shared with it, as a
                                    * phrase ("" if none): its writes there are not ordered */
     uint64_t q_census __attribute__((aligned(8))); /* the quiesce's census: its number (high 32

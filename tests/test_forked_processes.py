@@ -428,7 +428,8 @@ def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, exam
     assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
 
 
-def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(examples, tmp_path):
+@pytest.mark.parametrize("mode", [[], ["stay"]], ids=["session-of-its-own", "stays-in-its-parents"])
+def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(mode, examples, tmp_path):
     """daemon_word's parent exits once its child closes the pipe between
     them, the word that the server is up (dnsmasq's shape).  A backup's
     parent leaves only once its own child has said so, not as soon as the
@@ -436,7 +437,9 @@ def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(examples, tm
     child is still setting up, before the daemon the backup goes on as
     exists, and the backup is lost.  Its child is held stopped here for a
     second past the primary's word; the backup then goes on as its daemon
-    and takes over from a killed primary."""
+    and takes over from a killed primary.  With "stay" the child serves in
+    its parent's session, as it goes on unreplicated once the parent has
+    left: each replica goes on as it all the same."""
     from serving import free_port, kill_primary, line_client
     from test_group_lifecycle import wait_for
     from test_processes import end
@@ -445,7 +448,7 @@ def test_a_daemons_parent_at_a_backup_waits_for_its_own_childs_word(examples, tm
         return [r[what] for r in json.loads((rd / "llft-run.json").read_text())["replicas"]]
 
     port = free_port()
-    proc, rd = start(tmp_path, [examples / "daemon_word", port, 1000])
+    proc, rd = start(tmp_path, [examples / "daemon_word", port, 1000, *mode])
     try:
         first = wait_for(lambda: (rd / "llft-run.json").exists() and pids(), "the replicas' first processes")
         setting_up = wait_for(lambda: psutil.Process(first[1]).children(), "the backup's child")[0]

@@ -276,7 +276,10 @@ class ForkedStreams:
 
     def daemon_of(self, replica, first: int, primary=None) -> int | None:
         """A process of replica's still running in a session other than its
-        first process's (pid first), or None.  A backup's is its process of
+        first process's (pid first), or one its first process waited for as
+        it began (a daemon that stays in its parent's session, whose parent
+        exits once it has its word, as it goes on unreplicated), or None.
+        A backup's is its process of
         the stream the primary went on as, in whatever session (the
         backup's may not have reached its setsid yet)."""
         if primary is not None and primary is not replica and primary.adopted:
@@ -289,7 +292,7 @@ class ForkedStreams:
             if f is None or f.ctl is None:
                 continue
             pid = f.attached_pid
-            if running(pid) and _session(pid) not in (None, first):
+            if running(pid) and (f.waited_for or _session(pid) not in (None, first)):
                 return pid
         return None
 
