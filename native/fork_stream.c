@@ -288,7 +288,8 @@ void llft_forked_may_not(const char *what)
 {
     if (llft_ctl && llft_ctl->stream_id)
         llft_refuse("a process the program forked (pid %d) %s: under --fork replicate, only the program's first "
-                    "process may do so yet", (int)syscall(SYS_getpid), what);
+                    "process may do so yet; a script that starts the server should exec it (`exec ./server`), "
+                    "so that the server is that first process", (int)syscall(SYS_getpid), what);
 }
 
 /* Backup, the parent: the primary's FORK of this n-th fork, which came

@@ -194,6 +194,21 @@ def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, co
     assert line and "a process the program forked (pid" in line[0] and what in line[0], p.stderr
 
 
+def test_a_start_script_that_does_not_exec_its_server_is_refused_with_the_advice(examples, tmp_path):
+    """A start script that runs the server as its child (no exec) makes
+    the server a forked process, whose port the gateway would not serve:
+    refused in one line that says to exec it (test_processes.py runs the
+    script that does)."""
+    script = tmp_path / "start.sh"
+    script.write_text(f"#!/bin/sh\necho starting >&2\n{examples / 'echo_server'} \"$1\"\necho stopped >&2\n")
+    script.chmod(0o755)
+    p = subprocess.run([tool("llft-run"), "--replicas", "2", "--run-dir", str(tmp_path / "rd"), "--", script, "7000"],
+                       capture_output=True, text=True, timeout=90)
+    assert p.returncode == 1, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
+    assert line and "listened on a TCP port" in line[0] and "exec ./server" in line[0], p.stderr
+
+
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
 
 
