@@ -30,13 +30,24 @@ def end_process_group(pgid: int):
 
 
 def end_orphans(keep: set[int]):
-    """Ends and reaps the processes re-parented to this controller, other
-    than keep (pids it started and waits for itself)."""
-    for child in psutil.Process().children():
-        if child.pid in keep:
-            continue
+    """Ends the processes re-parented to this controller, other than keep
+    (pids it started and waits for itself), and everything below them,
+    and reaps what becomes its own to reap.  The whole tree is taken at
+    once: a process below an orphan (the child of a daemon's child, in
+    their own session) is re-parented here only once the orphan has died,
+    after a look at the direct children alone."""
+    try:
+        tree = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    ours = [p for p in tree if p.pid not in keep]
+    for p in ours:
         try:
-            child.kill()
-            os.waitpid(child.pid, 0)
-        except (psutil.Error, ChildProcessError):
+            p.kill()
+        except psutil.Error:
             pass
+    for p in ours:
+        try:
+            os.waitpid(p.pid, 0)
+        except ChildProcessError:
+            pass   # (a live parent's to reap, or reaped already)

@@ -146,12 +146,14 @@ def processes_running(marker: str) -> int:
 def test_what_a_replica_forked_goes_with_it_and_with_the_group(examples, tmp_path):
     """A background child goes when its replica is killed (its process
     group); one that made a session of its own (setsid, as daemons do)
-    goes when the group ends: llft-run is their subreaper."""
-    a, b = "sleep 3601", "sleep 3602"
-    group = ServingGroup(tmp_path / "rd", [SH, "-c", f"{a} & setsid {b} & exec {examples / 'echo_server'} 7000"])
+    goes when the group ends, and so does that one's own child, whose
+    parent is still alive then: llft-run is their subreaper."""
+    a, b, c = "sleep 3601", "sleep 3602", "sleep 3603"
+    group = ServingGroup(tmp_path / "rd", [SH, "-c", f"{a} & setsid {b} & setsid {SH} -c '{c} & wait' & "
+                                           f"exec {examples / 'echo_server'} 7000"])
     wait_until = time.monotonic() + 10
-    while (processes_running(a), processes_running(b)) != (3, 3):
-        assert time.monotonic() < wait_until, (processes_running(a), processes_running(b))
+    while (processes_running(a), processes_running(b), processes_running(c)) != (3, 3, 3):
+        assert time.monotonic() < wait_until, (processes_running(a), processes_running(b), processes_running(c))
         time.sleep(0.05)
     from serving import kill_primary
     kill_primary(group.run_dir)
@@ -163,7 +165,7 @@ def test_what_a_replica_forked_goes_with_it_and_with_the_group(examples, tmp_pat
         s.sendall(b"hello\n")
         assert s.makefile().readline().endswith("hello\n")
     group.stop()
-    assert (processes_running(a), processes_running(b)) == (0, 0), "a replica's child outlived the group"
+    assert [processes_running(x) for x in (a, b, c)] == [0, 0, 0], "a replica's child outlived the group"
 
 
 APACHE = shutil.which("apache2") or shutil.which("apache2", path="/usr/sbin")
