@@ -223,9 +223,10 @@ class ForkedStreams:
             self._watch_exit(s, replica, stream.attached_pid)
         else:
             if s.forwarder is None and replica.role == "primary":
-                # Forked by a backup's process while it was being taken over,
-                # before its fork was on record: the primary's process of the
-                # stream, which no other replica's process was first to be.
+                # The new primary's process forked it while being taken over
+                # (before its fork was on record), so it came as a backup's;
+                # no other replica's process began this stream: it is the
+                # stream's primary process.
                 s.fail_over(replica.index)
             s.add_backup(replica.index, stream)
 
