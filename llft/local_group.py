@@ -460,8 +460,8 @@ class LocalGroup:
         own, leaving a process it forked running (a daemon whose parent
         waited for its word, then exited: lighttpd without -D, in a session
         of its own, or one that stays in its parent's): r goes on as that
-        process, whose stream the backups
-        replay as any forked process's, and fails over with it.  (The
+        process, whose stream the backups replay as any forked process's,
+        and fails over with it.  (The
         daemon handed its stream over before its word let the first process
         exit: the channel is read to its end first.)"""
         r.channel.read_pending()

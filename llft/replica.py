@@ -126,11 +126,11 @@ class Replica:
                 status = rc if rc >= 0 else 128 - rc
                 daemon = self.adopt(self.proc.pid) if self.adopt is not None and status < 128 else None
                 if daemon:
-                    # Its process group is left alone: a backup's daemon may
-                    # not have left it yet (the backup's first process,
-                    # replaying its wait for the daemon's word, waited for
-                    # nothing), and SIGKILL to the group would kill it.  What
-                    # else is there ends with the replica (release_replicas).
+                    # Its process group is left alone: the daemon may be in
+                    # it (one that stays in its parent's session, or a
+                    # backup's not yet at its setsid), and SIGKILL to the
+                    # group would kill it.  What else is there ends with the
+                    # replica (release_replicas).
                     self.adopted, self.first_status = daemon, status
                     self.started = start_time(daemon)
                 else:

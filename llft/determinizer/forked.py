@@ -280,9 +280,9 @@ class ForkedStreams:
         first process's (pid first), or one its first process waited for as
         it began (a daemon that stays in its parent's session, whose parent
         exits once it has its word, as it goes on unreplicated), or None.
-        A backup's is its process of
-        the stream the primary went on as, in whatever session (the
-        backup's may not have reached its setsid yet)."""
+        A backup's is its process of the stream the primary went on as, in
+        whatever session (the backup's may not have reached its setsid
+        yet)."""
         if primary is not None and primary is not replica and primary.adopted:
             for s in self.streams.values():
                 mine, theirs = s.files.get(replica.index), s.files.get(primary.index)
