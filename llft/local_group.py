@@ -118,6 +118,7 @@ class LocalGroup:
         if self.forked is not None:
             r.channel.on_stream = functools.partial(self.forked.handed_over, r)
             r.adopt = functools.partial(self._adopt_daemon, r)
+            r.forked_files = functools.partial(self.forked.files_of, k)
         self.outgoing.listen(r)   # before it starts: its first connect() finds the name
         if role == ROLE_BACKUP:
             self.sinks[k] = BackupSink(k, stream, r.alive)
@@ -236,7 +237,7 @@ class LocalGroup:
         if primary is not None:
             self.gateway = Gateway(self.plane, self.relays, self.relays[0], self.opts.port_map, self.opts.host,
                                    self.inputs)
-            self.tasks.append(asyncio.create_task(self.gateway.watch(primary.stream)))
+            self.tasks.append(asyncio.create_task(self.gateway.watch()))
         try:
             await self._wait_replicas(primary)
             # The replicas are gone: read what they last wrote, then let it reach the clients.

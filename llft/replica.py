@@ -5,6 +5,7 @@ import asyncio
 import functools
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -60,10 +61,21 @@ class Replica:
     adopt: Callable[[int], int | None] | None = None
     adopted: int | None = None
     first_status: int | None = None      # its first process's exit status, once adopted
+    # --fork replicate: the streams of the processes it forked, still open
+    forked_files: Callable[[], list[StreamFile]] = lambda: []
 
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
         self.channel = ProgramChannel(self.index)   # the program's sockets reach the controller through it
+
+    def listeners(self, socktype: int = socket.SOCK_STREAM) -> list[tuple[int, int, str]]:
+        """The ports the replica's processes serve (StreamFile.listeners):
+        its first process's, and those of the processes it forked (a start
+        script's server, run as its child)."""
+        out = self.stream.listeners(socktype)
+        for f in self.forked_files():
+            out += [entry for entry in f.listeners(socktype) if entry not in out]
+        return out
 
     @property
     def files_dir(self) -> Path | None:

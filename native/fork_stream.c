@@ -281,9 +281,8 @@ static void child_goes_on(const struct fork_plan *plan)
 }
 
 /* What only a replica's first process may do under --fork replicate, as
- * yet: a port of its own would not be served (the gateway follows the
- * first process's), and the outgoing connection and port numbers it
- * would take count on from its parent's. */
+ * yet: the ephemeral port numbers a forked one would take count on from
+ * its parent's, and would be taken twice. */
 void llft_forked_may_not(const char *what)
 {
     if (llft_ctl && llft_ctl->stream_id)

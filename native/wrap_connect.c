@@ -39,8 +39,22 @@ DEFINE_REAL(fcntl)
  * it take over. */
 static uint64_t next_conn_id = 1;
 
-static void note_conn_id(uint64_t k)
+#define CONN_COUNT_MASK 0xffffffffull
+
+/* The number of this process's k-th connection.  A process the program
+ * forked (--fork replicate) counts on from its parent's count, or from 1
+ * after an exec: its numbers carry its stream id's high half (with the top
+ * bit set, which the first process's never have), so that no two processes
+ * of a replica take one number. */
+static uint64_t conn_number(uint64_t k)
 {
+    uint64_t sid = llft_ctl ? llft_ctl->stream_id : 0;
+    return sid ? ((sid | 1ull << 63) & ~CONN_COUNT_MASK) | (k & CONN_COUNT_MASK) : k;
+}
+
+static void note_conn_id(uint64_t number)
+{
+    uint64_t k = number & CONN_COUNT_MASK;
     uint64_t cur = __atomic_load_n(&next_conn_id, __ATOMIC_RELAXED);
     while (cur <= k && !__atomic_compare_exchange_n(&next_conn_id, &cur, k + 1, 0, __ATOMIC_RELAXED,
                                                     __ATOMIC_RELAXED))
@@ -104,7 +118,7 @@ static int outcome(int nonblock, int err)
 
 static int connect_primary(struct llft_thread *t, int fd, llft_connect_request_t *rq, int nonblock)
 {
-    rq->conn_id = __atomic_fetch_add(&next_conn_id, 1, __ATOMIC_RELAXED);
+    rq->conn_id = conn_number(__atomic_fetch_add(&next_conn_id, 1, __ATOMIC_RELAXED));
     rq->flags = LLFT_CONNECT_ASK;
     llft_connect_reply_t rep = {.conn_id = rq->conn_id};
     int err = reach_controller(fd, rq);
@@ -162,7 +176,6 @@ int llft_connect(int fd, const struct sockaddr *addr, socklen_t len)
         errno = pending;
         return -1;
     }
-    llft_forked_may_not("made an outgoing connection");
     llft_connect_request_t rq;
     int err = parse_target(addr, len, &rq);
     if (err) {

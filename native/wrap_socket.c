@@ -242,8 +242,13 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
         return -1;
     }
     int any_port = port == 0;
-    if (any_port)
+    if (any_port) {
+        /* Each process numbers its ephemeral ports from what it inherited:
+         * two processes of a replica would pick the same one. */
+        llft_forked_may_not(kind == FD_DGRAM ? "bound a UDP socket to an ephemeral port (or sent from an unbound one)"
+                                             : "bound a TCP socket to an ephemeral port");
         port = ephemeral_port();
+    }
     else if (port_in_use(port, addr->sa_family, fd_socktype(fd))) {
         errno = EADDRINUSE;
         return -1;
@@ -260,7 +265,6 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 static int publish_listener(int fd, uint32_t type)
 {
     const struct llft_fd *f = &llft_fds[fd];
-    llft_forked_may_not((type & 0xff) == SOCK_DGRAM ? "bound a UDP port" : "listened on a TCP port");
     int err = llft_hand_over(fd, (type & 0xff) == SOCK_DGRAM ? LLFT_CHAN_DGRAM : LLFT_CHAN_LISTEN, type);
     if (err) {
         llft_log("llft: port %u cannot be served: the controller's channel failed (error %d)", f->port, err);

@@ -261,3 +261,26 @@ class HttpCounters:
         for t in self.threads:
             t.join(30)
         assert not self.errors, self.errors
+
+
+def udp_exchange(sock: socket.socket, port: int, payload: bytes, timeout: float = 30.0) -> bytes:
+    """One request, one reply; resends while the gateway's UDP port is not
+    there yet (ICMP refusals) or the datagram got lost."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        sock.sendto(payload, ("127.0.0.1", port))
+        try:
+            return sock.recv(70000)
+        except (socket.timeout, ConnectionRefusedError):
+            continue
+    raise AssertionError(f"no reply to {payload[:40]!r}")
+
+
+def start_script(tmp_path, server, *args) -> Path:
+    """A start script as deployed: it runs the server as its child (no
+    exec), and says when the server has exited, with its status."""
+    script = tmp_path / "start.sh"
+    script.write_text(f"#!/bin/sh\necho starting >&2\n{server} {' '.join(map(str, args))}\n"
+                      f"echo \"server exited $?\"\n")
+    script.chmod(0o755)
+    return script

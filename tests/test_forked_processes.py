@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+import serving
 from conftest import tool
 
 SH = shutil.which("sh") or "/bin/sh"
@@ -153,6 +154,19 @@ def shut_down_workers(group, workers: int):
             assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
 
 
+def finish_survivors(group, kills: int) -> list[dict]:
+    """Waits for the group's end: it exited 0 after `kills` failovers of
+    three replicas, and the survivors sent the clients the same bytes;
+    returns the survivors' states."""
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed"] * kills + ["primary"] + ["backup"] * (2 - kills)
+    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
+    for r in survivors[1:]:
+        assert r["outputs"] == survivors[0]["outputs"], "surviving replicas disagree"
+    return survivors
+
+
 @pytest.mark.parametrize("kills", [0, 1, 2])
 def test_a_server_that_forks_workers_serves_and_fails_over(kills, examples, tmp_path):
     """prefork_server: the master binds and forks two workers that accept
@@ -170,22 +184,18 @@ def test_a_server_that_forks_workers_serves_and_fails_over(kills, examples, tmp_
                            kill_after(group, progress, *at), pause=0.001, progress=progress)
     check_worker_counts(results, nlines)
     shut_down_workers(group, 2)
-    state = group.finish()
-    assert group.proc.returncode == 0, group.stderr
-    assert [r["role"] for r in state["replicas"]] == ["failed"] * kills + ["primary"] + ["backup"] * (2 - kills)
-    survivors = [r for r in state["replicas"] if r["role"] != "failed"]
-    for r in survivors[1:]:
-        assert r["outputs"] == survivors[0]["outputs"], "surviving replicas disagree"
+    finish_survivors(group, kills)
 
 
 @pytest.mark.parametrize("what, code", [
-    ("listened on a TCP port", "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()"),
-    ("bound a UDP port", "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind(('127.0.0.1', 0))"),
+    ("bound a TCP socket to an ephemeral port", "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()"),
+    ("bound a UDP socket to an ephemeral port",
+     "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind(('127.0.0.1', 0))"),
 ])
-def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, code, real_python, tmp_path):
-    """The gateway serves the ports of the program's first process: a
-    forked one's own port would not be served, and is refused in one line
-    rather than left unreachable."""
+def test_a_forked_process_binding_an_ephemeral_port_is_refused(what, code, real_python, tmp_path):
+    """A forked process numbers its ephemeral ports on from its parent's
+    count, so two processes of a replica would pick the same: refused in
+    one line rather than served wrong."""
     program = f"import os, socket, time\nif os.fork() == 0:\n    {code}\n    time.sleep(30)\nos.wait()\n"
     p = subprocess.run([tool("llft-run"), "--replicas", "2", "--fork", "replicate", "--run-dir", str(tmp_path / "rd"),
                         "--", real_python, "-c", program], capture_output=True, text=True, timeout=90)
@@ -194,19 +204,62 @@ def test_a_forked_process_that_would_serve_a_port_of_its_own_is_refused(what, co
     assert line and "a process the program forked (pid" in line[0] and what in line[0], p.stderr
 
 
-def test_a_start_script_that_does_not_exec_its_server_is_refused_with_the_advice(examples, tmp_path):
-    """A start script that runs the server as its child (no exec) makes
-    the server a forked process, whose port the gateway would not serve:
-    refused in one line that says to exec it (test_processes.py runs the
-    script that does)."""
-    script = tmp_path / "start.sh"
-    script.write_text(f"#!/bin/sh\necho starting >&2\n{examples / 'echo_server'} \"$1\"\necho stopped >&2\n")
-    script.chmod(0o755)
-    p = subprocess.run([tool("llft-run"), "--replicas", "2", "--run-dir", str(tmp_path / "rd"), "--", script, "7000"],
-                       capture_output=True, text=True, timeout=90)
-    assert p.returncode == 1, p.stderr
-    line = [ln for ln in p.stderr.splitlines() if "cannot replicate" in ln]
-    assert line and "listened on a TCP port" in line[0] and "exec ./server" in line[0], p.stderr
+@pytest.mark.parametrize("kills", [0, 2])
+def test_a_start_script_running_its_server_as_a_child_serves_and_fails_over(kills, examples, tmp_path):
+    """The server a start script runs without exec is a forked process: the
+    gateway serves the port it listens on, every replica's server gets the
+    clients' bytes, and it fails over with the script, the primary killed
+    under load after the k-th reply.  Each client's counter counts on by
+    one across the kills (nothing lost, nothing applied twice), the
+    survivors' states and outputs are equal, and each script goes on after
+    its server's exit as the primary's did."""
+    from serving import Progress, ServingGroup, kill_after, line_client, line_clients
+    group = ServingGroup(tmp_path / "rd", [serving.start_script(tmp_path, examples / "kv_server", 7000)],
+                         extra=["--fork", "replicate"])
+    nclients, nlines = 4, 120
+    progress = Progress()
+    at = [nclients * nlines * (k + 1) // (kills + 2) for k in range(kills)]
+    results = line_clients(group, nclients, lambda i: [f"INCR c{i}"] * nlines,
+                           kill_after(group, progress, *at), pause=0.001, progress=progress)
+    for i, got in results.items():
+        assert got == [f"VALUE {j}" for j in range(1, nlines + 1)], f"client {i}: {got}"
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    survivors = finish_survivors(group, kills)
+    outs = outputs(group.run_dir, [r["precedence"] for r in survivors])
+    assert outs == ["server exited 0\n"] * len(survivors), outs
+
+
+def test_a_start_script_running_a_udp_server_as_a_child_serves_it(examples, tmp_path):
+    """The same for a UDP port the script's child binds: served, each
+    datagram answered once across a primary's death after the 20th
+    reply, the survivors agreeing."""
+    from serving import ServingGroup, kill_primary, udp_exchange
+    group = ServingGroup(tmp_path / "rd", [serving.start_script(tmp_path, examples / "udp_server", 7000)],
+                         extra=["--fork", "replicate"], wait_tcp=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(0.5)
+        me = "127.0.0.1:%d" % s.getsockname()[1]
+        udp_exchange(s, group.port, b"warm-up")   # waits until the port is served
+        s.settimeout(20)
+        for j in range(40):
+            s.sendto(f"dgram{j}".encode(), ("127.0.0.1", group.port))
+            rest = b"warm-up"
+            while rest.startswith(b"warm-up"):   # (the late replies to warm-ups sent again)
+                _count, rest = s.recv(70000).split(b" ", 1)
+            assert rest == f"dgram{j} from {me}".encode()
+            if j == 19:
+                kill_primary(group.run_dir)
+        s.sendto(b"SHUTDOWN", ("127.0.0.1", group.port))
+        while not s.recv(70000).startswith(b"BYE"):
+            pass
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
+    assert outputs(group.run_dir, (1, 2)) == ["server exited 0\n"] * 2
+    sent = [r["datagrams"] for r in state["replicas"][1:]]
+    assert sent[1] == sent[0] and sent[0], sent
 
 
 NGINX = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")

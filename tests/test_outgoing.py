@@ -18,7 +18,8 @@ import time
 import pytest
 
 from conftest import PROGRAMS_DIR, tool
-from serving import Progress, ServingGroup, concurrently, free_port, kill_after, line_client, line_clients
+from serving import (Progress, ServingGroup, concurrently, free_port, kill_after, line_client, line_clients,
+                     start_script)
 from test_rejoin import full_and_caught_up, wait_for
 
 
@@ -79,9 +80,13 @@ def backend():
     b.close()
 
 
-def proxy_group(tmp_path, examples, backend_port: int, replicas=3, extra=()) -> ServingGroup:
-    return ServingGroup(tmp_path / "rd", [examples / "proxy_server", 7000, backend_port], replicas=replicas,
-                        extra=extra)
+def proxy_group(tmp_path, examples, backend_port: int, replicas=3, extra=(), script=False) -> ServingGroup:
+    """script: the proxy runs as the child of a start script (no exec),
+    a process the program forked, replicated with it."""
+    argv = [examples / "proxy_server", 7000, backend_port]
+    if script:
+        argv, extra = [start_script(tmp_path, *argv)], [*extra, "--fork", "replicate"]
+    return ServingGroup(tmp_path / "rd", argv, replicas=replicas, extra=extra)
 
 
 def finish(group: ServingGroup, dropped: int = 0) -> dict:
@@ -186,9 +191,11 @@ def test_remote_close_reaches_every_replica(examples, tmp_path, backend):
     assert [sorted(r["outgoing"]) for r in state["replicas"]] == [["1", "2"]] * 3
 
 
-@pytest.mark.parametrize("kills", [1, 2])
-def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, examples, tmp_path, backend):
-    group = proxy_group(tmp_path, examples, backend.port)
+@pytest.mark.parametrize("kills, script", [(1, False), (2, False), (2, True)])
+def test_primary_killed_mid_workload_keeps_the_remote_connection(kills, script, examples, tmp_path, backend):
+    """(script: the proxy is a start script's child, whose connections are
+    numbered apart from its parent's.)"""
+    group = proxy_group(tmp_path, examples, backend.port, script=script)
     progress = Progress()
     results = run_clients(group, nclients=3, nlines=300, meanwhile=kill_after(group, progress, *[300, 600][:kills]),
                           pause=0.002, progress=progress)
@@ -335,3 +342,37 @@ def test_a_half_closed_connection_still_gets_its_answer(examples, tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+FORKING_CLIENT = """
+import os, socket, sys
+def ask(text):
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+        s.sendall(text.encode() + b"\\n")
+        return s.makefile().readline().strip()
+print("parent", ask("parent-1"), flush=True)
+pid = os.fork()
+if pid == 0:
+    print("child", ask("child-1"), ask("child-2"), flush=True)
+    os._exit(0)
+mine = ask("parent-2"), ask("parent-3")
+os.waitpid(pid, 0)
+print("parent", *mine, flush=True)
+"""
+
+
+def test_a_forked_process_connects_apart_from_its_parent(real_python, tmp_path, backend):
+    """--fork replicate: a child connects as its parent goes on connecting.
+    The child counts its connections on from its parent's count, and each
+    of its connections is its own at the backend (not its parent's of the
+    same count), once, whichever replica's process made it; each
+    replica's stdout tells the same story."""
+    rd = tmp_path / "rd"
+    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir", str(rd), "--",
+                        real_python, "-c", FORKING_CLIENT, str(backend.port)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    backend.wait_ended(5)
+    assert sorted(backend.conns) == [[f"child-{k}"] for k in (1, 2)] + [[f"parent-{k}"] for k in (1, 2, 3)]
+    outs = [(rd / f"replica-{k}" / "stdout").read_text() for k in range(3)]
+    assert outs[1] == outs[0] and outs[2] == outs[0] and outs[0].count("\n") == 3, outs

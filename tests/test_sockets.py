@@ -10,10 +10,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections import Counter
 
 from conftest import tool
-from serving import ServingGroup, concurrently, line_client, sha
+from serving import ServingGroup, concurrently, line_client, udp_exchange
 from test_serving import assert_replicas_agree
 
 
@@ -70,19 +69,6 @@ def test_sendfile_replicas_send_the_same_bytes(examples, tmp_path):
     assert_replicas_agree(state, list(raw.values()) + [final_raw], group.run_dir)
     total = sum(v["bytes"] for v in state["replicas"][0]["outputs"].values())
     assert total > 4 * 3 * len(content), "the files went through the primary's connections"
-
-
-def udp_exchange(sock: socket.socket, port: int, payload: bytes, timeout: float = 30.0) -> bytes:
-    """One request, one reply; resends while the gateway's UDP port is not
-    there yet (ICMP refusals) or the datagram got lost."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        sock.sendto(payload, ("127.0.0.1", port))
-        try:
-            return sock.recv(70000)
-        except (socket.timeout, ConnectionRefusedError):
-            continue
-    raise AssertionError(f"no reply to {payload[:40]!r}")
 
 
 def test_udp_server_datagrams_and_replicas_agree(examples, tmp_path):

@@ -266,6 +266,10 @@ class ForkedStreams:
         for s in failing:
             s.fail_over(successor.index)
 
+    def files_of(self, index: int) -> list[StreamFile]:
+        """Replica index's processes' streams, those still open."""
+        return [s.files[index] for s in self.streams.values() if index in s.files and s.files[index].ctl is not None]
+
     def refusal(self) -> str | None:
         """What a forked process did that llft cannot replicate (its shim
         says so in its control block), or None."""

@@ -171,7 +171,7 @@ class DatagramService:
     binds, a ReplicaPort per replica and port."""
 
     def __init__(self, replicas, primary, host: str | None, port_map: dict[int, int], errors: list[str],
-                 listed=lambda stream: stream.datagram_listeners()):
+                 listed=lambda replica: replica.listeners(socket.SOCK_DGRAM)):
         self.replicas = replicas
         self.listed = listed                # a replica's ports this service serves (outgoing.py: any-port ones)
         self.primary = primary
@@ -185,7 +185,7 @@ class DatagramService:
     async def watch_once(self):
         """Serves new UDP ports of the primary; connects replicas whose
         program has bound them since."""
-        for port, family, bound in self.listed(self.primary.stream):
+        for port, family, bound in self.listed(self.primary):
             if port not in self.ports:
                 await self._serve(port, family, bound)
         for port, public in self.ports.items():

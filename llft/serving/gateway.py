@@ -80,12 +80,12 @@ class Gateway:
         self.plane.set_primary(relay.slot)
         self.datagrams.promote(relay.replica)
 
-    async def watch(self, stream, interval: float = 0.01):
-        """Opens a public port for each port the primary listens on (TCP)
-        or binds (UDP); says so if it has none after NO_PORT_NOTICE_S."""
+    async def watch(self, interval: float = 0.01):
+        """Opens a public port for each port the primary's processes listen
+        on (TCP) or bind (UDP); says so if it has none after NO_PORT_NOTICE_S."""
         since = asyncio.get_running_loop().time()
         while True:
-            for port, _family, bound in stream.listeners():
+            for port, _family, bound in self.primary.replica.listeners():
                 if port not in self.servers:
                     await self._serve(port, bound)
             await self.datagrams.watch_once()

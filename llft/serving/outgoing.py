@@ -91,7 +91,7 @@ class OutgoingService:
             # UDP ports bound to port 0, or by a send or connect before any
             # bind: the gateway's datagram service, on any free port.
             self.udp = DatagramService(self.members, self.replicas[self.primary], None, {0: 0}, self.errors,
-                                       listed=lambda stream: stream.any_port_datagram_listeners())
+                                       listed=lambda replica: replica.stream.any_port_datagram_listeners())
             self.stats["udp"] = self.udp.stats
             task = asyncio.create_task(self._watch_udp())
             self.tasks.add(task)
@@ -142,7 +142,7 @@ class OutgoingService:
             if public is None or public.transport is None:
                 continue
             live = [m for m in public.members.values() if m.replica.alive()]
-            if any(m.sock is None or port in {p for p, _f, _n in self.udp.listed(m.replica.stream)} for m in live):
+            if any(m.sock is None or port in {p for p, _f, _n in self.udp.listed(m.replica)} for m in live):
                 continue
             for m in public.members.values():
                 m._readable()   # what it sent last
