@@ -266,6 +266,7 @@ static void child_goes_on(const struct fork_plan *plan)
     t->stamp = 0;
     t->q = NULL;
     t->state = TS_TRACKED;
+    llft_serial_forked(t);
     __atomic_store_n(&llft_next_tid, 1, __ATOMIC_SEQ_CST);
     llft_ring = llft_shm_ring(base);
     llft_forked_from = NULL;

@@ -67,6 +67,16 @@ void llft_serial_init(void)
     llft_serial_on = v && *v && *v != '0';
 }
 
+/* A forked process (fork_stream.c), its one thread numbered afresh: it
+ * holds the turn if it held it in its parent as it forked; the parent's
+ * other threads, one of which may hold it there, are not in this process. */
+void llft_serial_forked(const struct llft_thread *t)
+{
+    __atomic_store_n(&owner, t->serial_turn ? t->tid + 1 : 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&holder_ktid, (uint32_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&held_since_ms, llft_now_ms(), __ATOMIC_SEQ_CST);
+}
+
 /* The state of thread ktid of this process as /proc shows it ('R'
  * running, 'S' or 'D' waiting in the kernel), or 0 when it is gone or
  * stopped (by a debugger or a signal: a frozen replica is the

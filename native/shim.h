@@ -254,6 +254,7 @@ void  llft_each_mapping(int (*visit)(const char *line, void *arg), void *arg);
 /* ---- --serialize: one thread runs at a time (serialize.c) ---- */
 extern int llft_serial_on;            /* set once, at attach */
 void llft_serial_init(void);
+void llft_serial_forked(const struct llft_thread *t);   /* a forked process's one thread */
 void llft_serial_give_slow(void);
 void llft_serial_take_slow(void);
 static inline void llft_serial_give(void)

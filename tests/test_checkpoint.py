@@ -599,6 +599,9 @@ def test_a_fault_while_the_source_is_frozen_for_its_checkpoint(victim, examples,
                 break
         assert hit, "CRIU never held the source frozen long enough to be seen"
         wl.progresses("after the fault")
+        # Looked at again: a source seen running on may have been stopped a
+        # moment later by the SIGSTOP CRIU's detach left pending, and fenced.
+        st = wait_for(back_to(3), "three replicas after the fault", group, timeout=60)
         check_digests(group, KvClient, st)
         wl.finish_and_shut_down(group)
     finally:

@@ -124,6 +124,27 @@ def test_a_node_http_server_under_serialize_fails_over(tmp_path):
     quit_and_compare(group)
 
 
+@pytest.mark.skipif(not shutil.which("npm"), reason="npm not installed (scripts/setup.sh installs it)")
+def test_a_node_server_started_by_npm_start_under_serialize_fails_over(tmp_path):
+    """`llft-run -- npm start`, as Node servers are deployed: npm (Node
+    itself) runs the package's start script in a shell, which runs the
+    server as its child, without exec.  Every process is replicated, its
+    threads taking turns: llft-run chooses --serialize for npm, the
+    server's port is served, and the counts are exact across a primary
+    kill.  (npm is kept offline: nothing leaves this machine.)"""
+    import json as json_
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "package.json").write_text(json_.dumps({
+        "name": "counter", "version": "1.0.0", "private": True,
+        "scripts": {"start": f"node {PROGRAMS / 'counter_server.js'} 8080"}}))
+    offline = {"npm_config_offline": "true", "npm_config_update_notifier": "false", "npm_config_fund": "false",
+               "npm_config_audit": "false", "npm_config_cache": str(tmp_path / "npm-cache")}
+    group = ServingGroup(tmp_path / "rd", [shutil.which("npm"), "--prefix", app, "start"], env=offline)
+    assert counts_across_a_kill(group, 150, kill_at=250) == list(range(1, 601)), "a request lost or applied twice"
+    quit_and_compare(group)
+
+
 @pytest.mark.skipif(not shutil.which("javac"), reason="javac not installed (scripts/setup.sh installs a JDK)")
 def test_a_jvm_http_server_under_serialize_fails_over(tmp_path):
     """A small JVM server (com.sun.net.httpserver, an AtomicLong counter):
@@ -168,6 +189,46 @@ def quit_and_compare(group):
     assert "running it with --serialize" in group.stderr, "llft-run chose --serialize for it, and said so"
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
     assert state["replicas"][1]["outputs"] == state["replicas"][2]["outputs"]
+
+
+FORK_FROM_A_THREAD = """
+import os, random, threading, time
+def child():
+    total = [0]
+    def add():
+        for i in range(3000):
+            total[0] += 1   # (a read, then a write: threads that switch between them lose updates)
+            if i % 97 == 0:
+                time.sleep(0)
+    threads = [threading.Thread(target=add) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("child", total[0], time.time(), random.random(), flush=True)
+def fork_here():
+    pid = os.fork()
+    if pid == 0:
+        child()
+        os._exit(0)
+    os.waitpid(pid, 0)
+t = threading.Thread(target=fork_here)
+t.start()
+t.join()
+print("parent", time.time(), flush=True)
+"""
+
+
+def test_a_process_forked_from_a_thread_takes_turns_of_its_own(real_python, llft_run):
+    """--serialize with --fork replicate: a thread other than the main one
+    forks, holding the turn; in the child that thread is the only one, and
+    it holds the turn there (not its parent's thread of the same number),
+    so that the child's threads go on taking turns, alike at every
+    replica."""
+    run = llft_run([real_python, "-c", FORK_FROM_A_THREAD], extra=["--serialize"], timeout=60)
+    assert run.status == 0, run.stderr
+    outs = {run.out(k) for k in range(3)}
+    assert len(outs) == 1 and "child" in next(iter(outs)), outs
 
 
 @pytest.mark.parametrize("mode", ["futex", "compute"])

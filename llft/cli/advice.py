@@ -16,7 +16,7 @@ def races_by_design(program: list[str]) -> str | None:
     outside any lock llft orders, so that llft-run runs it with --serialize
     unless told not to; or None."""
     name, args = Path(program[0]).name, " ".join(program[1:])
-    if name in ("node", "nodejs", "java"):
+    if name in ("node", "nodejs", "npm", "npx", "java"):   # (npm and npx are Node programs)
         return (f"{'Node' if name != 'java' else 'the JVM'}'s own threads (its compilers, garbage collector, "
                 "workers) hand work to each other through memory outside any lock")
     if name == "memcached" and not ("no_lru_maintainer" in args and "no_lru_crawler" in args):

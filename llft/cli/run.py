@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "own, its exit, its parent's waits and its signal handlers in the primary's order, the "
                         "connections it accepted handed to it at each backup, and fails over with it (nginx's "
                         "master and workers, prefork servers, dnsmasq's TCP children; docs/forked-processes.md).  "
-                        "unrecorded (the default with --join, --keep, --respawn, --serialize, --mode "
+                        "unrecorded (the default with --join, --keep, --respawn, --mode "
                         "semi-passive, --order mailbox or --replay-from, which replicate does not go with yet): "
                         "they run unrecorded at each replica, and one that would serve a client is refused")
     p.add_argument("--log-output", action="store_true",
@@ -283,7 +283,7 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--{'keep' if args.keep else 'respawn'} replaces replicas of a group on this host: "
                          "not with --replay-from or --join")
     clash = [name for name, on in (("--join", args.join), ("--keep", args.keep is not None),
-                                   ("--respawn", args.respawn), ("--serialize", args.serialize),
+                                   ("--respawn", args.respawn),
                                    ("--mode semi-passive", args.mode == "semi-passive"),
                                    ("--order mailbox", args.order == "mailbox"),
                                    ("--replay-from", args.replay_from is not None)) if on]
@@ -367,11 +367,8 @@ def main(argv=None) -> int:
     setup_logging(args.log_level, run_dir / "llft.log")
     become_subreaper()   # a daemon the program forks is ended with the group (llft/process_tree.py)
     why = races_by_design(program)
-    if why and not args.serialize and not args.no_serialize and args.fork_chosen and args.fork == "replicate":
-        log.warning("%s; --fork replicate does not go with --serialize yet: its threads run at once", why)
-    elif why and not args.serialize and not args.no_serialize:
+    if why and not args.serialize and not args.no_serialize:
         args.serialize = True
-        args.fork = "unrecorded"   # (replicate does not go with --serialize yet)
         log.warning("%s: running it with --serialize (--no-serialize runs its threads at once)", why)
     advice = known_race(program, serialize=args.serialize)
     if advice:
