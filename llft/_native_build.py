@@ -46,7 +46,11 @@ ffibuilder.cdef("""
     typedef struct {
         uint32_t kind; uint16_t port; uint16_t family; uint32_t type; uint8_t addr[16]; uint32_t _pad;
     } llft_channel_msg_t;
-    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, LLFT_CHAN_STREAM, LLFT_CHAN_INBOX, ... };
+    enum llft_channel_kind { LLFT_CHAN_LISTEN, LLFT_CHAN_DGRAM, LLFT_CHAN_CONNECT, LLFT_CHAN_STREAM, LLFT_CHAN_INBOX,
+                             LLFT_CHAN_PORT, ... };
+    #define LLFT_EPHEMERAL_FIRST ...
+    #define LLFT_EPHEMERAL_COUNT ...
+    #define LLFT_EPHEMERAL_OWN ...
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
         uint32_t quiesce; uint64_t q_census;

@@ -508,17 +508,20 @@ def address_text(family: int, raw: bytes) -> str:
 
 CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")
 CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT = lib.LLFT_CHAN_LISTEN, lib.LLFT_CHAN_DGRAM, lib.LLFT_CHAN_CONNECT
-CHAN_STREAM, CHAN_INBOX = lib.LLFT_CHAN_STREAM, lib.LLFT_CHAN_INBOX
+CHAN_STREAM, CHAN_INBOX, CHAN_PORT = lib.LLFT_CHAN_STREAM, lib.LLFT_CHAN_INBOX, lib.LLFT_CHAN_PORT
+# Ephemeral ports: the first process numbers its own from the first OWN; the controller gives the rest.
+EPHEMERAL_FIRST, EPHEMERAL_COUNT, EPHEMERAL_OWN = lib.LLFT_EPHEMERAL_FIRST, lib.LLFT_EPHEMERAL_COUNT, lib.LLFT_EPHEMERAL_OWN
 LISTENER_ANY_PORT = lib.LLFT_LISTENER_ANY_PORT
 
 
 @dataclass(frozen=True)
 class ChannelMessage:
     """What a replica's shim sends on its channel with a socket's other end."""
-    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_STREAM, CHAN_INBOX
+    kind: int        # CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_STREAM, CHAN_INBOX, CHAN_PORT
     port: int
     family: int
-    type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket; CHAN_STREAM: the role
+    type: int        # CHAN_DGRAM: LISTENER_ANY_PORT for an outgoing (any-port) UDP socket; CHAN_STREAM: the role;
+                     # CHAN_PORT: SOCK_STREAM or SOCK_DGRAM
     addr: str        # the address the program bound
     stream: int = 0  # CHAN_STREAM, CHAN_INBOX: the (forked) process's stream id...
     parent: int = 0  # ...and its parent's
@@ -538,7 +541,9 @@ def parse_channel_message(raw: bytes) -> ChannelMessage:
                               int.from_bytes(ids[8:], "little"))
     if m.kind == CHAN_INBOX:
         return ChannelMessage(m.kind, 0, 0, 0, "", int.from_bytes(bytes(m.addr)[:8], "little"))
-    if m.kind not in (CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT):
+    if m.kind == CHAN_PORT and m.type not in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        raise ValueError(f"a port for a socket of type {m.type}")
+    if m.kind not in (CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT, CHAN_PORT):
         raise ValueError(f"kind {m.kind}")
     if m.kind != CHAN_CONNECT and m.family not in (socket.AF_INET, socket.AF_INET6):
         raise ValueError(f"address family {m.family}")

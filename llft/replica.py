@@ -14,8 +14,8 @@ from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
 from llft.members import running, start_time, stopped
-from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, ROLE_NAMES, StreamFile, die_with_parent, disable_aslr,
-                         ignore_census_signals)
+from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, LISTENER_ANY_PORT, ROLE_NAMES, StreamFile, die_with_parent,
+                         disable_aslr, ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
 from llft.process_tree import end_orphans, end_process_group
 from llft.serving.channel import ProgramChannel
@@ -67,6 +67,7 @@ class Replica:
     def __post_init__(self):
         self.role = ROLE_NAMES.get(self.stream.role, "?")
         self.channel = ProgramChannel(self.index)   # the program's sockets reach the controller through it
+        self.channel.ports.in_use = self.ports_held
 
     def listeners(self, socktype: int = socket.SOCK_STREAM) -> list[tuple[int, int, str]]:
         """The ports the replica's processes serve (StreamFile.listeners):
@@ -76,6 +77,11 @@ class Replica:
         for f in self.forked_files():
             out += [entry for entry in f.listeners(socktype) if entry not in out]
         return out
+
+    def ports_held(self) -> set[int]:
+        """Every port the replica's processes listen on or have bound."""
+        return {port for socktype in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_DGRAM | LISTENER_ANY_PORT)
+                for port, _family, _addr in self.listeners(socktype)}
 
     @property
     def files_dir(self) -> Path | None:

@@ -281,17 +281,6 @@ static void child_goes_on(const struct fork_plan *plan)
     }
 }
 
-/* What only a replica's first process may do under --fork replicate, as
- * yet: the ephemeral port numbers a forked one would take count on from
- * its parent's, and would be taken twice. */
-void llft_forked_may_not(const char *what)
-{
-    if (llft_ctl && llft_ctl->stream_id)
-        llft_refuse("a process the program forked (pid %d) %s: under --fork replicate, only the program's first "
-                    "process may do so yet; a script that starts the server should exec it (`exec ./server`), "
-                    "so that the server is that first process", (int)syscall(SYS_getpid), what);
-}
-
 /* Backup, the parent: the primary's FORK of this n-th fork, which came
  * after the calls the program's fork handlers made in the parent (the
  * fork itself runs them: an allocator's locks).  0, or LLFT_PROMOTED. */

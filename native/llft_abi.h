@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 8u
+#define LLFT_ABI_VERSION 9u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -138,10 +138,24 @@ typedef struct llft_conn_header {
  *            parent's (native/fork_stream.c);
  *   INBOX    under --fork replicate, a backup process's own listener for
  *            every connection its primary counterpart accepted (a
- *            SOCK_STREAM pair used as LISTEN's): addr[0..8) its stream id. */
+ *            SOCK_STREAM pair used as LISTEN's): addr[0..8) its stream id;
+ *   PORT     under --fork replicate, a primary's forked process asks for
+ *            an ephemeral port (family and type: SOCK_STREAM or
+ *            SOCK_DGRAM): the controller writes the port as a uint32_t on
+ *            the fd, a SOCK_STREAM pair, and closes it. */
 enum llft_channel_kind {
-    LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3, LLFT_CHAN_STREAM = 4, LLFT_CHAN_INBOX = 5
+    LLFT_CHAN_LISTEN = 1, LLFT_CHAN_DGRAM = 2, LLFT_CHAN_CONNECT = 3, LLFT_CHAN_STREAM = 4, LLFT_CHAN_INBOX = 5,
+    LLFT_CHAN_PORT = 6
 };
+
+/* The ephemeral ports of bind() to port 0 (and of a UDP socket's first
+ * send), as Linux's: the replica's first process numbers its own from the
+ * first LLFT_EPHEMERAL_OWN; the controller gives the processes it forks
+ * theirs from the rest (LLFT_CHAN_PORT), apart from every port the
+ * replica's processes hold. */
+#define LLFT_EPHEMERAL_FIRST 49152u
+#define LLFT_EPHEMERAL_COUNT 16384u
+#define LLFT_EPHEMERAL_OWN 8192u
 typedef struct llft_channel_msg {
     uint32_t kind;                /* enum llft_channel_kind */
     uint16_t port;                /* LISTEN, DGRAM: host byte order */

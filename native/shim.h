@@ -237,8 +237,7 @@ pid_t llft_fork_replicated(pid_t (*real_fork)(void));
  * (an anonymous shared mapping, a System V segment), as a phrase, or ""
  * (wrap_fork.c). */
 const char *llft_shared_memory(void);
-/* Refuses (llft_refuse) what a forked process may not do yet. */
-void  llft_forked_may_not(const char *what);
+/* Whether addr is where the fork gates are mapped (the shim's, not the program's sharing). */
 int   llft_fork_gates_at(unsigned long addr);
 /* The pid map of a replica that forked as a backup: the pid the program
  * holds (the primary's child's) and this process's own child; either way

@@ -173,32 +173,62 @@ static inline int fd_socktype(int fd) { return llft_fd_kind(fd) == FD_DGRAM ? SO
 /* ---- bind / listen -------------------------------------------------- */
 
 /* Ports of bind() to port 0 (and of a UDP socket's first send) come from
- * 49152-65535, as Linux's do.  Threads bind in any order, so the primary
- * records each one's port and a backup takes the recorded one; a backup
- * that takes over numbers on past every port it replayed. */
-#define EPHEMERAL_FIRST 49152u
-#define EPHEMERAL_COUNT 16384u
+ * LLFT_EPHEMERAL_FIRST on, as Linux's do.  Threads bind in any order, so
+ * the primary records each one's port and a backup takes the recorded
+ * one.  The replica's first process numbers its ports itself (a backup
+ * that takes over numbers on past every port it replayed); a process it
+ * forked would count on from its parent's count, and take its parent's
+ * ports, so it asks the controller, which knows every port the replica's
+ * processes hold (BIND_PORT's aux says so). */
+#define PORT_FROM_CONTROLLER 1u
 static uint32_t next_ephemeral;
 
-static uint16_t ephemeral_port(void)
+/* The port the controller gives this forked process for a socket of
+ * type, or 0 if it gives none. */
+static uint16_t port_from_controller(int family, int type)
+{
+    int sv[2];
+    if (REAL(socketpair)(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return 0;
+    llft_channel_msg_t m = {.kind = LLFT_CHAN_PORT, .family = (uint16_t)family, .type = (uint32_t)type};
+    int err = llft_channel_send(&m, sv[1]);
+    REAL(close)(sv[1]);
+    uint32_t port = 0;
+    if (!err)
+        err = llft_read_exact(sv[0], &port, sizeof port, 0);
+    REAL(close)(sv[0]);
+    if (err || port < LLFT_EPHEMERAL_FIRST + LLFT_EPHEMERAL_OWN || port >= LLFT_EPHEMERAL_FIRST + LLFT_EPHEMERAL_COUNT)
+        return 0;
+    return (uint16_t)port;
+}
+
+static uint16_t ephemeral_port(int family, int type)
 {
     LLFT_CALL(t);
     int role = llft_call_mode(&t);
     llft_rec_t e;
     if (role == LLFT_ROLE_BACKUP) {
         if (!llft_replay_next(t, LLFT_OP_BIND_PORT, &e)) {
+            if (e.aux == PORT_FROM_CONTROLLER)
+                return (uint16_t)e.val;
             uint32_t taken = (uint32_t)e.val + 1, cur = __atomic_load_n(&next_ephemeral, __ATOMIC_RELAXED);
             while (cur < taken &&
                    !__atomic_compare_exchange_n(&next_ephemeral, &cur, taken, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
                 ;
-            return (uint16_t)(EPHEMERAL_FIRST + (uint32_t)e.val % EPHEMERAL_COUNT);
+            return (uint16_t)(LLFT_EPHEMERAL_FIRST + (uint32_t)e.val % LLFT_EPHEMERAL_OWN);
         }
         role = LLFT_ROLE_PRIMARY;
+    }
+    if (llft_ctl->stream_id) {
+        uint16_t port = port_from_controller(family, type);
+        if (port && role == LLFT_ROLE_PRIMARY)
+            llft_record_aux(t, LLFT_OP_BIND_PORT, 0, 0, 0, 0, port, PORT_FROM_CONTROLLER);
+        return port;
     }
     uint32_t n = __atomic_fetch_add(&next_ephemeral, 1, __ATOMIC_RELAXED);
     if (role == LLFT_ROLE_PRIMARY)
         llft_record(t, LLFT_OP_BIND_PORT, 0, 0, 0, 0, n);
-    return (uint16_t)(EPHEMERAL_FIRST + n % EPHEMERAL_COUNT);
+    return (uint16_t)(LLFT_EPHEMERAL_FIRST + n % LLFT_EPHEMERAL_OWN);
 }
 
 static int publish_listener(int fd, uint32_t type);
@@ -243,11 +273,11 @@ EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
     }
     int any_port = port == 0;
     if (any_port) {
-        /* Each process numbers its ephemeral ports from what it inherited:
-         * two processes of a replica would pick the same one. */
-        llft_forked_may_not(kind == FD_DGRAM ? "bound a UDP socket to an ephemeral port (or sent from an unbound one)"
-                                             : "bound a TCP socket to an ephemeral port");
-        port = ephemeral_port();
+        port = ephemeral_port(addr->sa_family, fd_socktype(fd));
+        if (port == 0) {
+            errno = EADDRNOTAVAIL;   /* (the controller gave none: Linux's answer when its range is used up) */
+            return -1;
+        }
     }
     else if (port_in_use(port, addr->sa_family, fd_socktype(fd))) {
         errno = EADDRINUSE;

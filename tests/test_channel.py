@@ -21,7 +21,7 @@ import pytest
 import serving
 from serving import ServingGroup, line_client, line_clients
 from llft.checkpoint.sockets import fd_inodes
-from llft.native import CHAN_CONNECT, CHAN_LISTEN, ffi
+from llft.native import CHAN_CONNECT, CHAN_LISTEN, CHAN_PORT, EPHEMERAL_COUNT, EPHEMERAL_FIRST, EPHEMERAL_OWN, ffi
 from llft.serving.channel import ProgramChannel
 from llft.serving.outgoing import OutgoingService
 
@@ -111,9 +111,9 @@ def send_on_channel(theirs: socket.socket, body: bytes, fds: list[int]):
     theirs.sendmsg([body], anc)
 
 
-def channel_message(kind: int, port: int = 0, family: int = socket.AF_INET) -> bytes:
+def channel_message(kind: int, port: int = 0, family: int = socket.AF_INET, type: int = 0) -> bytes:
     m = ffi.new("llft_channel_msg_t *")
-    m.kind, m.port, m.family = kind, port, family
+    m.kind, m.port, m.family, m.type = kind, port, family, type
     return bytes(ffi.buffer(m))
 
 
@@ -137,6 +137,34 @@ def test_malformed_channel_messages_are_dropped_and_counted():
         ch.close()
         a.close()
         b.close()
+    asyncio.run(run())
+
+
+def test_a_forked_process_asking_for_a_port_gets_one_apart_from_those_held():
+    """CHAN_PORT: a port of the upper half of the ephemeral range, none the
+    replica's processes hold, none given before until the range goes
+    round; a request for a socket of another type is dropped and counted."""
+    async def ask(ch, type_) -> bytes:
+        ours, theirs = socket.socketpair()
+        send_on_channel(ch.theirs, channel_message(CHAN_PORT, type=type_), [theirs.fileno()])
+        theirs.close()
+        ours.settimeout(10)
+        got = await asyncio.to_thread(ours.recv, 8)
+        ours.close()
+        return got
+
+    async def run():
+        ch = ProgramChannel(7)
+        first = EPHEMERAL_FIRST + EPHEMERAL_OWN
+        ch.ports.in_use = lambda: {first, first + 2}
+        ch.attach()
+        got = [int.from_bytes(await ask(ch, kind), "little")
+               for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM, socket.SOCK_DGRAM)]
+        assert got == [first + 1, first + 3, first + 4]
+        assert await ask(ch, socket.SOCK_RAW) == b"" and ch.drops == 1
+        ch.ports.in_use = lambda: set(range(EPHEMERAL_FIRST, EPHEMERAL_FIRST + EPHEMERAL_COUNT))
+        assert int.from_bytes(await ask(ch, socket.SOCK_DGRAM), "little") == 0, "none left: the shim's EADDRNOTAVAIL"
+        ch.close()
     asyncio.run(run())
 
 

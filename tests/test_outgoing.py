@@ -299,15 +299,17 @@ class RecordingUdpServer:
         self.sock.close()
 
 
-def test_outgoing_udp_from_unbound_sockets(examples, tmp_path, backend):
+@pytest.mark.parametrize("script", [False, True])
+def test_outgoing_udp_from_unbound_sockets(script, examples, tmp_path, backend):
     """A UDP socket that sends (sendto, or connect and send) before any bind,
     as a resolver does, in three threads at once: each datagram reaches the
     server once, its answer reaches every replica, the ports are closed
     after.  (The port a send binds is recorded: a backup's threads bound in
-    their own order and took each other's ports, and answers.)"""
+    their own order and took each other's ports, and answers.)  script:
+    the proxy is a start script's child, whose ports the controller gives."""
     udp = RecordingUdpServer()
     try:
-        group = proxy_group(tmp_path, examples, backend.port)
+        group = proxy_group(tmp_path, examples, backend.port, script=script)
 
         def lines(i):
             return [f"UDP {udp.port} c{i}q{j}" if j % 2 else f"UDPTO {udp.port} c{i}q{j}" for j in range(10)]

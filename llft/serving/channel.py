@@ -6,7 +6,7 @@ the controller's end of each socket the program serves or connects with: a
 TCP listener (a stream pair: one byte and the connection's fd per client
 connection), a UDP port (a datagram pair), an outgoing connection (a stream
 pair).  Under --fork replicate a process the program forks hands over
-its record stream the same way.  Nothing is named, so no other process on
+its record stream the same way, and asks here for its ephemeral ports.  Nothing is named, so no other process on
 the host can reach the program's sockets, nor pose as the controller to it.  Anything on the
 channel that is not one well-formed message with one socket is counted and
 dropped."""
@@ -17,9 +17,10 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 
-from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_INBOX, CHAN_LISTEN, CHAN_STREAM, CHANNEL_MSG_SIZE, \
-    ChannelMessage, parse_channel_message
+from llft.native import CHAN_CONNECT, CHAN_DGRAM, CHAN_INBOX, CHAN_LISTEN, CHAN_PORT, CHAN_STREAM, \
+    CHANNEL_MSG_SIZE, EPHEMERAL_COUNT, EPHEMERAL_FIRST, EPHEMERAL_OWN, ChannelMessage, parse_channel_message
 
 log = logging.getLogger("llft.channel")
 
@@ -43,6 +44,28 @@ def hand_over(listener: socket.socket, fd: int):
     listener.sendmsg([b"c"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
 
 
+class EphemeralPorts:
+    """The ephemeral ports a replica's forked processes get (CHAN_PORT):
+    from the range above the one its first process numbers itself, in
+    turn, passing over every port the replica's processes hold (in_use).
+    Given in turn, a port comes again only once the range has gone round,
+    so that one given and not yet listed is not given twice."""
+
+    def __init__(self):
+        self.in_use = lambda: set()   # the ports the replica's processes list
+        self._next = 0
+
+    def give(self) -> int:
+        """A port, or 0 when every one is held."""
+        held, span = self.in_use(), EPHEMERAL_COUNT - EPHEMERAL_OWN
+        for _ in range(span):
+            port = EPHEMERAL_FIRST + EPHEMERAL_OWN + self._next
+            self._next = (self._next + 1) % span
+            if port not in held:
+                return port
+        return 0
+
+
 class ProgramChannel:
     def __init__(self, index: int):
         self.index = index
@@ -60,6 +83,7 @@ class ProgramChannel:
         self.attached = False
         self.tasks: set[asyncio.Task] = set()
         self.handing_held = False   # no connection is handed over meanwhile (a checkpoint drains the listeners)
+        self.ports = EphemeralPorts()
 
     # -- the replica's side, at its start ------------------------------------
     def child_fd(self) -> int:
@@ -115,6 +139,9 @@ class ProgramChannel:
             if msg.kind == CHAN_STREAM:
                 self.on_stream(msg, fds[0])
                 continue
+            if msg.kind == CHAN_PORT:
+                self._give_port(fds[0])
+                continue
             try:
                 sock = socket.socket(fileno=fds[0])
             except OSError:
@@ -123,6 +150,16 @@ class ProgramChannel:
                 log.warning("replica %d: dropped a message on its channel that came without a socket", self.index)
                 continue
             self._take(msg, sock)
+
+    def _give_port(self, fd: int):
+        """A forked process waits on fd for an ephemeral port."""
+        with socket.socket(fileno=fd) as s:
+            s.setblocking(False)
+            try:
+                s.send(struct.pack("=I", self.ports.give()))
+            except OSError as e:
+                self.drops += 1
+                log.warning("replica %d: could not give a process its ephemeral port: %s", self.index, e)
 
     def _take(self, msg: ChannelMessage, sock: socket.socket):
         sock.setblocking(False)

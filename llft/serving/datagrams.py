@@ -186,7 +186,9 @@ class DatagramService:
         """Serves new UDP ports of the primary; connects replicas whose
         program has bound them since."""
         for port, family, bound in self.listed(self.primary):
-            if port not in self.ports:
+            public = self.ports.get(port, False)
+            # (closed: a port outgoing.py was done with, bound again once the numbers went round)
+            if public is False or (public is not None and public.transport is None):
                 await self._serve(port, family, bound)
         for port, public in self.ports.items():
             if public is None:

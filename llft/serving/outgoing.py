@@ -36,7 +36,7 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
-from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, connect_reply, parse_connect_request
+from llft.native import CONNECT_ASK, CONNECT_REQUEST_SIZE, LISTENER_ANY_PORT, connect_reply, parse_connect_request
 from llft.serving.datagrams import DatagramService
 from llft.serving.relay import OutputLog, write_once
 
@@ -91,7 +91,7 @@ class OutgoingService:
             # UDP ports bound to port 0, or by a send or connect before any
             # bind: the gateway's datagram service, on any free port.
             self.udp = DatagramService(self.members, self.replicas[self.primary], None, {0: 0}, self.errors,
-                                       listed=lambda replica: replica.stream.any_port_datagram_listeners())
+                                       listed=lambda replica: replica.listeners(socket.SOCK_DGRAM | LISTENER_ANY_PORT))
             self.stats["udp"] = self.udp.stats
             task = asyncio.create_task(self._watch_udp())
             self.tasks.add(task)
