@@ -26,7 +26,7 @@ from llft.native import (DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY
                          StreamFile)
 from llft.ordering.backend import RecordOrdering, ordering_for
 from llft.thread_snapshot import keep_stall_snapshot
-from llft.replica import Replica, release_replicas, stop_replicas, watch_exit
+from llft.replica import Replica, release_replicas, stop_replicas, stop_replicas_in_loop, watch_exit
 from llft.serving.dataplane import DataPlane
 from llft.serving.gateway import Gateway
 from llft.serving.inputlog import InputLog
@@ -399,7 +399,7 @@ class LocalGroup:
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:
-                self.stop()
+                await stop_replicas_in_loop(self.replicas, each=functools.partial(self._primary_stopped, primary))
                 break
             if self.gateway is not None and self.gateway.errors:
                 self.failed = self.gateway.errors[0]  # clients could never reach the group
@@ -455,6 +455,12 @@ class LocalGroup:
             except asyncio.TimeoutError:
                 pass
             self.exited.clear()
+
+    def _primary_stopped(self, primary: Replica | None):
+        """While the group stops: once the primary has exited, its backups
+        are told its end, and exit as it did rather than wait for it."""
+        if primary is not None and not primary.alive() and not self.source.finished():
+            self.source.finish(primary.status)
 
     def _adopt_daemon(self, r: Replica, first: int) -> int | None:
         """--fork replicate: r's first process (pid first) exited on its

@@ -20,6 +20,22 @@ def become_subreaper():
     lib.llft_become_subreaper()
 
 
+def group_runs(pgid: int) -> bool:
+    """Whether a process below this controller in process group pgid still
+    runs (an orphan that has exited waits for end_orphans to reap it)."""
+    try:
+        tree = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return False
+    for p in tree:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (psutil.Error, OSError):
+            continue
+    return False
+
+
 def end_process_group(pgid: int):
     """SIGKILL to what is left of a replica's process group (its forked
     children); the group id cannot be reused while any member lives."""

@@ -17,8 +17,10 @@ from llft.members import running, start_time, stopped
 from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, LISTENER_ANY_PORT, ROLE_NAMES, StreamFile, die_with_parent,
                          disable_aslr, ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
-from llft.process_tree import end_orphans, end_process_group
+from llft.process_tree import end_orphans, end_process_group, group_runs
 from llft.serving.channel import ProgramChannel
+
+STOP_POLL_S = 0.02
 
 
 def _child_setup(parent: int, files_plan: bytes | None):
@@ -61,6 +63,7 @@ class Replica:
     adopt: Callable[[int], int | None] | None = None
     adopted: int | None = None
     first_status: int | None = None      # its first process's exit status, once adopted
+    stopping: bool = False               # stop_replicas: its processes are let end by themselves for a while
     # --fork replicate: the streams of the processes it forked, still open
     forked_files: Callable[[], list[StreamFile]] = lambda: []
 
@@ -152,7 +155,8 @@ class Replica:
                     self.adopted, self.first_status = daemon, status
                     self.started = start_time(daemon)
                 else:
-                    end_process_group(self.proc.pid)   # what it forked goes with it (a daemon has a session of its own)
+                    if not self.stopping:   # what it forked goes with it (a daemon has a session of its own)
+                        end_process_group(self.proc.pid)
                     self.status = status
         return self.status
 
@@ -250,6 +254,30 @@ class Replica:
             except ProcessLookupError:
                 pass
 
+    def own_group(self) -> int | None:
+        """The process group its first process leads, while that process
+        is the replica (not a daemon it went on as, nor a restored copy)."""
+        return self.proc.pid if self.proc is not None and self.adopted is None and self.pid == self.proc.pid else None
+
+    def terminate(self):
+        """SIGTERM to the replica's processes, as a service manager stops a
+        service: its first process's process group (the server a start
+        script runs, with the script), or the daemon it goes on as."""
+        group = self.own_group()
+        if self.alive() and group is not None:
+            try:
+                os.killpg(group, signal.SIGTERM)
+                return
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.signal(signal.SIGTERM)
+
+    def still_running(self) -> bool:
+        """Whether a process of the replica runs: its first (or the daemon
+        it went on as), or one of its process group."""
+        group = self.own_group()
+        return self.alive() or (group is not None and group_runs(group))
+
     def kill(self):
         self.killed_by_llft = True
         self.signal(signal.SIGKILL)
@@ -291,17 +319,46 @@ def adopted_status(pid: int) -> int | None:
 
 
 def stop_replicas(replicas: Iterable[Replica], grace: float = 3.0):
-    """Ends every replica: SIGTERM, then SIGKILL to those still running
-    after grace seconds."""
+    """Ends every replica: SIGTERM to its processes, then SIGKILL to
+    what still runs after grace seconds.  Meanwhile they end by
+    themselves, a start script's server too (SIGTERM may end the script
+    at once, and the server its shutdown takes its time)."""
+    replicas = _stopping(replicas)
+    end = time.monotonic() + grace
+    while any(r.still_running() for r in replicas) and time.monotonic() < end:
+        time.sleep(STOP_POLL_S)
+    _stopped(replicas)
+
+
+async def stop_replicas_in_loop(replicas: Iterable[Replica], grace: float = 3.0,
+                                each: Callable[[], None] = lambda: None):
+    """stop_replicas, letting the event loop run meanwhile (a backup's
+    forked process ends once the loop has seen its primary's end:
+    llft/determinizer/forked.py), and calling each() at every look."""
+    replicas = _stopping(replicas)
+    end = time.monotonic() + grace
+    while any(r.still_running() for r in replicas) and time.monotonic() < end:
+        each()
+        await asyncio.sleep(STOP_POLL_S)
+    _stopped(replicas)
+
+
+def _stopping(replicas: Iterable[Replica]) -> list[Replica]:
     replicas = list(replicas)
     for r in replicas:
-        r.signal(signal.SIGTERM)
-    end = time.monotonic() + grace
-    while any(r.alive() for r in replicas) and time.monotonic() < end:
-        time.sleep(0.02)
+        r.stopping = True
+        r.terminate()
+    return replicas
+
+
+def _stopped(replicas: list[Replica]):
     for r in replicas:
+        r.stopping = False
         if r.alive():
             r.kill()
+        group = r.own_group()
+        if group is not None:
+            end_process_group(group)
 
 
 def watch_exit(r: Replica, on_exit: Callable[[], None]):

@@ -616,3 +616,43 @@ def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(examples, tmp
     survivors = [r for r in state["replicas"] if r["role"] != "failed"]
     assert [r["role"] for r in state["replicas"]] == ["failed", "failed", "primary"]
     assert all(r["status"] == 0 for r in survivors)
+
+
+GRACEFUL_SERVER = """
+import signal, socket, sys, time
+def stop(*_):
+    time.sleep(0.3)   # what a server does as it stops: flushing what it holds
+    print("graceful stop", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+s = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"hello\\n")
+    c.close()
+"""
+
+
+def test_stopping_the_group_stops_a_start_scripts_server_as_a_service_manager_would(real_python, tmp_path):
+    """llft-run stopped (SIGTERM) stops each replica as a service manager
+    stops a service: SIGTERM to all its processes, the server a start
+    script runs included, and time to end by themselves.  The server's
+    handler runs at the primary, is replayed at each backup, and finishes
+    its work there before anything is killed (the script, ended at once,
+    would otherwise take its server down with it by SIGKILL).  (A backup
+    is stopped once it has replayed its handler's installation: one still
+    behind would die of the signal, as the program would there.)"""
+    from serving import ServingGroup
+    server = tmp_path / "server.py"
+    server.write_text(GRACEFUL_SERVER)
+    group = ServingGroup(tmp_path / "rd", [serving.start_script(tmp_path, real_python, server, 7000)],
+                         extra=["--fork", "replicate"])
+    with group.connect() as s:
+        assert s.makefile().readline() == "hello\n"
+    for k in range(3):
+        wait_for_line(group.run_dir / f"replica-{k}" / "stdout", "ready", group.proc)
+    group.proc.send_signal(signal.SIGTERM)
+    group.finish()
+    assert group.proc.returncode == 128 + signal.SIGTERM, group.stderr
+    assert outputs(group.run_dir, range(3)) == ["ready\ngraceful stop\n"] * 3, group.stderr

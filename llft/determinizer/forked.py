@@ -243,7 +243,8 @@ class ForkedStreams:
             if replica.alive() and dying(replica.pid):
                 loop.call_later(DYING_RECHECK_S, decide)
                 return
-            killed = not replica.alive() and replica.status >= 128
+            # (a replica being stopped dies of the SIGTERM, and its processes end as its group does)
+            killed = not replica.alive() and replica.status >= 128 and not replica.stopping
             if s.owner == replica.index and not killed:
                 s.source.finish()
 
