@@ -34,7 +34,8 @@ from llft.serving.plane_relay import PlaneRelay
 from llft.serving.routes import ConnectionRoutes
 from llft.serving.outgoing import OutgoingService
 from llft.replacements import Replacements
-from llft.stdout_check import stdout_problem
+from llft.replication.faults import frozen_past
+from llft.replication.verdict import backup_end
 
 log = logging.getLogger("llft.group")
 
@@ -363,18 +364,13 @@ class LocalGroup:
         it; a primary's death then makes a backup take over, and a frozen
         backup no longer holds the primary back.  With --respawn a new
         replica takes the fenced one's place: it never serves in the old view."""
-        now = time.monotonic()
-        for r in self.replicas:
-            if r.role not in ("primary", "backup"):
-                continue
-            frozen = r.frozen_for(now)
-            if frozen >= self.opts.fault_timeout:
-                log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
-                            frozen * 1000)
-                r.fenced_at = time.monotonic()
-                r.signal(signal.SIGKILL)
-                if r.role == "backup":
-                    self._backup_failed(r, "was fenced")
+        for r, frozen in frozen_past(self.replicas, self.opts.fault_timeout):
+            log.warning("replica %d (%s) has been frozen for %.0f ms: fenced (SIGKILL)", r.index, r.role,
+                        frozen * 1000)
+            r.fenced_at = time.monotonic()
+            r.signal(signal.SIGKILL)
+            if r.role == "backup":
+                self._backup_failed(r, "was fenced")
 
     async def _wait_replicas(self, primary):
         deadline = None
@@ -550,13 +546,9 @@ class LocalGroup:
         for r in self.replicas:
             if r is primary or r.role == "failed":
                 continue
-            problem = r.end_problem(expected)
+            problem = backup_end(r, expected, primary)
             if problem:
                 r.problems.append(problem)
-            elif expected is not None and r.status == expected and not r.stream.stopped_for_good:
-                problem = stdout_problem(primary.out_dir / "stdout", r.out_dir / "stdout")
-                if problem:
-                    r.problems.append(f"{problem}; {r.divergence_advice()}")
         bad = [r for r in self.replicas if r.problems]
         for r in self.replicas:
             replayed = "" if r is primary else f", replayed {r.stream.records} records"

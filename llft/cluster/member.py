@@ -41,6 +41,8 @@ from llft.ordering.group import Excluded, GroupMember, MemberHooks, Membership, 
 from llft.ordering.ids import ConnId, View
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, ROLE_BACKUP, ROLE_PRIMARY, StreamFile
 from llft.replica import Replica, RestoredReplica, release_replicas, stop_replicas, watch_exit
+from llft.replication.faults import frozen_past
+from llft.replication.verdict import backup_end
 from llft.serving.relay import ReplicaRelay
 from llft.transport import DEFAULT_PORT, UdpTransport
 
@@ -608,9 +610,9 @@ class HostMember:
         timeout is a timing fault of this member, though its controller
         still heartbeats: it steps down, so that as primary it is replaced,
         and resets (its replica is killed, even stopped) and rejoins."""
-        frozen = self.replica.frozen_for(time.monotonic())
-        if frozen > self.opts.fault_timeout and not self.stepped_down:
-            self.stepped_down = f"its replica has been stopped for {frozen * 1000:.0f} ms"
+        for _r, frozen in frozen_past([self.replica], self.opts.fault_timeout):
+            if not self.stepped_down:
+                self.stepped_down = f"its replica has been stopped for {frozen * 1000:.0f} ms"
 
     # -- taking over ---------------------------------------------------------
     def _elected(self, view: View, acks: dict):
@@ -677,7 +679,7 @@ class HostMember:
             log.error("%s", self.failed)
         if r.role == "primary":
             return status
-        problem = r.end_problem(self.primary_status)
+        problem = backup_end(r, self.primary_status)   # (the primary's stdout is on its own host)
         if problem is None:
             return status
         if r.stream.diverged or status == EXIT_DIVERGED:
