@@ -468,7 +468,12 @@ class LocalGroup:
         daemon handed its stream over before its word let the first process
         exit: the channel is read to its end first.)"""
         r.channel.read_pending()
-        pid = self.forked.daemon_of(r, first, self.primary())
+        primary = self.primary()
+        if r.stream.diverged or (r.role == "backup" and (primary is None or not primary.adopted)):
+            # A backup's first process exits only once its primary's has (its exit waits for the end
+            # of the primary's stream): one that exits before diverged, whatever it leaves running.
+            return None
+        pid = self.forked.daemon_of(r, first, primary)
         if pid is None:
             return None
         log.info("replica %d's first process exited; the replica goes on as process %d, which it forked and "

@@ -656,3 +656,34 @@ def test_stopping_the_group_stops_a_start_scripts_server_as_a_service_manager_wo
     group.finish()
     assert group.proc.returncode == 128 + signal.SIGTERM, group.stderr
     assert outputs(group.run_dir, range(3)) == ["ready\ngraceful stop\n"] * 3, group.stderr
+
+
+DIVERGING_PARENT = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    os.setsid()   # a session of its own, as a daemon's child makes
+    time.sleep(2)
+    os._exit(0)
+time.sleep(0.2)
+if os.environ.get("LLFT_REPLICA") == "001":
+    time.time()   # a clock read the primary did not make: this backup diverges
+os.waitpid(pid, 0)
+print("parent done", flush=True)
+"""
+
+
+def test_a_backups_first_process_that_diverges_is_not_taken_for_a_daemons_parent(real_python, tmp_path):
+    """A backup's first process exits only once its primary's has (its exit
+    waits for the end of the primary's stream): one that exits before,
+    here by diverging, leaving a child in a session of its own, diverged.
+    It is reported so, not followed into its child as a daemon's parent
+    would be (apache prefork's master, diverging on its shared scoreboard,
+    was taken so and its backup stalled unreported)."""
+    rd = tmp_path / "rd"
+    p = subprocess.run([tool("llft-run"), "--replicas", "3", "--fork", "replicate", "--run-dir", str(rd), "--",
+                        real_python, "-c", DIVERGING_PARENT], capture_output=True, text=True, timeout=90)
+    assert p.returncode == 86, p.stderr
+    assert "replica 1 (backup)" in p.stderr and "diverged" in p.stderr, p.stderr
+    assert "goes on as process" not in (rd / "llft.log").read_text()
+    assert outputs(rd, (0, 2)) == ["parent done\n"] * 2
