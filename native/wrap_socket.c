@@ -221,7 +221,7 @@ static uint16_t ephemeral_port(int family, int type)
     }
     if (llft_ctl->stream_id) {
         uint16_t port = port_from_controller(family, type);
-        if (port && role == LLFT_ROLE_PRIMARY)
+        if (role == LLFT_ROLE_PRIMARY)   /* (0 too: the backups' bind fails as the primary's did) */
             llft_record_aux(t, LLFT_OP_BIND_PORT, 0, 0, 0, 0, port, PORT_FROM_CONTROLLER);
         return port;
     }

@@ -5,6 +5,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 from llft import rundir
 from llft.cli.common import Parser, UsageError, fail, reader_may_stop
@@ -13,6 +14,8 @@ from llft.members import owns
 from llft.ordering.mailbox import server as mailbox_server
 
 PROG = "llft-kill"
+FAILOVER_WAIT_S = 5.0    # --primary while the group fails over: how long its new primary may take
+FAILOVER_POLL_S = 0.02
 
 DESCRIPTION = """\
 Inject a fault into a group started by llft-run: send a signal to the
@@ -35,7 +38,8 @@ module's), and the group goes on through the others."""
 
 def build_parser():
     p = Parser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--primary", action="store_true", help="the current primary")
+    p.add_argument("--primary", action="store_true",
+                   help="the current primary (while the group fails over: the new one, once it has taken over)")
     p.add_argument("--backup", type=int, metavar="K", help="backup replica K")
     p.add_argument("--replica", type=int, metavar="K", help="replica K, whatever its role (with --loss: only "
                    "the traffic replica K's host receives)")
@@ -74,6 +78,24 @@ def pick(members: list[dict], args) -> dict:
         known = ", ".join(f"{m['index']} ({m['role']})" for m in members) or "none"
         raise UsageError(f"the group has no {what}; its replicas: {known}")
     return chosen[0]
+
+
+def pick_waiting(states: list[dict], args) -> dict:
+    """pick(); with --primary while the group fails over (the state names
+    a primary that has died, and a backup takes over), the new primary,
+    once the state names it (FAILOVER_WAIT_S at most)."""
+    end = time.monotonic() + FAILOVER_WAIT_S
+    while True:
+        members = [dict(r, _state=st) for st in states for r in st.get("replicas", [])]
+        try:
+            return pick(members, args)
+        except UsageError:
+            failing_over = args.primary and any(st.get("phase") == "running" for st in states) and any(
+                m.get("role") == "primary" for m in members)
+            if not failing_over or time.monotonic() > end:
+                raise
+        time.sleep(FAILOVER_POLL_S)
+        states = group_states(args)
 
 
 def group_states(args) -> list[dict]:
@@ -164,7 +186,7 @@ def main(argv=None) -> int:
             print(f"{PROG}: {network_fault(states, args)}")
             return 0
         sig = parse_signal(args.signal)
-        member = pick([dict(r, _state=st) for st in states for r in st.get("replicas", [])], args)
+        member = pick_waiting(states, args)
     except (UsageError, rundir.RunDirError) as e:
         return fail(PROG, str(e))
     except netfaults.NetFaultError as e:
