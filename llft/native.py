@@ -304,11 +304,6 @@ class StreamFile:
         n = lib.llft_listeners_read(self.ctl, socktype, buf, lib.LLFT_MAX_LISTENERS)
         return [(buf[i].port, buf[i].family, address_text(buf[i].family, bytes(buf[i].addr))) for i in range(n)]
 
-    def datagram_listeners(self) -> list[tuple[int, int, str]]:
-        """UDP ports the program has bound: (port, family, address)."""
-        import socket
-        return self.listeners(socket.SOCK_DGRAM)
-
     def any_port_datagram_listeners(self) -> list[tuple[int, int, str]]:
         """UDP ports bound to port 0, or by a send or connect before any bind
         (outgoing UDP): served on any free port, not the gateway's."""
@@ -510,7 +505,8 @@ CHANNEL_MSG_SIZE = ffi.sizeof("llft_channel_msg_t")
 CHAN_LISTEN, CHAN_DGRAM, CHAN_CONNECT = lib.LLFT_CHAN_LISTEN, lib.LLFT_CHAN_DGRAM, lib.LLFT_CHAN_CONNECT
 CHAN_STREAM, CHAN_INBOX, CHAN_PORT = lib.LLFT_CHAN_STREAM, lib.LLFT_CHAN_INBOX, lib.LLFT_CHAN_PORT
 # Ephemeral ports: the first process numbers its own from the first OWN; the controller gives the rest.
-EPHEMERAL_FIRST, EPHEMERAL_COUNT, EPHEMERAL_OWN = lib.LLFT_EPHEMERAL_FIRST, lib.LLFT_EPHEMERAL_COUNT, lib.LLFT_EPHEMERAL_OWN
+EPHEMERAL_FIRST, EPHEMERAL_COUNT = lib.LLFT_EPHEMERAL_FIRST, lib.LLFT_EPHEMERAL_COUNT
+EPHEMERAL_OWN = lib.LLFT_EPHEMERAL_OWN
 LISTENER_ANY_PORT = lib.LLFT_LISTENER_ANY_PORT
 
 

@@ -69,7 +69,7 @@ def test_a_full_table_refuses_and_other_types_are_not_listed(tmp_path):
         assert lib.llft_listener_publish(ctl, 7000 + i, socket.AF_INET, socket.SOCK_STREAM, addr_of(7000 + i)) == 0
     assert lib.llft_listener_publish(ctl, 9999, socket.AF_INET, socket.SOCK_STREAM, addr_of(9999)) == -1
     assert [p for p, _, _ in stream.listeners()] == list(range(7000, 7000 + lib.LLFT_MAX_LISTENERS))
-    assert stream.datagram_listeners() == []
+    assert stream.listeners(socket.SOCK_DGRAM) == []
     lib.llft_listener_close(ctl, 7003, socket.AF_INET, socket.SOCK_STREAM)
     v6 = bytes(15) + b"\x01"
     assert lib.llft_listener_publish(ctl, 9999, socket.AF_INET6, socket.SOCK_STREAM, v6) == 0

@@ -6,10 +6,11 @@ the controller's end of each socket the program serves or connects with: a
 TCP listener (a stream pair: one byte and the connection's fd per client
 connection), a UDP port (a datagram pair), an outgoing connection (a stream
 pair).  Under --fork replicate a process the program forks hands over
-its record stream the same way, and asks here for its ephemeral ports.  Nothing is named, so no other process on
-the host can reach the program's sockets, nor pose as the controller to it.  Anything on the
-channel that is not one well-formed message with one socket is counted and
-dropped."""
+its record stream the same way, and asks here for its ephemeral ports.
+Nothing is named, so no other process on the host can reach the
+program's sockets, nor pose as the controller to it.  Anything on the
+channel that is not one well-formed message with one socket is counted
+and dropped."""
 from __future__ import annotations
 
 import array
