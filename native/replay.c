@@ -195,6 +195,43 @@ static void hand_over_the_ring(void)
  * them done: otherwise a native acquisition here could overtake a replayed
  * one.  Nothing is queued any more (promote_pending stopped the dispatcher),
  * so a thread found finished stays so. */
+/* Records this replica's threads have taken and calls they have ended:
+ * while either count moves, the replica is still replaying. */
+static uint64_t replay_progress(void)
+{
+    uint64_t n = 0;
+    spin_lock(&dispatch_lock);
+    for (uint32_t i = 0; i < llft_nlive_slots; i++) {
+        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
+        n += LOAD(&q->popped, ACQ) + LOAD(&q->finished, ACQ);
+    }
+    spin_unlock(&dispatch_lock);
+    return n;
+}
+
+static uint64_t grace_progress, grace_progress_ms;
+
+/* Once the primary's stream has ended: whether this replica has made no
+ * progress for --end-grace, counted from the end or from its last
+ * progress, whichever came later.  A backup that lags (npm's startup
+ * takes a million turns, and a loaded machine replays them behind the
+ * primary) finishes what it has; one that is stuck is cut off.  Threads
+ * waiting call this now and then; a race among them only moves the
+ * moment of the last progress seen, never before the end. */
+int llft_end_grace_over(void)
+{
+    uint64_t now = llft_now_ms(), progress = replay_progress();
+    if (progress != LOAD(&grace_progress, RLX)) {
+        STORE(&grace_progress, progress, RLX);
+        STORE(&grace_progress_ms, now, RLX);
+        return 0;
+    }
+    uint64_t since = LOAD(&grace_progress_ms, RLX);
+    if (since < stream_ended_ms)
+        since = stream_ended_ms;
+    return LOAD(&llft_stream_ended, ACQ) && now - since > llft_ctl->end_grace_ms;
+}
+
 static int all_replayed(void)
 {
     int all = 1;
@@ -269,8 +306,7 @@ static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint1
                 STORE(&llft_ctl->stopped_for_good, 1, SEQ);
                 llft_exit_now((int)primary_status);
             }
-            if (all || ((primary_status < 0 || !replayed) &&
-                        llft_now_ms() - stream_ended_ms > llft_ctl->end_grace_ms))
+            if (all || ((primary_status < 0 || !replayed) && llft_end_grace_over()))
                 llft_diverge(t, op, NULL, LLFT_EXIT_NOSTREAM, "the primary's record stream ended without this call");
         }
         llft_futex_wait(&stopped_futex, seen, 50);
@@ -352,6 +388,7 @@ void llft_replay_restart(uint32_t last_tid)
     STORE(&promoted, 0, SEQ);
     STORE(&llft_stream_ended, 0, SEQ);
     stream_ended_ms = 0;
+    grace_progress = grace_progress_ms = 0;
     primary_status = -1;
     STORE(&live_threads, 0, SEQ);
     STORE(&stopped, 0, SEQ);
@@ -544,8 +581,7 @@ void llft_replay_at_exit(struct llft_thread *t)
             llft_futex_wait(&epoch, ep, 50);
         }
     }
-    uint64_t since = llft_now_ms();
-    while (LOAD(&llft_stream_ended, ACQ) && !others_replayed(t) && llft_now_ms() - since < llft_ctl->end_grace_ms) {
+    while (LOAD(&llft_stream_ended, ACQ) && !others_replayed(t) && !llft_end_grace_over()) {
         struct timespec ms = {0, 1000000};
         llft_nap(&ms);
     }

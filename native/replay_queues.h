@@ -131,6 +131,10 @@ static inline int q_take(struct tqueue *q, llft_rec_t *out, int consume)
     return 1;
 }
 
+/* replay.c's: the primary's stream has ended and this replica has stopped
+ * replaying for --end-grace (slow paths only: it takes the dispatch lock). */
+int llft_end_grace_over(void);
+
 /* Waits until the thread of queue slot|gen<<16 (slotgen) has taken upto slots. */
 void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto);
 

@@ -257,8 +257,7 @@ struct turnstile *llft_turn_wait(struct llft_thread *t, const llft_rec_t *e)
             llft_yield(); /* more threads than cores: let the turn's owner run */
         } else {
             uint64_t waited_ms = llft_waited_ms(&waited);
-            uint32_t limit = LOAD(&llft_stream_ended, ACQ) ? llft_ctl->end_grace_ms : llft_ctl->stall_timeout_ms;
-            if (waited_ms > limit) {
+            if (LOAD(&llft_stream_ended, ACQ) ? llft_end_grace_over() : waited_ms > llft_ctl->stall_timeout_ms) {
                 char who[160];
                 describe_turn_taker(obj, d + 1, who, sizeof who);
                 llft_diverge(t, 0, NULL, LLFT_EXIT_DIVERGED,

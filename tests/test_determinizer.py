@@ -215,6 +215,21 @@ def test_a_program_that_ends_with_underscore_exit_ends_after_its_primary(example
     assert run.status == 7, run.stderr
 
 
+@pytest.mark.parametrize("serialize", [False, True], ids=["threads at once", "serialize"])
+def test_a_backup_still_replaying_after_its_primarys_end_finishes(examples, llft_run, serialize):
+    """--end-grace bounds how long a backup may go without progress after
+    the primary's end, not how long it may take: replica 1 spins a
+    millisecond after each of 1000 rounds the primary runs at once, so it
+    replays for about a second after its primary exited, its waiter thread
+    parked on a turn hundreds of rounds ahead all along (npm's backup under
+    a loaded machine lags so at its exit).  With a grace of 0.5 s counted
+    from the end, it was called incomplete and the group exited 86."""
+    run = llft_run([examples / "lagging_replica", 1000], replicas=2,
+                   extra=["--end-grace", "0.5", *(["--serialize"] if serialize else [])], env={"LAG_REPLICA": "1"})
+    assert run.status == 0, run.stderr
+    assert run.out(1) == run.out(0) == f"counter={sum(range(1000)) * 3}\n"
+
+
 def test_missing_stream_is_a_clear_error_not_a_hang(examples, tmp_path):
     env = {**os.environ, "LD_PRELOAD": str(PRELOAD_LIBRARY), "LLFT_SHM": str(tmp_path / "nope")}
     proc = subprocess.run([examples / "race", "2", "10"], env=env, capture_output=True, text=True, timeout=30)

@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a backup thread that waits this long for a turn the primary already took "
                         "is reported as diverged (default 60)")
     p.add_argument("--end-grace", type=float, default=3.0, metavar="SECONDS",
-                   help="after the primary exits, how long a backup may take to replay the records "
-                        "it still lacks before its stream is called incomplete; threads with no "
-                        "record left stop where the primary's were (default 3)")
+                   help="after the primary exits, how long a backup may go without replaying any "
+                        "record before its stream is called incomplete (a backup still catching up "
+                        "finishes, within --backup-exit-timeout); threads with no record left stop "
+                        "where the primary's were (default 3)")
     p.add_argument("--stall-alarm", type=float, default=STALL_S, metavar="SECONDS",
                    help="a backup that replays no record this long while records wait for it no longer follows "
                         "the primary: llft-run logs it (on stderr too) and llft-status flags it, since the group "
