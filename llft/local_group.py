@@ -101,7 +101,9 @@ class LocalGroup:
         self.lost: list[str] = []         # backups that diverged (or whose stream broke) while the group ran
         self.replacements = Replacements(self)   # --respawn, --keep, --checkpoint-every
         self.routes = ConnectionRoutes() if options.replicate_forks else None
-        self.forked = ForkedStreams(self, run_dir, self.routes) if options.replicate_forks else None
+        self.forked = ForkedStreams(self, run_dir, self.routes,
+                                    lambda stream: ordering_for(options.order, self.run_id, options, stream)) \
+            if options.replicate_forks else None
 
     # -- start ----------------------------------------------------------
     def _new_replica(self, k: int, role: int) -> Replica:

@@ -58,6 +58,36 @@ def test_mailbox_copies_fail_under_load_and_the_group_fails_over(protocol, examp
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
 
 
+def test_a_forking_server_over_mailboxes_loses_a_copy_and_fails_over(examples, tmp_path):
+    """prefork_server's master and its two workers (--fork replicate, the
+    default) each have a mailbox of their own.  Copy 1 fails after the
+    150th reply, in the one memory module that holds copy 1 of all three;
+    the primary is killed after the 300th: every count is given once, the
+    survivors agree, and no mailbox outlives the group."""
+    from test_forked_processes import check_worker_counts, finish_survivors, shut_down_workers
+    group = ServingGroup(tmp_path / "rd", [examples / "prefork_server", 7000, 2], extra=["--order", "mailbox"])
+    progress = Progress()
+    said = []
+
+    def faults():
+        progress.wait(150)
+        said.append(llft_kill(group, "--mailbox-copy", "1").stdout)
+        progress.wait(300)
+        serving.kill_primary(group.run_dir)
+        said.append("killed")
+
+    results = line_clients(group, 4, lambda i: [f"c{i}-{j}" for j in range(120)], faults, pause=0.001,
+                           progress=progress)
+    assert said[-1:] == ["killed"], "the workload ended before every fault"
+    assert said[0] == ("llft-kill: copy 1 of group prefork_server's mailbox has failed (and of its 2 forked "
+                       "processes' mailboxes)\n"), said
+    check_worker_counts(results, 120)
+    assert status(group)["forked"]["streams"] == 2
+    shut_down_workers(group, 2)
+    finish_survivors(group, 1)
+    assert not list(Path("/dev/shm").glob(f"llft-mbx-{group.proc.pid}-*")), "a mailbox outlived its group"
+
+
 def test_status_names_the_backend(examples, tmp_path):
     group = ServingGroup(tmp_path / "rd", [examples / "kv_server", 7000], extra=["--order", "mailbox"])
     with group.connect() as s:

@@ -33,7 +33,9 @@ run dir with --run-dir (repeatable), or run where ./llft-runs holds them.
 A group run with --order mailbox keeps its mailbox in several copies,
 each a shared-memory segment of its own: --mailbox-copy I makes copy I
 fail for good (every later access to it fails, as a failed memory
-module's), and the group goes on through the others.""" 
+module's), and the group goes on through the others.  Each process the
+program forks has a mailbox of its own, whose copy I is in the same
+module: it fails too, now or when the mailbox is made.""" 
 
 
 def build_parser():
@@ -164,8 +166,9 @@ def fail_mailbox_copy(state: dict, index: int) -> str:
         raise UsageError(f"group {state.get('group')} is not running over --order mailbox")
     if not 0 <= index < order["copies"]:
         raise UsageError(f"--mailbox-copy {index}: the mailbox has copies 0 to {order['copies'] - 1}")
-    mailbox_server.fail_copy(order["name"], index, order["directory"])
-    return f"copy {index} of group {state.get('group')}'s mailbox has failed"
+    failed = mailbox_server.fail_copy(order["name"], index, order["directory"])
+    forked = f" (and of its {failed - 1} forked processes' mailboxes)" if failed > 1 else ""
+    return f"copy {index} of group {state.get('group')}'s mailbox has failed{forked}"
 
 
 def main(argv=None) -> int:

@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "connections it accepted handed to it at each backup, and fails over with it (nginx's "
                         "master and workers, prefork servers, dnsmasq's TCP children; docs/forked-processes.md).  "
                         "unrecorded (the default with --join, --keep, --respawn, --mode "
-                        "semi-passive, --order mailbox or --replay-from, which replicate does not go with yet): "
+                        "semi-passive or --replay-from, which replicate does not go with yet): "
                         "they run unrecorded at each replica, and one that would serve a client is refused")
     p.add_argument("--log-output", action="store_true",
                    help="keep what each replica sent on each connection in RUN_DIR/replica-K/output/")
@@ -286,7 +286,6 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     clash = [name for name, on in (("--join", args.join), ("--keep", args.keep is not None),
                                    ("--respawn", args.respawn),
                                    ("--mode semi-passive", args.mode == "semi-passive"),
-                                   ("--order mailbox", args.order == "mailbox"),
                                    ("--replay-from", args.replay_from is not None)) if on]
     if args.fork == "replicate" and clash:
         raise UsageError(f"--fork replicate does not go with {', '.join(clash)} yet")

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
               "controller_pid": state.get("controller_pid"), "argv": state.get("argv"), "members": replicas,
               "gateway": state.get("gateway"), "view": state.get("view"), "outgoing": state.get("outgoing"),
               "order": state.get("order") or {"backend": "llft"}, "stored_checkpoint": state.get("stored_checkpoint"),
-              "history": state.get("history")}
+              "history": state.get("history"), "forked": state.get("forked")}
     messaging = state.get("messaging")
     if messaging is not None:   # a member or gateway of a group across hosts
         report.update(member=state.get("member"), replicas=replicas,
@@ -53,6 +53,11 @@ def main(argv=None) -> int:
     elif report["view"]:
         print(f"view {report['view']['pvn']}  primary {report['view']['primary']}  "
               f"order {order_text(report['order'])}")
+    forked = report.get("forked")
+    if forked and forked.get("streams"):
+        # (each has its own record stream and, over --order mailbox, its own mailbox)
+        print(f"forked processes replicated: {forked['streams']}"
+              + (f"  ({forked['drops']} streams refused)" if forked.get("drops") else ""))
     if replicas:
         print(f"{'replica':>7}  {'role':8} {'prec':>4} {'rank':>4} {'pid':>8}  {'state':8} {'records':>10} "
               f"{'threads':>7}  {'sent (bytes, digest)':>26}  problem")

@@ -21,13 +21,14 @@ import os
 import select
 import signal
 from pathlib import Path
+from typing import Callable
 
 from llft.determinizer.catchup import CatchUpFeeder
 from llft.determinizer.forwarder import RecordForwarder
 from llft.determinizer.streams import BackupSink, PrimarySource, SavedStreamWriter
 from llft.members import dying, process_stat, running
 from llft.native import ROLE_PRIMARY, StreamError, StreamFile
-from llft.ordering.backend import ordering_for
+from llft.ordering.backend import RecordOrdering
 
 log = logging.getLogger("llft.forked")
 
@@ -42,9 +43,10 @@ def _session(pid: int) -> int | None:
 class ForkedStream:
     """One forked process, at every replica."""
 
-    def __init__(self, stream_id: int, saved: Path):
+    def __init__(self, stream_id: int, saved: Path, ordering: Callable[[int], RecordOrdering]):
         self.id = stream_id
         self.saved = saved
+        self.ordering = ordering   # (stream id) -> the backend that carries its records
         self.files: dict[int, StreamFile] = {}   # replica index -> its process's stream
         self.sinks: dict[int, BackupSink] = {}
         self.feeders: list[CatchUpFeeder] = []
@@ -58,8 +60,7 @@ class ForkedStream:
 
     def start(self, source, owner: int):
         self.source, self.owner = source, owner
-        # (each process's records go straight from ring to ring, whatever --order says)
-        self.forwarder = RecordForwarder(source, [], ordering_for("llft", "", None), SavedStreamWriter(self.saved))
+        self.forwarder = RecordForwarder(source, [], self.ordering(self.id), SavedStreamWriter(self.saved))
         self.forwarder.name = f"llft-fork-{self.id:016x}"
         self.forwarder.on_chunk = self.on_chunk
         self.forwarder.start()
@@ -156,6 +157,8 @@ class ForkedStream:
             feeder.join(timeout=5)
         self.forget_pidfd()
         if (self.forwarder is None or not self.forwarder.is_alive()) and not any(f.is_alive() for f in self.feeders):
+            if self.forwarder is not None:
+                self.forwarder.ordering.close()
             for f in self.files.values():   # (a thread still at it would read freed memory)
                 f.close()
         try:
@@ -168,9 +171,10 @@ class ForkedStreams:
     """Every forked process's stream of one group on this host.  group
     answers replicas and replica_at(index)."""
 
-    def __init__(self, group, run_dir: Path, routes):
+    def __init__(self, group, run_dir: Path, routes, ordering: Callable[[int], RecordOrdering]):
         self.group = group
         self.routes = routes   # which process accepted each connection (llft/serving/routes.py)
+        self.ordering = ordering   # (stream id) -> a backend of the group's --order for that stream
         self.dir = run_dir / "forks"
         self.streams: dict[int, ForkedStream] = {}
         self.drops = 0
@@ -196,7 +200,7 @@ class ForkedStreams:
         self.dir.mkdir(exist_ok=True)
         s = self.streams.get(msg.stream)
         if s is None:
-            s = self.streams[msg.stream] = ForkedStream(msg.stream, self.dir / f"{msg.stream:016x}")
+            s = self.streams[msg.stream] = ForkedStream(msg.stream, self.dir / f"{msg.stream:016x}", self.ordering)
             s.on_promoted = lambda index, s=s: self._watch_exit(s, self.group.replica_at(index), s.files[index].attached_pid)
             s.on_chunk = functools.partial(self.routes.accepted, s.id)
         if replica.index in s.files:

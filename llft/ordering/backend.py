@@ -55,14 +55,17 @@ class RecordOrdering(abc.ABC):
         pass
 
 
-def ordering_for(name: str, run_id: str, options) -> RecordOrdering:
-    """The backend --order names, for a group on one host."""
+def ordering_for(name: str, run_id: str, options, stream: int = 0) -> RecordOrdering:
+    """The backend --order names, for a group on one host: for the
+    stream of its replicas' first processes (stream 0), or of the
+    processes they fork (their stream id: native/fork_stream.c)."""
     if name == "llft":
         from llft.ordering.llmp.local import RingFeed
         return RingFeed()
     if name == "mailbox":
         from llft.ordering.mailbox.backend import MailboxOrdering
-        return MailboxOrdering(run_id, copies=options.mailbox_copies, protocol=options.mailbox_protocol)
+        return MailboxOrdering(run_id, copies=options.mailbox_copies, protocol=options.mailbox_protocol,
+                               stream=stream)
     raise UnknownOrder(f"no ordering backend named {name!r} (there are: {', '.join(ORDERS)})")
 
 

@@ -61,11 +61,14 @@ class MailboxOrdering(RecordOrdering):
     name = "mailbox"
 
     def __init__(self, run_id: str, copies: int = 3, protocol: int = 1, timing: Timing = TIMING,
-                 directory: str = server.SHM):
-        self.mailbox_name = f"{run_id}-{os.getpid()}"
+                 directory: str = server.SHM, stream: int = 0):
+        group = f"{run_id}-{os.getpid()}"
+        self.mailbox_name = server.mailbox_name(group, stream)
         self.copies, self.protocol, self.timing, self.directory = copies, protocol, timing, directory
         server.create(self.mailbox_name, copies, protocol, timing, receivers=RECEIVER_SLOTS,
                       slots=SLOTS, message_bytes=MESSAGE_BYTES, directory=directory)
+        if stream:
+            server.fail_as(self.mailbox_name, group, copies, directory)
         self.clock = Clock()
         self._sender = self._connect(pid=1)
         self._lock = threading.Condition()
