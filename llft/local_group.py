@@ -397,7 +397,8 @@ class LocalGroup:
                 if self._check_unreplicable():
                     break
             if self.interrupted is not None:
-                await stop_replicas_in_loop(self.replicas, each=functools.partial(self._primary_stopped, primary))
+                await stop_replicas_in_loop(self.replicas, each=functools.partial(self._primary_stopped, primary),
+                                            lead=primary)
                 break
             if self.gateway is not None and self.gateway.errors:
                 self.failed = self.gateway.errors[0]  # clients could never reach the group

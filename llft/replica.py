@@ -323,32 +323,40 @@ def stop_replicas(replicas: Iterable[Replica], grace: float = 3.0):
     what still runs after grace seconds.  Meanwhile they end by
     themselves, a start script's server too (SIGTERM may end the script
     at once, and the server its shutdown takes its time)."""
-    replicas = _stopping(replicas)
-    end = time.monotonic() + grace
-    while any(r.still_running() for r in replicas) and time.monotonic() < end:
+    for _ in _stop_looks(replicas, grace, None):
         time.sleep(STOP_POLL_S)
-    _stopped(replicas)
 
 
 async def stop_replicas_in_loop(replicas: Iterable[Replica], grace: float = 3.0,
-                                each: Callable[[], None] = lambda: None):
+                                each: Callable[[], None] = lambda: None, lead: Replica | None = None):
     """stop_replicas, letting the event loop run meanwhile (a backup's
     forked process ends once the loop has seen its primary's end:
-    llft/determinizer/forked.py), and calling each() at every look."""
-    replicas = _stopping(replicas)
-    end = time.monotonic() + grace
-    while any(r.still_running() for r in replicas) and time.monotonic() < end:
+    llft/determinizer/forked.py), and calling each() at every look.
+    With a lead (the group's primary, running), only the lead is
+    signalled: its backups replay its handlers and its end from its
+    records.  A real signal at a backup runs none of the program's
+    handlers there (the primary's are replayed), ends a backup still
+    behind its primary by the default action (it has not installed
+    the handler yet), and can interrupt a call the shim does not
+    record (a sleep) where the primary's was not."""
+    for _ in _stop_looks(replicas, grace, lead):
         each()
         await asyncio.sleep(STOP_POLL_S)
-    _stopped(replicas)
 
 
-def _stopping(replicas: Iterable[Replica]) -> list[Replica]:
+def _stop_looks(replicas: Iterable[Replica], grace: float, lead: Replica | None):
+    """The stop, one look at a time: yields while a replica still runs
+    and grace has not run out; then kills what runs."""
     replicas = list(replicas)
+    signalled = [lead] if lead is not None and lead.still_running() else replicas
     for r in replicas:
         r.stopping = True
+    for r in signalled:
         r.terminate()
-    return replicas
+    end = time.monotonic() + grace
+    while any(r.still_running() for r in replicas) and time.monotonic() < end:
+        yield
+    _stopped(replicas)
 
 
 def _stopped(replicas: list[Replica]):
