@@ -53,7 +53,7 @@ ffibuilder.cdef("""
     #define LLFT_EPHEMERAL_OWN ...
     typedef struct {
         uint32_t role; int32_t attached_pid; uint32_t replica; uint64_t records; uint64_t threads;
-        uint32_t quiesce; uint64_t q_census;
+        uint32_t quiesce; uint32_t stopping; uint64_t q_census;
         uint32_t stall_timeout_ms; uint32_t end_grace_ms; uint64_t promoted_ns;
         int64_t clock_offset_ns[16]; int64_t clock_last_ns[16];
         uint32_t diverged; uint32_t div_tid; uint32_t div_tn; uint16_t div_want_op; uint16_t div_got_op;

@@ -242,6 +242,17 @@ class StreamFile:
         self.ctl.fork_mode = lib.LLFT_FORKS_REPLICATED if on else lib.LLFT_FORKS_UNRECORDED
 
     @property
+    def stopping(self) -> bool:
+        return bool(self.ctl.stopping)
+
+    @stopping.setter
+    def stopping(self, on: bool):
+        """The group is being stopped: the replica's first process dying is
+        no fault its forked processes must stop recording for
+        (native/replica_lease.c)."""
+        self.ctl.stopping = 1 if on else 0
+
+    @property
     def records(self) -> int:
         return self.ctl.records
 

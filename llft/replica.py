@@ -263,6 +263,8 @@ class Replica:
         """SIGTERM to the replica's processes, as a service manager stops a
         service: its first process's process group (the server a start
         script runs, with the script), or the daemon it goes on as."""
+        for f in [self.stream, *self.forked_files()]:
+            f.stopping = True
         group = self.own_group()
         if self.alive() and group is not None:
             try:

@@ -36,14 +36,20 @@ extern char llft_library_path[256];
  * primary counterpart accepted; -1 otherwise. */
 extern int llft_inbox;
 
+/* The replica lease's page (replica_lease.c), kept open across exec;
+ * -1 until this process has made or mapped one. */
+extern int llft_lease_fd;
+
 /* Whether fd is one the shim keeps (the channel, the stream file, the
- * library, the inbox): the program's close of it is not carried out. */
+ * library, the inbox, the lease): the program's close of it is not
+ * carried out. */
 static inline int llft_is_kept(int fd)
 {
     return fd >= 0 && (fd == __atomic_load_n(&llft_channel, __ATOMIC_ACQUIRE) ||
                        fd == __atomic_load_n(&llft_stream_fd, __ATOMIC_ACQUIRE) ||
                        fd == __atomic_load_n(&llft_library_fd, __ATOMIC_ACQUIRE) ||
-                       fd == __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE));
+                       fd == __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE) ||
+                       fd == __atomic_load_n(&llft_lease_fd, __ATOMIC_ACQUIRE));
 }
 
 /* fd moved up out of the numbers the program's fds take (or left where it

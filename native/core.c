@@ -127,6 +127,7 @@ static void attach(const char *spec)
     llft_obj_reserve();
     llft_replay_reserve();
     llft_channel_attach(ctl);
+    llft_lease_attach(ctl);
     if (ctl->role == LLFT_ROLE_BACKUP && ctl->fork_mode == LLFT_FORKS_REPLICATED)
         llft_inbox_open(ctl);
     if (ctl->role == LLFT_ROLE_BACKUP)

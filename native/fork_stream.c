@@ -215,6 +215,8 @@ static void child_goes_on(const struct fork_plan *plan)
     c->stall_timeout_ms = parent->stall_timeout_ms;
     c->end_grace_ms = parent->end_grace_ms;
     c->channel_fd = parent->channel_fd;
+    c->lease_fd = parent->lease_fd;
+    c->stopping = parent->stopping;
     c->fork_mode = parent->fork_mode;
     memcpy(c->clock_offset_ns, parent->clock_offset_ns, sizeof c->clock_offset_ns);
     memcpy(c->clock_last_ns, parent->clock_last_ns, sizeof c->clock_last_ns);

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define LLFT_ABI_VERSION 9u
+#define LLFT_ABI_VERSION 10u
 #define LLFT_CTL_MAGIC  0x4c4c4654434f4e31ull /* "LLFTCON1" */
 #define LLFT_RING_MAGIC 0x4c4c465452494e31ull /* "LLFTRIN1" */
 
@@ -276,7 +276,8 @@ typedef struct llft_ctl {
     uint64_t promoted_ns;         /* CLOCK_MONOTONIC when this replica took over as primary; 0: never */
     uint32_t quiesce;             /* the controller holds the primary's calls for a checkpoint (quiesce.c):
                                    * read by every call, so on the line role is on */
-    uint32_t _pad_q;
+    uint32_t stopping;            /* the controller is stopping the group: the first process's death is
+                                   * then its stop, no fault (replica_lease.c) */
     int64_t  clock_offset_ns[LLFT_NCLOCKS]; /* group clock minus local clock */
     int64_t  clock_last_ns[LLFT_NCLOCKS];   /* last group-clock value handed out */
     uint32_t diverged;            /* set once by a backup that stopped */
@@ -290,7 +291,8 @@ typedef struct llft_ctl {
     llft_listener_t listeners[LLFT_MAX_LISTENERS];
     uint32_t stopped_for_good;    /* backup: exited once its threads stopped where the primary's were (its
                                    * stdio buffers not flushed: its stdout may be short) */
-    uint32_t _pad2;
+    int32_t  lease_fd;            /* the replica lease's page, a memfd at this number (replica_lease.c):
+                                   * kept open across exec, so that the next image maps it again; 0: none */
     char     div_where[1536];     /* a diverged backup's backtrace, a frame per line: kept in the run dir
                                    * whatever the program did with its stderr */
     uint32_t refused;             /* a process of the replica did what llft cannot replicate (div_text

@@ -20,10 +20,19 @@
  *
  * A first process that leaves on purpose (exit, _exit, exec) says so in
  * the page first: its children go on recording (a daemon's parent leaves
- * its child to serve).  The holding thread ending on its own lets go of
- * it; the process's next fork takes it again. */
-#include "shim.h"
+ * its child to serve).  So does the controller, in each process's control
+ * block, when it stops the group: a start script dying of its SIGTERM
+ * leaves its server to run its handler and end by itself.  The holding thread ending on its own lets go of
+ * it; the process's next fork takes it again.
+ *
+ * The page is a memfd kept open (channel.h) at the number its stream's
+ * control block names: a process that execs maps it again in its next
+ * image (llft_lease_attach), a forked child watching it still, the first
+ * process to hold it at its next fork.  A start script's server, forked
+ * and exec'd, would otherwise record its pipe to the dead script broken. */
+#include "channel.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
@@ -39,21 +48,36 @@ struct lease_page {
 };
 
 static struct lease_page *lease;         /* the page, in the first process and everything forked since */
+int llft_lease_fd = -1;
 static __thread int holds;               /* this thread holds the mutex */
 struct lease_page *llft_lease_watched;   /* a forked process's view of its first process's lease */
 
 int llft_lease_at(unsigned long addr)
 {
-    return lease && (unsigned long)lease == addr;
+    return (lease && (unsigned long)lease == addr) || (llft_lease_watched && (unsigned long)llft_lease_watched == addr);
+}
+
+static struct lease_page *map_page(int fd)
+{
+    void *p = (void *)syscall(SYS_mmap, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return (long)p < 0 && (long)p > -4096 ? NULL : p;
 }
 
 static int page_ready(void)
 {
     if (lease)
         return 1;
-    struct lease_page *page = llft_shared_page();
-    if (!page)
+    int fd = (int)syscall(SYS_memfd_create, "llft-lease", 0);
+    if (fd < 0)
         return 0;
+    struct lease_page *page = syscall(SYS_ftruncate, fd, 4096) == 0 ? map_page(fd) : NULL;
+    if (!page) {
+        syscall(SYS_close, fd);
+        return 0;
+    }
+    fd = llft_above_the_floor(fd);
+    __atomic_store_n(&llft_lease_fd, fd, __ATOMIC_RELEASE);
+    llft_ctl->lease_fd = fd;
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -70,11 +94,33 @@ void llft_lease_hold(void)
 {
     if (holds || llft_lease_watched || !llft_ctl || llft_ctl->stream_id != 0 || !page_ready())
         return;
-    __atomic_store_n(&lease->leaving, 0, __ATOMIC_RELEASE);
     int r = REAL(pthread_mutex_trylock)(&lease->mutex);
-    if (r == EOWNERDEAD) /* a thread of this process that held it ended without letting go */
+    /* A thread of this process that held it ended without letting go, or
+     * this process's previous image did (an exec marks it dead too). */
+    if (r == EOWNERDEAD)
         r = REAL(pthread_mutex_consistent)(&lease->mutex);
     holds = r == 0;
+    /* Only now: while the owner-died mark is on, a child that saw it with
+     * leaving off would take the holder for dead. */
+    __atomic_store_n(&lease->leaving, 0, __ATOMIC_RELEASE);
+}
+
+/* After an exec: the lease the process's stream names, mapped again; a
+ * forked process watches it, the first process holds it at its next
+ * fork.  Before the process's first recorded call (attach). */
+void llft_lease_attach(llft_ctl_t *ctl)
+{
+    int fd = ctl->lease_fd;
+    if (fd <= 0 || syscall(SYS_fcntl, fd, F_GETFD) < 0)
+        return;
+    struct lease_page *page = map_page(fd);
+    if (!page)
+        return;
+    __atomic_store_n(&llft_lease_fd, fd, __ATOMIC_RELEASE);
+    if (ctl->stream_id != 0)
+        llft_lease_watched = page;
+    else
+        lease = page;
 }
 
 /* In a new process: a forked child watches the lease its parent's tree
@@ -107,7 +153,8 @@ void llft_lease_check_slow(void)
 {
     struct lease_page *p = llft_lease_watched;
     uint32_t word = __atomic_load_n((uint32_t *)&p->mutex, __ATOMIC_ACQUIRE);
-    if (!(word & FUTEX_OWNER_DIED) || __atomic_load_n(&p->leaving, __ATOMIC_ACQUIRE))
+    if (!(word & FUTEX_OWNER_DIED) || __atomic_load_n(&p->leaving, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&llft_ctl->stopping, __ATOMIC_ACQUIRE))
         return;
     llft_log("llft: process %d: its replica's first process died; it records nothing more and waits to be ended",
              (int)syscall(SYS_getpid));

@@ -390,6 +390,7 @@ static inline void *llft_shared_page(void)
 struct lease_page;
 extern struct lease_page *llft_lease_watched;
 void  llft_lease_hold(void);
+void  llft_lease_attach(llft_ctl_t *ctl);
 void  llft_lease_forked(int child);
 void  llft_lease_leaving(int leaving);
 void  llft_lease_thread_ends(void);

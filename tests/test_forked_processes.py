@@ -585,16 +585,18 @@ def test_a_server_starting_detached_helpers_sees_each_helpers_parent_exit_at_onc
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"], group.stderr
 
 
-def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(examples, tmp_path):
+@pytest.mark.parametrize("started_by", ["fork", "fork and exec"])
+def test_a_child_feeding_its_parent_keeps_feeding_across_failovers(started_by, examples, tmp_path):
     """child_feed's child writes into a pipe to its parent every
     millisecond and exits the moment a write fails.  Killing the primary
     kills its parent first, and its child sees the broken pipe at once,
     before the controller fences it: were that recorded, every backup's
     child would exit as well, and the server that takes over would answer
     FEED GONE.  The replica lease (native/replica_lease.c) stops the child
-    recording first: across two kills each new primary's feed goes on."""
+    recording first, a child that exec'd another image too: across two
+    kills each new primary's feed goes on."""
     from serving import ServingGroup, kill_primary, line_client
-    group = ServingGroup(tmp_path / "rd", [examples / "child_feed", 7000])
+    group = ServingGroup(tmp_path / "rd", [examples / "child_feed", 7000, *(["exec"] if "exec" in started_by else [])])
 
     def feed() -> int:
         with group.connect() as s:
