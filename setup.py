@@ -13,6 +13,7 @@ PRELOAD_SOURCES = [
     "native/record.c",
     "native/replay.c",
     "native/replay_queues.c",
+    "native/replay_end.c",
     "native/turnstile.c",
     "native/wait_order.c",
     "native/objtable.c",

@@ -10,7 +10,8 @@
  * lock happen in the primary's order while threads using different locks
  * run concurrently (turnstile.c), and event-loop waits return after the
  * calls the primary made before them (wait_order.c).  The queues and their
- * chunk pool are replay_queues.c's.  The shim's own locks are spinlocks: it
+ * chunk pool are replay_queues.c's; what happens at the end of the
+ * primary's stream, replay_end.c's.  The shim's own locks are spinlocks: it
  * never calls the functions it wraps. */
 #include "replay_queues.h"
 
@@ -26,11 +27,9 @@
 
 /* ---- dispatcher ----------------------------------------------------- */
 
-static uint32_t dispatch_lock;
 static uint32_t epoch;            /* bumped after each dispatch that moved records */
 static uint32_t epoch_waiters;    /* threads asleep on it, each with its bit (tid_bit) */
 static uint32_t wake_bits;        /* whom the records drain() moved are for (dispatch lock held) */
-uint32_t llft_stream_ended;
 static uint32_t exec_barrier;     /* records past an execve belong to the next image */
 /* Records past a signal the program sent itself wait until it is sent
  * here: at the primary its handler had run (memcached's sets the flag its
@@ -41,11 +40,6 @@ static uint32_t promote_pending;  /* the failed primary's stream ends here: take
 static uint32_t promoted;         /* 1: a thread is taking over, 2: taken over */
 static uint32_t era;              /* bumped when a copy of the primary starts replaying (demote.c) */
 static uint32_t max_tid;          /* highest thread id the primary used or created */
-static uint64_t stream_ended_ms;
-static int64_t primary_status = -1; /* END's: the primary program's exit status, -1 if unknown */
-static uint32_t live_threads;     /* threads replaying here: started and not ended */
-static uint32_t stopped;          /* of those, stopped for good (stop_for_good) */
-static uint32_t stopped_futex;    /* bumped when either count changes */
 
 /* A thread sleeps on the epoch with one bit of 32, and a dispatch wakes
  * only the threads it queued records for: waking every sleeper at every
@@ -87,9 +81,7 @@ static long drain(void)
             corrupt_stream(tail, v != LLFT_REC_OK ? v : LLFT_REC_BADFIELD);
         if (h->op == LLFT_OP_END) {
             wake_bits = ALL_THREADS; /* each looks whether it stops here */
-            primary_status = h->ret;
-            stream_ended_ms = llft_now_ms();
-            STORE(&llft_stream_ended, 1, REL);
+            llft_end_reached(h->ret);
             tail++;
             continue;
         }
@@ -160,7 +152,7 @@ static long drain_and_wake(void)
     long n = drain();
     uint32_t bits = wake_bits;
     wake_bits = 0;
-    spin_unlock(&dispatch_lock);
+    spin_unlock(&llft_dispatch_lock);
     if (n > 0)
         bump_epoch(bits);
     return n;
@@ -168,7 +160,7 @@ static long drain_and_wake(void)
 
 static long try_dispatch(void)
 {
-    return spin_try(&dispatch_lock) ? drain_and_wake() : 0;
+    return spin_try(&llft_dispatch_lock) ? drain_and_wake() : 0;
 }
 
 /* Another thread is dispatching, or the ring holds records not dispatched
@@ -177,7 +169,7 @@ static long try_dispatch(void)
  * waiting so took a seventh of the machine's time from the primary. */
 static int records_on_the_way(void)
 {
-    return LOAD(&dispatch_lock, RLX) || llft_ring_head(llft_ring) != llft_ring_tail(llft_ring);
+    return LOAD(&llft_dispatch_lock, RLX) || llft_ring_head(llft_ring) != llft_ring_tail(llft_ring);
 }
 
 /* A thread that waited on the ring for records leaves with one of its own.
@@ -191,60 +183,6 @@ static void hand_over_the_ring(void)
 }
 
 
-/* Every record of the failed primary's stream taken, and every turn among
- * them done: otherwise a native acquisition here could overtake a replayed
- * one.  Nothing is queued any more (promote_pending stopped the dispatcher),
- * so a thread found finished stays so. */
-/* Records this replica's threads have taken and calls they have ended:
- * while either count moves, the replica is still replaying. */
-static uint64_t replay_progress(void)
-{
-    uint64_t n = 0;
-    spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < llft_nlive_slots; i++) {
-        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
-        n += LOAD(&q->popped, ACQ) + LOAD(&q->finished, ACQ);
-    }
-    spin_unlock(&dispatch_lock);
-    return n;
-}
-
-static uint64_t grace_progress, grace_progress_ms;
-
-/* Once the primary's stream has ended: whether this replica has made no
- * progress for --end-grace, counted from the end or from its last
- * progress, whichever came later.  A backup that lags (npm's startup
- * takes a million turns, and a loaded machine replays them behind the
- * primary) finishes what it has; one that is stuck is cut off.  Threads
- * waiting call this now and then; a race among them only moves the
- * moment of the last progress seen, never before the end. */
-int llft_end_grace_over(void)
-{
-    uint64_t now = llft_now_ms(), progress = replay_progress();
-    if (progress != LOAD(&grace_progress, RLX)) {
-        STORE(&grace_progress, progress, RLX);
-        STORE(&grace_progress_ms, now, RLX);
-        return 0;
-    }
-    uint64_t since = LOAD(&grace_progress_ms, RLX);
-    if (since < stream_ended_ms)
-        since = stream_ended_ms;
-    return LOAD(&llft_stream_ended, ACQ) && now - since > llft_ctl->end_grace_ms;
-}
-
-static int all_replayed(void)
-{
-    int all = 1;
-    spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < llft_nlive_slots && all; i++) {
-        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
-        if (LOAD(&q->popped, ACQ) != q->pushed || LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX))
-            all = 0;
-    }
-    spin_unlock(&dispatch_lock);
-    return all;
-}
-
 /* Takes over as primary once every thread has taken every record of the
  * failed primary's stream: the virtual synchrony point.  From then on the
  * wrappers record (llft_mode reads the role) into this replica's ring. */
@@ -253,7 +191,7 @@ static int try_promote(void)
     uint32_t p = LOAD(&promoted, ACQ);
     if (p)
         return p == 2; /* the others wait until the lock table is filled */
-    if (!all_replayed())
+    if (!llft_queues_replayed(NULL))
         return 0;
     if (!__atomic_compare_exchange_n(&promoted, &p, 1, 0, SEQ, RLX))
         return 0;
@@ -266,51 +204,6 @@ static int try_promote(void)
     STORE(&promoted, 2, SEQ);
     bump_epoch(ALL_THREADS);
     return 1;
-}
-
-static void wake_stopped(void)
-{
-    __atomic_fetch_add(&stopped_futex, 1, SEQ);
-    llft_futex_wake(&stopped_futex);
-}
-
-/* This thread does nothing more, as at the primary: either the primary's
- * stream has ended without this call (when the primary exited, its thread
- * was blocked in this call, or had not reached it yet), or the primary's
- * thread ended where this one makes another call.  Once every thread here
- * has stopped so, with every record replayed, this replica has done all
- * the primary did before it exited, and exits with the primary's status
- * (no thread is left to run the program's exit path, so stdio buffers are
- * not flushed).  A stream whose end gives no status (a saved or cut one),
- * or records still not replayed --end-grace after the end, make the stream
- * incomplete. */
-static __attribute__((noreturn)) void stop_for_good(struct llft_thread *t, uint16_t op)
-{
-    __atomic_fetch_add(&stopped, 1, SEQ);
-    wake_stopped();
-    for (;;) {
-        uint32_t seen = LOAD(&stopped_futex, SEQ);
-        if (LOAD(&llft_stream_ended, ACQ)) {
-            int replayed = all_replayed();
-            int all = replayed && LOAD(&stopped, SEQ) == LOAD(&live_threads, SEQ);
-            /* A forked process's stream ends without a status (the
-             * controller is not its parent): its parent's wait replays
-             * the primary's, and this process's own is nobody's. */
-            if (all && primary_status < 0 && llft_ctl->stream_id)
-                primary_status = 0;
-            if (all && primary_status >= 0) {
-                llft_log("llft: replica %u replayed the primary's whole stream; its %u threads stopped where "
-                         "the primary's were when it exited (in a call it never finished, or before their "
-                         "next one): exiting with the primary's status %lld",
-                         llft_ctl->replica, LOAD(&live_threads, SEQ), (long long)primary_status);
-                STORE(&llft_ctl->stopped_for_good, 1, SEQ);
-                llft_exit_now((int)primary_status);
-            }
-            if (all || ((primary_status < 0 || !replayed) && llft_end_grace_over()))
-                llft_diverge(t, op, NULL, LLFT_EXIT_NOSTREAM, "the primary's record stream ended without this call");
-        }
-        llft_futex_wait(&stopped_futex, seen, 50);
-    }
 }
 
 /* Blocks until this thread's next record is in its queue; returns
@@ -338,7 +231,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
             /* Every record before END is queued by now: none is coming. */
             if (q_take(t->q, out, consume))
                 return 0;
-            stop_for_good(t, op);
+            llft_stop_for_good(t, op);
         }
         if (++spins < 64) {
             __builtin_ia32_pause();
@@ -348,7 +241,7 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
             llft_yield(); /* more threads than cores: let whoever brings them run */
             continue;
         }
-        if (spin_try(&dispatch_lock)) {
+        if (spin_try(&llft_dispatch_lock)) {
             if (drain_and_wake() > 0)
                 continue;
             waited_on_ring = 1;
@@ -363,11 +256,11 @@ static int pop_wait(struct llft_thread *t, uint16_t op, llft_rec_t *out, int con
 
 static void take_queue(struct llft_thread *t, uint32_t tid)
 {
-    spin_lock(&dispatch_lock);
+    spin_lock(&llft_dispatch_lock);
     t->q = llft_queue_for(tid);
     t->q_era = era;
-    spin_unlock(&dispatch_lock);
-    __atomic_fetch_add(&live_threads, 1, SEQ);
+    spin_unlock(&llft_dispatch_lock);
+    llft_end_thread_started();
 }
 
 /* A thread of a copy of the primary (demote.c) takes its queue at its
@@ -381,21 +274,16 @@ static void own_queue(struct llft_thread *t)
 /* No thread is in the engine: the copy's were the primary's. */
 void llft_replay_restart(uint32_t last_tid)
 {
-    spin_lock(&dispatch_lock);
+    spin_lock(&llft_dispatch_lock);
     llft_queues_reset();
     exec_barrier = signal_barrier = 0;
     STORE(&promote_pending, 0, SEQ);
     STORE(&promoted, 0, SEQ);
-    STORE(&llft_stream_ended, 0, SEQ);
-    stream_ended_ms = 0;
-    grace_progress = grace_progress_ms = 0;
-    primary_status = -1;
-    STORE(&live_threads, 0, SEQ);
-    STORE(&stopped, 0, SEQ);
+    llft_end_forget();
     wake_bits = 0;
     max_tid = last_tid;
     STORE(&era, era + 1, SEQ);
-    spin_unlock(&dispatch_lock);
+    spin_unlock(&llft_dispatch_lock);
 }
 
 /* The thread's next record is the primary's SIGNAL (wrap_signal.c),
@@ -435,7 +323,7 @@ int llft_replay_next(struct llft_thread *t, uint16_t op, llft_rec_t *out)
          * shutdown, after reading a flag without a lock).  It did nothing
          * more, so neither may this one, holding what the primary's held. */
         if (out->op == LLFT_OP_THREAD_EXIT)
-            stop_for_good(t, op);
+            llft_stop_for_good(t, op);
         llft_diverge(t, op, out, LLFT_EXIT_DIVERGED, "the backup made a different call than the primary");
     }
     if (UNLIKELY(out->tn != t->tn + 1))
@@ -491,14 +379,14 @@ void llft_replay_data(struct llft_thread *t, void *buf, uint64_t len)
 /* execve failed here as it did at the primary: this image goes on. */
 void llft_replay_exec_failed(void)
 {
-    spin_lock(&dispatch_lock);
+    spin_lock(&llft_dispatch_lock);
     exec_barrier = 0;
-    spin_unlock(&dispatch_lock);
+    spin_unlock(&llft_dispatch_lock);
 }
 
 void llft_replay_signal_sent(void)
 {
-    spin_lock(&dispatch_lock);
+    spin_lock(&llft_dispatch_lock);
     signal_barrier = 0;
     drain_and_wake(); /* (releases the lock) */
 }
@@ -527,35 +415,18 @@ void llft_replay_thread_start(struct llft_thread *t)
 
 void llft_replay_thread_end(struct llft_thread *t)
 {
-    spin_lock(&dispatch_lock);
+    spin_lock(&llft_dispatch_lock);
     struct tqueue *q = t->q;
     llft_rec_t extra;
     int more = q_take(q, &extra, 1);
     if (!more)
         llft_queue_ended(q);
-    spin_unlock(&dispatch_lock);
+    spin_unlock(&llft_dispatch_lock);
     if (more)
         llft_diverge(t, LLFT_OP_THREAD_EXIT, &extra, LLFT_EXIT_DIVERGED,
                      "this thread ended here but made more calls at the primary");
     t->q = NULL;
-    __atomic_fetch_sub(&live_threads, 1, SEQ);
-    wake_stopped();
-}
-
-/* Every other thread has started each call the primary recorded for it,
- * and finished each one that must_finish (a transfer on a connection). */
-static int others_replayed(const struct llft_thread *t)
-{
-    int all = 1;
-    spin_lock(&dispatch_lock);
-    for (uint32_t i = 0; i < llft_nlive_slots && all; i++) {
-        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
-        if (q != t->q && (LOAD(&q->popped, ACQ) != LOAD(&q->pushed, RLX) ||
-                          LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX)))
-            all = 0;
-    }
-    spin_unlock(&dispatch_lock);
-    return all;
+    llft_end_thread_ended();
 }
 
 /* The thread calling exit() waits until the primary's stream has ended: a
@@ -574,14 +445,14 @@ void llft_replay_at_exit(struct llft_thread *t)
         uint32_t ep = LOAD(&epoch, SEQ);
         if (try_dispatch() > 0)
             continue;
-        if (spin_try(&dispatch_lock)) {
+        if (spin_try(&llft_dispatch_lock)) {
             if (drain_and_wake() == 0)
                 llft_ring_wait_data(llft_ring, 50);
         } else {
             llft_futex_wait(&epoch, ep, 50);
         }
     }
-    while (LOAD(&llft_stream_ended, ACQ) && !others_replayed(t) && !llft_end_grace_over()) {
+    while (LOAD(&llft_stream_ended, ACQ) && !llft_queues_replayed(t->q) && !llft_end_grace_over()) {
         struct timespec ms = {0, 1000000};
         llft_nap(&ms);
     }

@@ -87,8 +87,13 @@ struct tqueue *llft_queue_new(uint32_t tid)
     return q;
 }
 
+/* Records taken and calls ended by threads whose queues have ended: with
+ * the live queues' counts, a measure of progress that never goes back. */
+static uint64_t retired_progress;   /* (dispatch lock) */
+
 void llft_queue_ended(struct tqueue *q)
 {
+    retired_progress += q->popped + LOAD(&q->finished, RLX);
     for (struct qchunk *c = q->rd_chunk; c;) {
         struct qchunk *n = c->next;
         llft_chunk_free(c);
@@ -114,6 +119,7 @@ void llft_queues_reset(void)
         }
     }
     llft_nlive_slots = 0;
+    retired_progress = 0;
     spin_lock(&pool_lock);
     pool_free_list = NULL;
     pool_used = 0;
@@ -169,4 +175,43 @@ void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotge
             llft_nap(&us);
         }
     }
+}
+
+/* ---- censuses of the live queues (each takes the dispatch lock) ---- */
+
+uint32_t llft_dispatch_lock;
+
+/* Every thread but except's (NULL: every thread) has taken every record
+ * queued for it and ended every call that must_finish.  Before a takeover
+ * nothing is queued any more (the dispatcher has stopped at PROMOTE), so
+ * a thread found finished stays so: no native acquisition can then
+ * overtake a replayed one. */
+int llft_queues_replayed(const struct tqueue *except)
+{
+    int all = 1;
+    spin_lock(&llft_dispatch_lock);
+    for (uint32_t i = 0; i < llft_nlive_slots && all; i++) {
+        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
+        if (q != except && (LOAD(&q->popped, ACQ) != q->pushed ||
+                            LOAD(&q->finished, ACQ) != LOAD(&q->to_finish, RLX)))
+            all = 0;
+    }
+    spin_unlock(&llft_dispatch_lock);
+    return all;
+}
+
+/* Records the threads have taken and calls they have ended, those of
+ * ended threads included (a sum over the live queues alone goes back as
+ * threads end, and could come back to a value seen seconds before): while
+ * this moves, the replica is still replaying. */
+uint64_t llft_queues_progress(void)
+{
+    spin_lock(&llft_dispatch_lock);
+    uint64_t n = retired_progress;
+    for (uint32_t i = 0; i < llft_nlive_slots; i++) {
+        const struct tqueue *q = &llft_queues[llft_live_slots[i]];
+        n += LOAD(&q->popped, ACQ) + LOAD(&q->finished, ACQ);
+    }
+    spin_unlock(&llft_dispatch_lock);
+    return n;
 }

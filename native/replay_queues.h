@@ -1,9 +1,9 @@
 /* The backup's replay queues, shared by the files of the replay engine:
  * replay_queues.c (the queues and their chunk pool), replay.c (the
- * dispatcher, takeover, thread lifecycle),
- * turnstile.c (turns on ordered objects) and wait_order.c (event-loop
- * waits after the calls recorded before them).  Internal to the preload
- * library. */
+ * dispatcher, takeover, thread lifecycle), replay_end.c (the end of the
+ * primary's stream), turnstile.c (turns on ordered objects) and
+ * wait_order.c (event-loop waits after the calls recorded before them).
+ * Internal to the preload library. */
 #ifndef LLFT_REPLAY_QUEUES_H
 #define LLFT_REPLAY_QUEUES_H
 
@@ -43,7 +43,9 @@ struct tqueue {
 extern struct tqueue *llft_queues;
 extern uint32_t *llft_live_slots;     /* slots of the live queues, in no order (dispatch lock) */
 extern uint32_t llft_nlive_slots;
-extern uint32_t llft_stream_ended;
+/* Held by the thread dispatching records into queues, and by whoever
+ * changes the live slots or counts over them. */
+extern uint32_t llft_dispatch_lock;
 
 void *llft_map_anon(size_t bytes, const char *what);
 void llft_queues_reserve(void);
@@ -131,12 +133,24 @@ static inline int q_take(struct tqueue *q, llft_rec_t *out, int consume)
     return 1;
 }
 
-/* replay.c's: the primary's stream has ended and this replica has stopped
- * replaying for --end-grace (slow paths only: it takes the dispatch lock). */
-int llft_end_grace_over(void);
+/* Every thread but except's (NULL: all) has replayed all it was queued. */
+int llft_queues_replayed(const struct tqueue *except);
+/* Records taken and calls ended by every thread so far: it never goes back. */
+uint64_t llft_queues_progress(void);
 
 /* Waits until the thread of queue slot|gen<<16 (slotgen) has taken upto slots. */
 void llft_wait_taken(struct llft_thread *t, const llft_rec_t *e, uint32_t slotgen, uint64_t upto);
+
+/* ---- replay_end.c ---- */
+extern uint32_t llft_stream_ended;
+void llft_end_reached(int64_t status);   /* the dispatcher met END (dispatch lock held) */
+void llft_end_forget(void);              /* no thread is replaying (llft_replay_restart) */
+void llft_end_thread_started(void);
+void llft_end_thread_ended(void);
+/* The primary's stream has ended and this replica has made no progress
+ * for --end-grace (slow paths only: it takes the dispatch lock). */
+int llft_end_grace_over(void);
+__attribute__((noreturn)) void llft_stop_for_good(struct llft_thread *t, uint16_t op);
 
 /* ---- turnstile.c ---- */
 void llft_turnstiles_reserve(void);
