@@ -15,6 +15,8 @@ static uint32_t live_threads;       /* threads replaying here: started and not e
 static uint32_t stopped;            /* of those, stopped for good (llft_stop_for_good) */
 static uint32_t stopped_futex;      /* bumped when either count changes */
 static uint64_t grace_progress, grace_progress_ms; /* the replica's progress last seen, and when */
+#define CENSUS_MS 10
+static uint64_t census_ms;          /* when the last census of the queues was taken */
 
 void llft_end_reached(int64_t status)
 {
@@ -27,7 +29,7 @@ void llft_end_forget(void)
 {
     STORE(&llft_stream_ended, 0, SEQ);
     stream_ended_ms = 0;
-    grace_progress = grace_progress_ms = 0;
+    grace_progress = grace_progress_ms = census_ms = 0;
     primary_status = -1;
     STORE(&live_threads, 0, SEQ);
     STORE(&stopped, 0, SEQ);
@@ -55,15 +57,20 @@ void llft_end_thread_ended(void)
  * progress, whichever came later.  A backup that lags (npm's startup
  * takes a million turns, and a loaded machine replays them behind the
  * primary) finishes what it has; one that is stuck is cut off.  Threads
- * waiting call this now and then; a race among them only moves the
- * moment of the last progress seen, never before the end. */
+ * waiting call this now and then, thousands of them at times: one census
+ * of the queues each CENSUS_MS serves them all.  A race among them only
+ * moves the moment of the last progress seen, never before the end. */
 int llft_end_grace_over(void)
 {
-    uint64_t progress = llft_queues_progress(), now = llft_now_ms();
-    if (progress != LOAD(&grace_progress, RLX)) {
-        STORE(&grace_progress, progress, RLX);
-        STORE(&grace_progress_ms, now, RLX);
-        return 0;
+    uint64_t now = llft_now_ms(), last = LOAD(&census_ms, RLX);
+    if (now >= last + CENSUS_MS && __atomic_compare_exchange_n(&census_ms, &last, now, 0, RLX, RLX)) {
+        uint64_t progress = llft_queues_progress();
+        now = llft_now_ms();   /* (after the census, whose lock may have kept it waiting) */
+        if (progress != LOAD(&grace_progress, RLX)) {
+            STORE(&grace_progress, progress, RLX);
+            STORE(&grace_progress_ms, now, RLX);
+            return 0;
+        }
     }
     /* (another thread may have stored a moment later than this one's now) */
     uint64_t since = LOAD(&grace_progress_ms, RLX);
