@@ -498,8 +498,11 @@ class LocalGroup:
 
     def _prune_routes(self):
         """--fork replicate: the routes of the connections every live
-        backup has been handed are no longer needed."""
+        backup has been handed are no longer needed, but for those the
+        input log keeps (--respawn): a replacement is handed each again."""
         below = [rl.handed_below() for r, rl in zip(self.replicas, self.relays) if r.role == "backup" and r.alive()]
+        if below and self.inputs is not None:
+            below.append(self.inputs.oldest())
         if below:
             self.routes.prune(min(below))
 

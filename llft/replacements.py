@@ -273,6 +273,8 @@ class Replacements:
                 continue
             if r.stream.records < feeder.records and r.stream.role != ROLE_PRIMARY:
                 continue
+            if g.forked is not None and r.stream.role != ROLE_PRIMARY and not g.forked.caught_up(r.index):
+                continue   # (its forked processes still replay their histories, or are still to be forked)
             ms = (time.monotonic() - feeder.started_at) * 1000
             r.catch_up.update(records=feeder.records, ms=round(ms, 1), done=True)
             log.warning("replica %d started to replace replica %d; caught up after %d records in %.0f ms",

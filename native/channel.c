@@ -165,6 +165,8 @@ int llft_kept_move(int fd)
         __atomic_store_n(&llft_library_fd, moved, __ATOMIC_RELEASE);
     } else if (fd == __atomic_load_n(&llft_inbox, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&llft_inbox, moved, __ATOMIC_RELEASE);
+        if (llft_ctl)
+            llft_ctl->inbox_fd = moved;
     } else if (fd == __atomic_load_n(&llft_lease_fd, __ATOMIC_ACQUIRE)) {
         __atomic_store_n(&llft_lease_fd, moved, __ATOMIC_RELEASE);
         if (llft_ctl)

@@ -58,7 +58,7 @@ int llft_above_the_floor(int fd);
 
 /* Under --fork replicate, at a backup: this process's inbox, made and
  * handed to the controller (at attach, and as a forked process goes on). */
-void llft_inbox_open(const llft_ctl_t *ctl);
+void llft_inbox_open(llft_ctl_t *ctl);
 
 /* The program wants a kept fd's number (dup2 over it): that fd moves to
  * another.  0, or -1. */

@@ -41,15 +41,23 @@
  * accepts take them from there (wrap_socket.c). */
 int llft_inbox = -1;
 
-void llft_inbox_open(const llft_ctl_t *ctl)
+void llft_inbox_open(llft_ctl_t *ctl)
 {
+    /* An image this process exec'd: the inbox it had is its still, with
+     * what the controller handed it meanwhile (a replacement's process is
+     * handed its past connections the moment it hands its stream over). */
+    int kept = ctl->inbox_fd;
+    if (kept > 0 && syscall(SYS_fcntl, kept, F_GETFD) >= 0) {
+        __atomic_store_n(&llft_inbox, kept, __ATOMIC_RELEASE);
+        return;
+    }
     int pair[2];
     if (syscall(SYS_socketpair, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
         llft_log("llft: cannot make this process's inbox: %s", strerror(errno));
         return;
     }
     int mine = llft_above_the_floor(pair[0]);
-    syscall(SYS_fcntl, mine, F_SETFD, FD_CLOEXEC); /* an exec'd image makes one of its own */
+    syscall(SYS_fcntl, mine, F_SETFD, 0); /* kept across exec */
     llft_channel_msg_t m;
     memset(&m, 0, sizeof m);
     m.kind = LLFT_CHAN_INBOX;
@@ -61,9 +69,10 @@ void llft_inbox_open(const llft_ctl_t *ctl)
         llft_log("llft: cannot hand this process's inbox to the controller: %s", strerror(err));
         return;
     }
+    ctl->inbox_fd = mine;
     int old = __atomic_exchange_n(&llft_inbox, mine, __ATOMIC_ACQ_REL);
     if (old >= 0 && old != mine)
-        syscall(SYS_close, old);
+        syscall(SYS_close, old); /* (a forked child's: its parent's inbox) */
 }
 
 /* ---- the pid map: program pid <-> this process's own child ---------- */

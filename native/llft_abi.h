@@ -293,6 +293,8 @@ typedef struct llft_ctl {
                                    * stdio buffers not flushed: its stdout may be short) */
     int32_t  lease_fd;            /* the replica lease's page, a memfd at this number (replica_lease.c):
                                    * kept open across exec, so that the next image maps it again; 0: none */
+    int32_t  inbox_fd;            /* a backup's process's inbox (fork_stream.c), kept open across exec, so
+                                   * that what the controller handed it before is still there; 0: none */
     char     div_where[1536];     /* a diverged backup's backtrace, a frame per line: kept in the run dir
                                    * whatever the program did with its stderr */
     uint32_t refused;             /* a process of the replica did what llft cannot replicate (div_text

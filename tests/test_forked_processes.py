@@ -124,6 +124,7 @@ def test_a_primary_killed_with_its_children_fails_over_with_them(when, examples,
 
 
 def test_fork_replicate_refuses_what_it_does_not_go_with_yet(tmp_path):
+    """--keep clones replicas with CRIU, one process at a time."""
     p = subprocess.run([tool("llft-run"), "--fork", "replicate", "--keep", "2", "--", SH, "-c", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "--fork replicate does not go with --keep" in p.stderr, p.stderr
@@ -515,6 +516,71 @@ def test_a_server_forking_a_child_per_connection_counts_exactly_once(kills, exam
     survivors = [r for r in state["replicas"] if r["role"] != "failed"]
     assert len(survivors) == 3 - kills and all(r["status"] == 0 for r in survivors)
     assert all(r["outputs"] == survivors[0]["outputs"] for r in survivors), "surviving replicas disagree"
+
+
+@pytest.mark.parametrize("server", ["prefork_server", "fork_counter", "start script"])
+def test_a_forking_server_with_respawn_survives_four_primary_kills(server, examples, tmp_path):
+    """--respawn with every forked process replicated: the primary killed
+    four times under load, each time once the group has recovered, so
+    that replacements take over in turn.  A replacement replays the
+    group's history, its processes forked as its replay reaches each fork,
+    each fed its own stream's history and handed the connections its
+    counterpart accepted; it has caught up only once every one of them
+    has.  Nothing lost or applied twice, the survivors' outputs equal."""
+    from serving import Progress, ServingGroup, kill_and_recover, line_client, line_clients
+    from test_failover import check_exactly_once
+    argv = {"prefork_server": [examples / "prefork_server", 7000, 2],
+            "fork_counter": [examples / "fork_counter", 7000],
+            "start script": [serving.start_script(tmp_path, examples / "kv_server", 7000)]}[server]
+    group = ServingGroup(tmp_path / "rd", argv, extra=["--respawn"])
+    progress = Progress()
+    lines = (lambda i: [f"INCR c{i}"] * 150) if server == "start script" else (lambda i: [f"c{i}-{j}" for j in range(150)])
+    results = line_clients(group, 4, lines, kill_and_recover(group, progress, 100, 4), pause=0.001,
+                           progress=progress)
+    if server == "prefork_server":
+        check_worker_counts(results, 150)
+        shut_down_workers(group, 2)
+    else:
+        if server == "fork_counter":
+            check_exactly_once(results, 4, 150)
+        else:
+            for i, got in results.items():
+                assert got == [f"VALUE {j}" for j in range(1, 151)], f"client {i}: {got}"
+        with group.connect() as s:
+            assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    assert [r["role"] for r in state["replicas"]] == ["failed"] * 4 + ["primary", "backup", "backup"]
+    live = state["replicas"][4:]
+    assert all(r["outputs"] == live[0]["outputs"] for r in live), "surviving replicas disagree"
+
+
+def test_a_replacement_replays_forked_processes_that_ended_long_before(examples, tmp_path):
+    """fork_counter forks a child per connection, and each connection here
+    closes at once: by the time a replacement starts, most children have
+    ended at every replica.  Their streams' histories are kept (--respawn),
+    so that the replacement's children, forked as its replay reaches each
+    fork, replay theirs to their end; forgetting them left it waiting for
+    a child that never got a record, and the group was lost at the next
+    kill.  Three kills, each after ten more connections."""
+    from llft.nemesis.faults import Group
+    from serving import ServingGroup, line_client
+    group = ServingGroup(tmp_path / "rd", [examples / "fork_counter", 7000], extra=["--respawn"])
+    members, counts = Group(group.run_dir), []
+    for k in range(3):
+        for i in range(10):
+            with group.connect() as s:
+                counts += [int(r.split()[0]) for r in line_client(s, [f"a{k}{i}", f"b{k}{i}"])[0]]
+        primary = members.primary()
+        members.signal(primary, signal.SIGKILL)
+        members.wait_recovered(3, {primary.index})
+    assert counts == list(range(1, 61))
+    with group.connect() as s:
+        assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
+    state = group.finish()
+    assert group.proc.returncode == 0, group.stderr
+    live = [r for r in state["replicas"] if r["role"] != "failed"]
+    assert len(live) == 3 and all(r["outputs"] == live[0]["outputs"] for r in live)
 
 
 @pytest.mark.parametrize("mode", [[], ["stay"]], ids=["session-of-its-own", "stays-in-its-parents"])

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "own, its exit, its parent's waits and its signal handlers in the primary's order, the "
                         "connections it accepted handed to it at each backup, and fails over with it (nginx's "
                         "master and workers, prefork servers, dnsmasq's TCP children; docs/forked-processes.md).  "
-                        "unrecorded (the default with --join, --keep, --respawn, --mode "
+                        "unrecorded (the default with --join, --keep, --mode "
                         "semi-passive or --replay-from, which replicate does not go with yet): "
                         "they run unrecorded at each replica, and one that would serve a client is refused")
     p.add_argument("--log-output", action="store_true",
@@ -284,7 +284,6 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"--{'keep' if args.keep else 'respawn'} replaces replicas of a group on this host: "
                          "not with --replay-from or --join")
     clash = [name for name, on in (("--join", args.join), ("--keep", args.keep is not None),
-                                   ("--respawn", args.respawn),
                                    ("--mode semi-passive", args.mode == "semi-passive"),
                                    ("--replay-from", args.replay_from is not None)) if on]
     if args.fork == "replicate" and clash:

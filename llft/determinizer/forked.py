@@ -147,8 +147,10 @@ class ForkedStream:
             os.close(self.pidfd)
             self.pidfd = None
 
-    def close(self):
-        """Ends it for everyone, and forgets its history."""
+    def close(self, keep_history: bool = False):
+        """Ends it for everyone, and forgets its history unless
+        keep_history (--respawn: a replacement's process of this id, forked
+        as its replay reaches the fork, replays it, then its end)."""
         if self.source is not None:
             self.source.finish()
         if self.forwarder is not None:
@@ -157,10 +159,13 @@ class ForkedStream:
             feeder.join(timeout=5)
         self.forget_pidfd()
         if (self.forwarder is None or not self.forwarder.is_alive()) and not any(f.is_alive() for f in self.feeders):
-            if self.forwarder is not None:
+            if self.forwarder is not None and not keep_history:
                 self.forwarder.ordering.close()
             for f in self.files.values():   # (a thread still at it would read freed memory)
                 f.close()
+        if keep_history:
+            self.source = None   # (its stream is closed: the pump kept what it needs, the exit status)
+            return
         try:
             self.saved.unlink()
         except OSError:
@@ -275,6 +280,20 @@ class ForkedStreams:
         """Replica index's processes' streams, those still open."""
         return [s.files[index] for s in self.streams.values() if index in s.files and s.files[index].ctl is not None]
 
+    def caught_up(self, index: int) -> bool:
+        """Replica index (a replacement catching up) has a process of every
+        stream whose primary process runs, each fed the stream's history
+        and following it live, with that history replayed: it could take
+        over the program's every process."""
+        for s in self.streams.values():
+            if s.forwarder is None or s.forwarder.ended or s.owner == index:
+                continue
+            sink = s.sinks.get(index)
+            feeder = next((f for f in s.feeders if f.sink is sink), None)
+            if sink is None or feeder is None or feeder.joined_at is None or s.files[index].records < feeder.records:
+                return False
+        return True
+
     def refusal(self) -> str | None:
         """What a forked process did that llft cannot replicate (its shim
         says so in its control block), or None."""
@@ -323,12 +342,18 @@ class ForkedStreams:
                 sink.dead = True
 
     def tidy(self):
-        """Forgets the streams that have ended for everyone, every live
-        backup's process of it included (their saved history with them)."""
+        """Closes the streams that have ended for everyone, every live
+        backup's process of it included, and forgets them (their saved
+        history with them) unless a replacement may need them (--respawn)."""
         backups = [r.index for r in self.group.replicas if r.role == "backup" and r.alive()]
+        keep = self.group.opts.respawn
         for sid in [sid for sid, s in self.streams.items()
-                    if s.ended() and all(k in s.files for k in backups)]:
-            self.streams.pop(sid).close()
+                    if s.ended() and all(k in s.files for k in backups)
+                    and any(f.ctl is not None for f in s.files.values())]:
+            if keep:
+                self.streams[sid].close(keep_history=True)
+            else:
+                self.streams.pop(sid).close()
 
     def close(self):
         """The group has ended: every stream with it (their histories too)."""

@@ -30,6 +30,10 @@ class InputLog:
         """The connections numbered after `after`, in order."""
         return [c for c in self.conns.values() if c.conn_id > after]
 
+    def oldest(self) -> int:
+        """The first connection kept (one past the newest if none is)."""
+        return next(iter(self.conns), self.newest() + 1)
+
     def newest(self) -> int:
         return next(reversed(self.conns), 0)
 
