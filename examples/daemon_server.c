@@ -4,8 +4,10 @@
  * parent exits, the child starts a session of its own, moves to /, and
  * points its standard streams at /dev/null.  With "twice" it forks a
  * second time after setsid, as the classic double fork does; with
- * "daemon" it calls daemon(3) instead.
- * usage: daemon_server PORT [exit|_exit|daemon] [twice] */
+ * "nosid" too it forks twice and never calls setsid (the daemon stays in
+ * its first process's session and process group); with "daemon" it
+ * calls daemon(3) instead.
+ * usage: daemon_server PORT [exit|_exit|daemon] [twice [nosid]] */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -35,6 +37,7 @@ int main(int argc, char **argv)
     int port = argc > 1 ? atoi(argv[1]) : 7000;
     int quick = argc > 2 && strcmp(argv[2], "_exit") == 0;
     int twice = argc > 3 && strcmp(argv[3], "twice") == 0;
+    int nosid = argc > 4 && strcmp(argv[4], "nosid") == 0;
     if (argc > 2 && strcmp(argv[2], "daemon") == 0) {
         if (daemon(0, 0) != 0) {
             perror("daemon");
@@ -42,7 +45,7 @@ int main(int argc, char **argv)
         }
     } else {
         parent_leaves(quick);
-        if (setsid() < 0) {
+        if (!nosid && setsid() < 0) {
             perror("setsid");
             return 1;
         }

@@ -69,6 +69,16 @@ class PlaneRelay:
         while True:
             conn_id, port, host, client_port = await self.opens.get()
             if self.routes is not None and self.replica.role != "primary":
+                stream = self.routes.route(conn_id)
+                if stream is not None:
+                    # Its route known already (a replacement catching up is
+                    # handed every logged connection at once): handed in
+                    # connection order, as its process's accepts take them.
+                    # Out of order, each that comes before its turn is parked
+                    # on an fd of its own, and hundreds of them ran out of
+                    # the numbers parking has.
+                    await self._hand(conn_id, port, host, client_port, stream)
+                    continue
                 task = asyncio.create_task(self._hand_routed(conn_id, port, host, client_port))
                 self.routed.add(task)
                 task.add_done_callback(self.routed.discard)
