@@ -54,12 +54,15 @@ def test_a_server_started_by_a_forking_shell_script_fails_over(examples, tmp_pat
     assert [r["role"] for r in state["replicas"]] == ["failed", "primary", "backup"]
 
 
-@pytest.mark.parametrize("how", [["exit"], ["_exit", "twice"], ["daemon"]])
+@pytest.mark.parametrize("how", [["exit"], ["_exit", "twice"], ["_exit", "twice", "nosid"], ["daemon"], ["wait"],
+                                 ["wait", "-", "nosid"]])
 def test_a_server_that_daemonizes_is_followed_and_fails_over(how, examples, tmp_path):
     """daemon_server forks and its parent exits (with exit, with _exit and
-    a second fork after setsid, or inside glibc's daemon(3)), as redis's
-    daemonize and memcached -d do: each replica goes on as the child itself (same pid, nothing left
-    behind), and a primary killed under load loses and repeats nothing."""
+    a second fork after setsid, or without setsid, or inside glibc's
+    daemon(3)), as redis's daemonize and memcached -d do, or its parent
+    waits for a child that forks the daemon and exits (with and without
+    setsid): each replica goes on as the daemon (nothing left behind),
+    and a primary killed under load loses and repeats nothing."""
     import json
     group = ServingGroup(tmp_path / "rd", [examples / "daemon_server", 7000, *how])
     started = json.loads((group.run_dir / "llft-run.json").read_text())["replicas"]
