@@ -555,17 +555,21 @@ def test_a_forking_server_with_respawn_survives_four_primary_kills(server, examp
     assert all(r["outputs"] == live[0]["outputs"] for r in live), "surviving replicas disagree"
 
 
-def test_a_replacement_replays_forked_processes_that_ended_long_before(examples, tmp_path):
+@pytest.mark.parametrize("order", serving.ORDERS)
+def test_a_replacement_replays_forked_processes_that_ended_long_before(order, examples, tmp_path):
     """fork_counter forks a child per connection, and each connection here
     closes at once: by the time a replacement starts, most children have
     ended at every replica.  Their streams' histories are kept (--respawn),
     so that the replacement's children, forked as its replay reaches each
     fork, replay theirs to their end; forgetting them left it waiting for
     a child that never got a record, and the group was lost at the next
-    kill.  Three kills, each after ten more connections."""
+    kill.  Three kills, each after ten more connections.  Over mailboxes,
+    an ended child's mailbox goes once every replica's child has ended: none
+    is left at the end but the group's own."""
+    from pathlib import Path
     from llft.nemesis.faults import Group
-    from serving import ServingGroup, line_client
-    group = ServingGroup(tmp_path / "rd", [examples / "fork_counter", 7000], extra=["--respawn"])
+    from serving import ServingGroup, line_client, order_args
+    group = ServingGroup(tmp_path / "rd", [examples / "fork_counter", 7000], extra=["--respawn", *order_args(order)])
     members, counts = Group(group.run_dir), []
     for k in range(3):
         for i in range(10):
@@ -575,6 +579,11 @@ def test_a_replacement_replays_forked_processes_that_ended_long_before(examples,
         members.signal(primary, signal.SIGKILL)
         members.wait_recovered(3, {primary.index})
     assert counts == list(range(1, 61))
+    forked_mailboxes = lambda: list(Path("/dev/shm").glob(f"llft-mbx-{group.proc.pid}-*-fork-*"))
+    deadline = time.monotonic() + 10
+    while forked_mailboxes() and time.monotonic() < deadline:   # (ended streams are closed each second)
+        time.sleep(0.1)
+    assert not forked_mailboxes(), "the mailboxes of children long ended are still there"
     with group.connect() as s:
         assert line_client(s, ["SHUTDOWN"])[0] == ["BYE"]
     state = group.finish()

@@ -51,6 +51,7 @@ class ForkedStream:
         self.sinks: dict[int, BackupSink] = {}
         self.feeders: list[CatchUpFeeder] = []
         self.forwarder: RecordForwarder | None = None
+        self.ordering_closed = False
         self.source = None
         self.owner: int | None = None             # the replica whose process is the source
         self.successor: int | None = None         # takes over once its process hands its stream over
@@ -159,7 +160,8 @@ class ForkedStream:
             feeder.join(timeout=5)
         self.forget_pidfd()
         if (self.forwarder is None or not self.forwarder.is_alive()) and not any(f.is_alive() for f in self.feeders):
-            if self.forwarder is not None and not keep_history:
+            if self.forwarder is not None and not self.ordering_closed:
+                self.ordering_closed = True   # (a late joiner of an ended stream is given END without it)
                 self.forwarder.ordering.close()
             for f in self.files.values():   # (a thread still at it would read freed memory)
                 f.close()
