@@ -223,7 +223,7 @@ def test_a_backup_still_replaying_after_its_primarys_end_finishes(examples, llft
     replays for about a second after its primary exited, its waiter thread
     parked on a turn hundreds of rounds ahead all along (npm's backup under
     a loaded machine lags so at its exit).  With a grace of 0.5 s counted
-    from the end, it was called incomplete and the group exited 86."""
+    from the end, it would be called incomplete and the group exit 86."""
     run = llft_run([examples / "lagging_replica", 1000], replicas=2,
                    extra=["--end-grace", "0.5", *(["--serialize"] if serialize else [])], env={"LAG_REPLICA": "1"})
     assert run.status == 0, run.stderr

@@ -561,9 +561,9 @@ def test_a_replacement_replays_forked_processes_that_ended_long_before(order, ex
     closes at once: by the time a replacement starts, most children have
     ended at every replica.  Their streams' histories are kept (--respawn),
     so that the replacement's children, forked as its replay reaches each
-    fork, replay theirs to their end; forgetting them left it waiting for
-    a child that never got a record, and the group was lost at the next
-    kill.  Three kills, each after ten more connections.  Over mailboxes,
+    fork, replay theirs to their end; were they forgotten, it would wait
+    for a child that never gets a record, and the group would be lost at
+    the next kill.  Three kills, each after ten more connections.  Over mailboxes,
     an ended child's mailbox goes once every replica's child has ended: none
     is left at the end but the group's own."""
     from pathlib import Path

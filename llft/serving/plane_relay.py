@@ -74,9 +74,9 @@ class PlaneRelay:
                     # Its route known already (a replacement catching up is
                     # handed every logged connection at once): handed in
                     # connection order, as its process's accepts take them.
-                    # Out of order, each that comes before its turn is parked
-                    # on an fd of its own, and hundreds of them ran out of
-                    # the numbers parking has.
+                    # Out of order, each that comes before its turn would be
+                    # parked on an fd of its own, and hundreds of them would
+                    # run out of the numbers parking has.
                     await self._hand(conn_id, port, host, client_port, stream)
                     continue
                 task = asyncio.create_task(self._hand_routed(conn_id, port, host, client_port))
