@@ -29,6 +29,22 @@ def llft_kill(group, *args) -> subprocess.CompletedProcess:
                           text=True, timeout=30)
 
 
+def copies_then_kill(group, progress: Progress, copies: list[tuple[int, int]], kill_at: int):
+    """meanwhile() for line_clients: fails mailbox copy I after the k-th
+    reply for each (k, I), then kills the primary after the kill_at-th;
+    and the list that gets what llft-kill said at each, "killed" last."""
+    said: list[str] = []
+
+    def faults():
+        for k, copy in copies:
+            progress.wait(k)
+            said.append(llft_kill(group, "--mailbox-copy", str(copy)).stdout)
+        progress.wait(kill_at)
+        serving.kill_primary(group.run_dir)
+        said.append("killed")
+    return faults, said
+
+
 @pytest.mark.parametrize("protocol", ["1", "2"])
 def test_mailbox_copies_fail_under_load_and_the_group_fails_over(protocol, examples, tmp_path):
     """Two of the three copies fail, one after the 200th reply, one after
@@ -37,16 +53,7 @@ def test_mailbox_copies_fail_under_load_and_the_group_fails_over(protocol, examp
     group = ServingGroup(tmp_path / "rd", [examples / "echo_server", 7000],
                          extra=["--order", "mailbox", "--mailbox-protocol", protocol])
     progress = Progress()
-    said = []
-
-    def faults():
-        for k in (0, 1):
-            progress.wait(200 * (k + 1))
-            said.append(llft_kill(group, "--mailbox-copy", str(k)).stdout)
-        progress.wait(600)
-        serving.kill_primary(group.run_dir)
-        said.append("killed")
-
+    faults, said = copies_then_kill(group, progress, [(200, 0), (400, 1)], 600)
     results = line_clients(group, 4, lambda i: [f"c{i}-{j}" for j in range(250)], faults, pause=0.001,
                            progress=progress)
     assert said[-1:] == ["killed"], "the workload ended before every fault"
@@ -67,15 +74,7 @@ def test_a_forking_server_over_mailboxes_loses_a_copy_and_fails_over(examples, t
     from test_forked_processes import check_worker_counts, finish_survivors, shut_down_workers
     group = ServingGroup(tmp_path / "rd", [examples / "prefork_server", 7000, 2], extra=["--order", "mailbox"])
     progress = Progress()
-    said = []
-
-    def faults():
-        progress.wait(150)
-        said.append(llft_kill(group, "--mailbox-copy", "1").stdout)
-        progress.wait(300)
-        serving.kill_primary(group.run_dir)
-        said.append("killed")
-
+    faults, said = copies_then_kill(group, progress, [(150, 1)], 300)
     results = line_clients(group, 4, lambda i: [f"c{i}-{j}" for j in range(120)], faults, pause=0.001,
                            progress=progress)
     assert said[-1:] == ["killed"], "the workload ended before every fault"

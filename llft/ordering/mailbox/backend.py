@@ -28,7 +28,7 @@ from llft.ordering.mailbox.config import Timing
 from llft.ordering.mailbox.mailbox import AllCopiesCrashed, Mailbox
 from llft.ordering.mailbox.protocol1 import Receiver1
 from llft.ordering.mailbox.protocol2 import Receiver2
-from llft.ordering.mailbox.segment import MailboxFull, MemoryCrashed
+from llft.ordering.mailbox.segment import MailboxFull
 from llft.ordering.mailbox.steps import Clock, Stopped, run
 
 log = logging.getLogger("llft.ordering")
@@ -142,13 +142,7 @@ class MailboxOrdering(RecordOrdering):
             return [m.sink for m in self._members]
 
     def counters(self) -> dict:
-        failed = 0
-        for c in self._sender.copies:
-            try:
-                with c.step():
-                    pass
-            except MemoryCrashed:
-                failed += 1
+        failed = sum(c.failed() for c in self._sender.copies)
         return dict(self.stats, backend="mailbox", copies=self.copies, protocol=self.protocol,
                     copies_failed=failed, name=self.mailbox_name, directory=self.directory)
 

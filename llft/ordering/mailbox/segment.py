@@ -169,6 +169,14 @@ class Copy:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def failed(self) -> bool:
+        """Whether the module has failed (one step that does nothing)."""
+        try:
+            with self.step():
+                return False
+        except MemoryCrashed:
+            return True
+
     def crash(self) -> None:
         """The module fails: every later access, from any process, fails."""
         with self._threads:
