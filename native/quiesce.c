@@ -14,7 +14,8 @@
  * a wrapper (LLFT_BLOCKING: a read, accept, poll...) lists itself, so
  * that the controller interrupts it with KICK_SIGNAL (installed without
  * SA_RESTART: the call fails with EINTR, the wrapper sees it was kicked
- * and starts the call again from its entry, where it waits); one about to
+ * and starts the call again from its entry, where it waits, with errno as
+ * the program had it before the call); one about to
  * make such a call does not make it (LLFT_BLOCKING sees the census).  A
  * thread in a lock or condition wait answers as one outside any call
  * (wrap_lock.c).  The census is complete when every thread has answered;

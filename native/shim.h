@@ -44,6 +44,7 @@ struct llft_thread {
     uint8_t q_pending;       /* the census asked while in a call: answer on leaving it */
     uint8_t blocking;        /* inside the real blocking system call of a primary branch */
     uint8_t kicked;          /* ...which the census interrupted: the call is started again */
+    int errno_before_kick;   /* ...with errno as the program had it before the interrupted call */
     uint32_t q_gen;          /* the census it answers */
     uint32_t q_slot;         /* 1 + its slot in the control block's list of threads to interrupt; 0: none */
     uint64_t held_signals;   /* primary: signals that came while inside the shim, blocked until the call
@@ -147,8 +148,18 @@ static inline void llft_call_end(struct llft_thread **tp)
 #define LLFT_CALL(t) struct llft_thread *t __attribute__((cleanup(llft_call_end))) = NULL
 /* call, the wrapper's own, made again once this call (t's) has ended (a
  * timed wait starts again with its whole timeout: a hold of the primary
- * makes it last up to that much longer). */
-#define LLFT_AGAIN(t, call) ({ llft_call_end(&(t)); (t) = NULL; call; })
+ * makes it last up to that much longer).  errno is as the program had it
+ * before the interrupted call: a call that then succeeds leaves it so, as
+ * any successful call does, and a program may read it (CPython's poll
+ * loop retries when it says EINTR, whatever poll returned). */
+#define LLFT_AGAIN(t, call)                                                         \
+    ({                                                                              \
+        int errno_again_ = (t)->errno_before_kick;                                  \
+        llft_call_end(&(t));                                                        \
+        (t) = NULL;                                                                 \
+        errno = errno_again_;                                                       \
+        call;                                                                       \
+    })
 /* A lock or condition wait of a primary branch (wrap_lock.c): the census
  * takes the thread for one outside any call while it waits. */
 static inline void llft_acquiring(struct llft_thread *t, int on)
@@ -177,6 +188,7 @@ static inline int llft_held_or_copy(void)
         if (UNLIKELY((t)->held_signals) && !(t)->depth)                             \
             llft_signals_release(t); /* handled before the wait, not after it */    \
         uint8_t outer_blocking_ = (t)->blocking, outer_kicked_ = (t)->kicked;       \
+        int errno_before_ = errno;                                                  \
         __atomic_store_n(&(t)->kicked, 0, __ATOMIC_RELAXED);                        \
         __atomic_store_n(&(t)->blocking, 1, __ATOMIC_RELAXED);                      \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
@@ -190,6 +202,8 @@ static inline int llft_held_or_copy(void)
         }                                                                           \
         __atomic_signal_fence(__ATOMIC_SEQ_CST);                                    \
         __atomic_store_n(&(t)->blocking, outer_blocking_, __ATOMIC_RELAXED);        \
+        if ((t)->kicked)                                                            \
+            (t)->errno_before_kick = errno_before_;                                  \
         (t)->kicked |= outer_kicked_;                                               \
         blocking_ret_;                                                              \
     })
