@@ -17,7 +17,8 @@ from llft.cluster.history import DEFAULT_LIMIT as DEFAULT_HISTORY_LIMIT
 from llft.cluster.member import FAULT_TIMEOUT_ORDINARY_S, FAULT_TIMEOUT_S, HostMember, MemberOptions
 from llft.ordering.group import JoinRefused
 from llft.follow import STALL_S
-from llft.local_group import GroupOptions, LocalGroup
+from llft.replication.group import LocalGroup
+from llft.replication.options import GroupOptions
 from llft.native import DEFAULT_SLOTS, EXIT_DIVERGED, StreamError
 from llft.ordering.backend import ORDERS
 from llft.private_files import PrivateFilesUnavailable

@@ -1,3 +1,3 @@
-"""What the replication does with the replicas on this host, whether one
-host holds the whole group (llft/local_group.py) or each host one member
-of it (llft/cluster/member.py): the parts written once for both."""
+"""What the replication does with the replicas on this host: the group on
+one host (group.py and the files beside it), and the parts a member of a
+group across hosts (llft/cluster/member.py) shares with it."""

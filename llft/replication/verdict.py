@@ -1,7 +1,11 @@
-"""How a backup ended, against its primary: the exit verdict's part that
-a group on one host and a member of a group across hosts share."""
+"""llft-run's exit status: how each backup ended against its primary
+(backup_end, which a group on one host and a member of a group across
+hosts share), and the verdict of a group on this host."""
 from __future__ import annotations
 
+import logging
+
+from llft.native import EXIT_DIVERGED
 from llft.replica import Replica
 from llft.stdout_check import stdout_problem
 
@@ -18,3 +22,44 @@ def backup_end(r: Replica, expected: int | None, primary: Replica | None = None)
         if differs:
             problem = f"{differs}; {r.divergence_advice()}"
     return problem
+
+
+log = logging.getLogger("llft.group")
+
+
+class GroupVerdict:
+    """LocalGroup's exit status (llft/replication/group.py)."""
+
+    def _verdict(self, primary: Replica | None) -> int:
+        self._check_serial_steals(primary)
+        refusal = next(filter(None, (r.refusal() for r in self.replicas)), None)
+        if refusal is not None and not self.failed:
+            self.failed = refusal
+            log.info("%s", self.failed)   # llft-run says it on its stderr
+        if self.interrupted is not None:
+            # Stopped by a signal: the group did not finish, but a replica it
+            # lost on the way is still news, and so is the status.
+            return EXIT_DIVERGED if self.lost else 128 + self.interrupted
+        if self.failed is not None:
+            return 1
+        if self.forwarder.error:
+            for r in self.replicas:
+                if r is not primary:
+                    r.problems.append(f"its record stream was cut short: {self.forwarder.error}")
+        expected = primary.status if primary else None
+        for r in self.replicas:
+            if r is primary or r.role == "failed":
+                continue
+            problem = backup_end(r, expected, primary)
+            if problem:
+                r.problems.append(problem)
+        bad = [r for r in self.replicas if r.problems]
+        for r in self.replicas:
+            replayed = "" if r is primary else f", replayed {r.stream.records} records"
+            log.info("replica %d (%s) exited with status %s%s", r.index, r.role, r.status, replayed)
+        if primary is not None:
+            log.info("the primary recorded %d records (%d threads)", self.forwarder.records,
+                     primary.stream.threads + 1)
+        if bad:
+            return EXIT_DIVERGED
+        return expected if expected is not None else self.replicas[0].status
