@@ -14,8 +14,8 @@ from pathlib import Path
 
 from llft import PRELOAD_LIBRARY, private_files
 from llft.members import running, start_time, stopped
-from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, LISTENER_ANY_PORT, ROLE_NAMES, StreamFile, die_with_parent,
-                         disable_aslr, ignore_census_signals)
+from llft.native import (EXIT_DIVERGED, EXIT_NOSTREAM, LISTENER_ANY_PORT, ROLE_NAMES, ROLE_PRIMARY, StreamFile,
+                         die_with_parent, disable_aslr, ignore_census_signals)
 from llft.native_sockets import bypass_message, bypassing_ports
 from llft.process_tree import end_orphans, end_process_group, group_runs
 from llft.serving.channel import ProgramChannel
@@ -162,6 +162,15 @@ class Replica:
 
     def alive(self) -> bool:
         return self.poll() is None
+
+    def took_over(self) -> bool:
+        """Its process records as the primary: the first primary, or a
+        successor that has replayed its predecessor's records to their end.
+        One still replaying them (llft-run names it primary from the moment
+        it is chosen) is a backup to its processes: its replayed accepts
+        take their connections from their inboxes (--fork replicate).  A
+        replica gone on as a daemon it forked counts as the name says."""
+        return self.role == "primary" and (self.stream.role == ROLE_PRIMARY or self.adopted is not None)
 
     def frozen(self) -> bool:
         """Stopped (SIGSTOP, or stopped by a debugger): a timing fault once it lasts."""

@@ -252,11 +252,18 @@ class LocalGroup(GroupMembership, GroupChecks, GroupStateFile, GroupVerdict):
                 self.write_state("running")   # their pids, for llft-status and llft-kill
             running = daemon_era or not self.source.finished()
             if primary is not None and not primary.alive() and running:
-                if primary.status < 128 and self._check_unreplicable():
+                # A successor that ends before it has taken over (still
+                # replaying its predecessor's records) failed as a backup
+                # does: another takes over.  Killed by a signal: a fault.
+                # Any other exit is the program's own end.
+                unpromoted = primary.stream.role != ROLE_PRIMARY
+                if primary.status < 128 and not unpromoted and self._check_unreplicable():
                     break   # the shim stopped it, saying why: not the program's own end
-                # Killed by a signal: a fault.  An exit is the program's own end.
-                successor = self._successor() if primary.status >= 128 else None
-                if successor is None and primary.status >= 128 and self.opts.semi_passive:
+                if unpromoted and primary.status < 128:
+                    self._successor_lost(primary)
+                fault = primary.status >= 128 or unpromoted
+                successor = self._successor() if fault else None
+                if successor is None and fault and self.opts.semi_passive:
                     successor = await self.replacements.restored_successor(primary)
                 if successor is not None:
                     self._fail_over(primary, successor)

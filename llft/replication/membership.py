@@ -91,6 +91,12 @@ class GroupMembership:
             log.info("%s; stopping the group", self.failed)
             self.stop()
 
+    def _successor_lost(self, r: Replica):
+        """A successor ended before it took over, still replaying its
+        predecessor's records: it failed as a backup does (it diverged,
+        most likely), and another backup takes over in its place."""
+        self._report_lost(r, "taking over")
+
     def _report_lost(self, r: Replica, role: str) -> str:
         """Says why replica r left the group, at once (llft-run's stderr,
         the log, and the report kept in its dir whatever the program did

@@ -68,7 +68,7 @@ class PlaneRelay:
     async def run(self):
         while True:
             conn_id, port, host, client_port = await self.opens.get()
-            if self.routes is not None and self.replica.role != "primary":
+            if self.routes is not None and not self.replica.took_over():
                 stream = self.routes.route(conn_id)
                 if stream is not None:
                     # Its route known already (a replacement catching up is
@@ -86,7 +86,7 @@ class PlaneRelay:
             await self._hand(conn_id, port, host, client_port, None)
 
     async def _hand_routed(self, conn_id: int, port: int, host: str, client_port: int):
-        stream = await self.routes.process_of(conn_id, lambda: self.replica.role == "primary")
+        stream = await self.routes.process_of(conn_id, self.replica.took_over)
         await self._hand(conn_id, port, host, client_port, stream)
 
     async def _hand(self, conn_id: int, port: int, host: str, client_port: int, stream: int | None):
