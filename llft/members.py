@@ -61,6 +61,13 @@ def owns(pid: int | None, started: float | None) -> bool:
     return bool(pid) and started is not None and start_time(pid) == started
 
 
+def live(pid: int | None, started: float | None) -> bool:
+    """pid is the replica llft-run started and has not exited, nor begun
+    to: a killed replica stays a zombie until its controller reaps it, and
+    its state entry names it until the group has failed over."""
+    return owns(pid, started) and not dying(pid)
+
+
 def member_view(entry: dict) -> dict:
     view = dict(entry, state="exited", records=None, threads=None, divergence=None)
     pid, path = entry.get("pid"), entry.get("stream")

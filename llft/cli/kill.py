@@ -10,7 +10,7 @@ import time
 from llft import rundir
 from llft.cli.common import Parser, UsageError, fail, reader_may_stop
 from llft.cluster import netfaults
-from llft.members import owns
+from llft.members import live, owns
 from llft.ordering.mailbox import server as mailbox_server
 
 PROG = "llft-kill"
@@ -68,7 +68,7 @@ def parse_signal(name: str) -> signal.Signals:
 
 def pick(members: list[dict], args) -> dict:
     if args.primary:
-        chosen = [m for m in members if m.get("role") == "primary" and owns(m.get("pid"), m.get("started"))]
+        chosen = [m for m in members if m.get("role") == "primary" and live(m.get("pid"), m.get("started"))]
         what = "running primary"
     elif args.backup is not None:
         chosen = [m for m in members if m.get("index") == args.backup and m.get("role") == "backup"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llft import rundir
-from llft.members import owns, stopped
+from llft.members import live, owns, stopped
 
 RECOVERY_TIMEOUT_S = 60.0
 
@@ -66,10 +66,10 @@ class Group:
                 for r in self.state().get("replicas", [])]
 
     def primary(self) -> Replica | None:
-        return next((r for r in self.replicas() if r.role == "primary" and owns(r.pid, r.started)), None)
+        return next((r for r in self.replicas() if r.role == "primary" and live(r.pid, r.started)), None)
 
     def backups(self) -> list[Replica]:
-        return [r for r in self.replicas() if r.role == "backup" and owns(r.pid, r.started)]
+        return [r for r in self.replicas() if r.role == "backup" and live(r.pid, r.started)]
 
     def signal(self, r: Replica, sig: int):
         if owns(r.pid, r.started):
@@ -84,10 +84,10 @@ class Group:
         end = time.monotonic() + RECOVERY_TIMEOUT_S
         while time.monotonic() < end:
             all_ = self.replicas()
-            live = [r for r in all_ if r.role in ("primary", "backup") and owns(r.pid, r.started)]
+            live_ones = [r for r in all_ if r.role in ("primary", "backup") and live(r.pid, r.started)]
             gone = not any(r.index in faulted and r.role in ("primary", "backup") for r in all_)
-            caught_up = all(r.catch_up is None or r.catch_up.get("done") for r in live)
-            if gone and self.primary() is not None and len(live) >= replicas and caught_up:
+            caught_up = all(r.catch_up is None or r.catch_up.get("done") for r in live_ones)
+            if gone and self.primary() is not None and len(live_ones) >= replicas and caught_up:
                 return
             time.sleep(0.01)
         raise GroupLost(f"no recovery within {RECOVERY_TIMEOUT_S:g} s: replicas {self.replicas()}")
