@@ -19,17 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0):
+def connect_when_open(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> socket.socket:
+    """A connection to port, once llft-run's gateway opens it (once the
+    program listens)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise AssertionError(f"llft-run exited early with {proc.returncode}: {proc.stderr.read()}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
+            return socket.create_connection(("127.0.0.1", port), timeout=30)
         except OSError:
             time.sleep(0.02)
     raise AssertionError(f"nothing listens on port {port}")
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 20.0):
+    connect_when_open(port, proc, timeout).close()
 
 
 LIVE: list["ServingGroup"] = []  # stopped after each test (conftest), pass or fail
