@@ -7,7 +7,8 @@
  * One connection at a time.  Per round the server blocks in a call of each
  * kind in turn, each waiting for one byte from the client, and announces
  * each wait with "WAIT <call>" before making it; the client may hold the
- * primary meanwhile and then send the byte.  The round's reply:
+ * primary meanwhile and then send the byte.  A wait that a signal ends
+ * (EINTR) is made again, as servers do.  The round's reply:
  *   "ERRNO accept=E poll=E ppoll=E select=E epoll=E read=E recv=E"
  * A round whose byte is 'q' ends the connection; 'x' ends the server.
  *
@@ -38,28 +39,30 @@ static int wait_byte(int fd, int ep, const char *call, int *err)
     char c;
     if (announce(fd, call) < 0)
         return -1;
-    errno = 0;
     long r;
-    if (strcmp(call, "poll") == 0) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        r = poll(&p, 1, -1);
-    } else if (strcmp(call, "ppoll") == 0) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        r = ppoll(&p, 1, NULL, NULL);
-    } else if (strcmp(call, "select") == 0) {
-        fd_set rd;
-        FD_ZERO(&rd);
-        FD_SET(fd, &rd);
-        r = select(fd + 1, &rd, NULL, NULL, NULL);
-    } else if (strcmp(call, "epoll") == 0) {
-        struct epoll_event ev;
-        r = epoll_wait(ep, &ev, 1, -1);
-    } else if (strcmp(call, "read") == 0) {
-        r = read(fd, &c, 1);
-        *err = errno;
-        return r == 1 ? (unsigned char)c : -1;
-    } else {
-        r = recv(fd, &c, 1, 0);
+    do { /* a census's signal ends a poll, a select or an epoll_wait with EINTR, as any signal does */
+        errno = 0;
+        if (strcmp(call, "poll") == 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            r = poll(&p, 1, -1);
+        } else if (strcmp(call, "ppoll") == 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            r = ppoll(&p, 1, NULL, NULL);
+        } else if (strcmp(call, "select") == 0) {
+            fd_set rd;
+            FD_ZERO(&rd);
+            FD_SET(fd, &rd);
+            r = select(fd + 1, &rd, NULL, NULL, NULL);
+        } else if (strcmp(call, "epoll") == 0) {
+            struct epoll_event ev;
+            r = epoll_wait(ep, &ev, 1, -1);
+        } else if (strcmp(call, "read") == 0) {
+            r = read(fd, &c, 1);
+        } else {
+            r = recv(fd, &c, 1, 0);
+        }
+    } while (r < 0 && errno == EINTR);
+    if (strcmp(call, "read") == 0 || strcmp(call, "recv") == 0) {
         *err = errno;
         return r == 1 ? (unsigned char)c : -1;
     }
