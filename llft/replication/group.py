@@ -256,7 +256,7 @@ class LocalGroup(GroupMembership, GroupChecks, GroupStateFile, GroupVerdict):
                 # replaying its predecessor's records) failed as a backup
                 # does: another takes over.  Killed by a signal: a fault.
                 # Any other exit is the program's own end.
-                unpromoted = primary.stream.role != ROLE_PRIMARY
+                unpromoted = not primary.took_over()
                 if primary.status < 128 and not unpromoted and self._check_unreplicable():
                     break   # the shim stopped it, saying why: not the program's own end
                 if unpromoted and primary.status < 128:
