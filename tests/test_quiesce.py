@@ -19,6 +19,7 @@ from test_group_lifecycle import wait_for as wait_until
 from test_rejoin import KvClient, RedisClient, Workload, check_digests, live, state, wait_for
 
 from llft.checkpoint import quiesce
+from llft.members import process_state
 from llft.native import StreamFile
 
 HOLDS = 25
@@ -102,12 +103,6 @@ def test_threads_that_block_every_signal_are_held_all_the_same(tmp_path):
     assert len(survivors) == 2 and survivors[0]["outputs"] == survivors[1]["outputs"]
 
 
-def blocked_in_the_kernel(pid: int) -> bool:
-    """The process's main thread sleeps (in the blocking call it announced)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "S"
-
-
 ERRNO_CALLS = ["poll", "ppoll", "select", "epoll", "read", "recv"]
 
 
@@ -129,7 +124,8 @@ def test_a_call_started_again_after_a_hold_leaves_errno_as_the_program_had_it(ex
         def hold_while_blocked():
             if n % 2:
                 return
-            wait_until(lambda: blocked_in_the_kernel(primary["pid"]), "the primary blocks in its call")
+            # (its main thread asleep: in the blocking call it announced)
+            wait_until(lambda: process_state(primary["pid"]) == "S", "the primary blocks in its call")
             with quiesce.held(stream, primary["pid"], timeout_ms=3000) as answered:
                 assert answered == 1
 

@@ -20,6 +20,16 @@ from llft.nemesis.faults import Group
 LINES = 3000
 
 
+def started(members: Group, index: int):
+    """Replica index, the moment the state file names it (it has still to
+    start and listen before it is handed its past connections)."""
+    end = time.monotonic() + 30
+    while (replica := next((r for r in members.replicas() if r.index == index), None)) is None:
+        assert time.monotonic() < end, f"replica {index} never started"
+        time.sleep(0.0005)
+    return replica
+
+
 def choose_a_starting_replacement(group: ServingGroup) -> int:
     """Kills the primary; once its replacement has started, holds it
     (SIGSTOP, under a fault timeout long enough that it is not fenced),
@@ -29,10 +39,7 @@ def choose_a_starting_replacement(group: ServingGroup) -> int:
     first = members.primary()
     members.signal(first, signal.SIGKILL)
     second = members.wait_new_primary(first.pid)
-    end = time.monotonic() + 30
-    while (replacement := next((r for r in members.replicas() if r.index == 2), None)) is None:
-        assert time.monotonic() < end, "no replacement of the first primary"
-        time.sleep(0.0005)   # (held before it has its past connections: it has to start and listen first)
+    replacement = started(members, 2)
     members.signal(replacement, signal.SIGSTOP)
     members.signal(second, signal.SIGKILL)
     wait_until(lambda: any(r.index == 2 and r.role == "primary" for r in members.replicas()),
@@ -62,10 +69,7 @@ def test_replacements_chosen_as_they_start_are_handed_their_past_connections(exa
             line_client(s, [f"line {i}" for i in range(lines)])
         primary = members.primary()
         members.signal(primary, signal.SIGKILL)
-        end = time.monotonic() + 30
-        while not any(r.index == 3 for r in members.replicas()):
-            assert time.monotonic() < end, "no replacement of the first primary"
-            time.sleep(0.0005)
+        started(members, 3)
         for _ in range(2):
             primary = members.wait_new_primary(primary.pid)
             members.signal(primary, signal.SIGKILL)
